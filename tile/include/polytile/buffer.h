@@ -1,0 +1,48 @@
+// Buffer: a dense, row-major (C order) tensor value of one dtype -- what programs consume and produce.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "polytile/ir.h"
+
+namespace polytile {
+
+class Buffer {
+ public:
+  Buffer() = default;
+  // Zero-filled. Every dim must be >= 0.
+  Buffer(DType dtype, std::vector<int64_t> shape);
+  // Values are converted with set(): f32 rounds, i32 truncates toward zero (values out of range wrap
+  // modulo 2^32), bool is value != 0.
+  static Buffer from_values(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  size_t rank() const { return shape_.size(); }
+  int64_t size() const { return size_; }
+  size_t element_bytes() const;
+
+  double get(int64_t flat) const;
+  void set(int64_t flat, double value);
+  std::vector<double> to_doubles() const;
+
+  void* data() { return words_.data(); }
+  const void* data() const { return words_.data(); }
+  size_t byte_size() const { return static_cast<size_t>(size_) * element_bytes(); }
+
+  // "f32[2, 3]"
+  std::string type_str() const;
+
+ private:
+  DType dtype_ = DType::f32;
+  std::vector<int64_t> shape_;
+  int64_t size_ = 1;
+  std::vector<uint64_t> words_;  // 8-byte aligned storage
+};
+
+// Converts a double to the value a dtype holds (f32 rounding, i32 wrap-around, bool != 0).
+double round_to(DType dtype, double value);
+
+}  // namespace polytile

@@ -1,0 +1,42 @@
+// Concrete typing of a Program: given the dtypes and shapes of its inputs, bind every dim, compute the
+// dtype and shape of every tensor, and check everything that depends on sizes (repeated dims agree,
+// dims are positive, broadcasting is possible). Dtype rules are those documented in ir.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "polytile/ir.h"
+
+namespace polytile {
+
+struct TensorType {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::string str() const;  // "f32[2, 3]"
+};
+
+struct ProgramTypes {
+  std::map<std::string, int64_t> dims;        // every bound dim
+  std::map<std::string, TensorType> tensors;  // inputs and every statement output
+};
+
+// UserError naming the input, dim or tensor on any mismatch.
+ProgramTypes infer_types(const Program& program, const std::map<std::string, TensorType>& inputs);
+
+// numpy broadcasting of two shapes; UserError mentioning `what` when incompatible.
+std::vector<int64_t> broadcast_shapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                                      const std::string& what);
+
+// Dtype and weakness of an elementwise expression (weak = built from literals and dims only).
+struct ExprType {
+  DType dtype;
+  bool weak;
+};
+ExprType expr_type(const Expr& e, const std::map<std::string, TensorType>& tensors);
+// The type in which a binary operation's operands are combined.
+ExprType combine_types(ExprType a, ExprType b);
+
+}  // namespace polytile

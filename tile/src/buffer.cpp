@@ -1,0 +1,91 @@
+#include "polytile/buffer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "polytile/error.h"
+
+namespace polytile {
+
+double round_to(DType dtype, double v) {
+  switch (dtype) {
+    case DType::f64: return v;
+    case DType::f32: return static_cast<double>(static_cast<float>(v));
+    case DType::boolean: return v != 0 ? 1.0 : 0.0;
+    case DType::i32: {
+      if (!std::isfinite(v)) return 0;
+      double t = std::trunc(v);
+      double m = std::fmod(t, 4294967296.0);  // wrap modulo 2^32 into (-2^31, 2^31]
+      if (m < 0) m += 4294967296.0;
+      if (m >= 2147483648.0) m -= 4294967296.0;
+      return m;
+    }
+  }
+  POLYTILE_CHECK(false, "bad dtype");
+}
+
+Buffer::Buffer(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  size_ = 1;
+  for (int64_t d : shape_) {
+    if (d < 0) user_error("negative dim ", d, " in a buffer shape");
+    if (d != 0 && size_ > (int64_t{1} << 40) / d) user_error("buffer of shape ", type_str(), " is too large");
+    size_ *= d;
+  }
+  words_.assign((byte_size() + 7) / 8, 0);
+}
+
+Buffer Buffer::from_values(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values) {
+  Buffer b(dtype, std::move(shape));
+  if (static_cast<int64_t>(values.size()) != b.size())
+    user_error("buffer ", b.type_str(), " needs ", b.size(), " values, got ", values.size());
+  for (int64_t i = 0; i < b.size(); ++i) b.set(i, values[i]);
+  return b;
+}
+
+size_t Buffer::element_bytes() const {
+  switch (dtype_) {
+    case DType::f64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::boolean: return 1;
+  }
+  return 1;
+}
+
+double Buffer::get(int64_t i) const {
+  POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
+  const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+  switch (dtype_) {
+    case DType::f64: { double v; std::memcpy(&v, p + 8 * i, 8); return v; }
+    case DType::f32: { float v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case DType::i32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case DType::boolean: return p[i] ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+void Buffer::set(int64_t i, double value) {
+  POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
+  auto* p = reinterpret_cast<unsigned char*>(words_.data());
+  double v = round_to(dtype_, value);
+  switch (dtype_) {
+    case DType::f64: std::memcpy(p + 8 * i, &v, 8); break;
+    case DType::f32: { float f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); break; }
+    case DType::i32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p + 4 * i, &x, 4); break; }
+    case DType::boolean: p[i] = v != 0; break;
+  }
+}
+
+std::vector<double> Buffer::to_doubles() const {
+  std::vector<double> out(static_cast<size_t>(size_));
+  for (int64_t i = 0; i < size_; ++i) out[i] = get(i);
+  return out;
+}
+
+std::string Buffer::type_str() const {
+  std::string s = to_string(dtype_) + "[";
+  for (size_t i = 0; i < shape_.size(); ++i) s += (i ? ", " : "") + std::to_string(shape_[i]);
+  return s + "]";
+}
+
+}  // namespace polytile

@@ -1,0 +1,516 @@
+// Reference interpreter. Data model: every tensor is a Buffer; a contraction is lowered, once its dims are
+// known, to integer "rows" -- one per index expression and per constraint -- each of the form
+//     0 <= (sum_k a_k * x_k + a_0) / D < hi,   with (sum_k a_k * x_k + a_0) divisible by D,
+// where D is the common denominator of the row's rational coefficients. A point of the index variables
+// x is valid iff every row holds (the valid-indices rule of the Tile tutorial). Rows are checked at the
+// loop depth where their last variable is assigned, so invalid prefixes are pruned early.
+#include "polytile/interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "polytile/error.h"
+#include "polytile/shapes.h"
+
+namespace polytile {
+namespace {
+
+using i128 = __int128;
+
+// ------------------------------------------------------------------------------------------ contractions
+
+struct Row {
+  std::vector<int64_t> coeffs;  // per variable (integer numerators)
+  int64_t constant = 0;
+  int64_t denom = 1;
+  int64_t hi = 0;               // exclusive upper bound of the row's value
+  int depth = -1;               // deepest variable used; -1 if constant
+  std::string what;             // for messages
+};
+
+Row make_row(const Polynomial& p, const std::vector<std::string>& vars, int64_t hi, std::string what) {
+  Row r;
+  r.hi = hi;
+  r.what = std::move(what);
+  int64_t d = p.constant().den();
+  for (const auto& [name, c] : p.index_terms()) d = std::lcm(d, c.den());
+  r.denom = d;
+  r.constant = (p.constant() * Rational(d)).num();
+  r.coeffs.assign(vars.size(), 0);
+  for (size_t k = 0; k < vars.size(); ++k) {
+    Rational c = p.coefficient(vars[k]) * Rational(d);
+    r.coeffs[k] = c.num();
+    if (c.num() != 0) r.depth = static_cast<int>(k);
+  }
+  return r;
+}
+
+// Value of a row at x if it is valid, else nullopt-like flag.
+inline bool row_value(const Row& r, const std::vector<int64_t>& x, int64_t& value) {
+  i128 s = r.constant;
+  for (size_t k = 0; k < r.coeffs.size(); ++k)
+    if (r.coeffs[k]) s += static_cast<i128>(r.coeffs[k]) * x[k];
+  if (s % r.denom != 0) return false;
+  s /= r.denom;
+  if (s < 0 || s >= r.hi) return false;
+  value = static_cast<int64_t>(s);
+  return true;
+}
+
+i128 floor_div128(i128 a, i128 b) {
+  i128 q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+i128 ceil_div128(i128 a, i128 b) { return -floor_div128(-a, b); }
+
+constexpr i128 kInf = static_cast<i128>(1) << 100;
+
+// Interval propagation: tightens [lo, hi] of every variable from the rows until a fixpoint.
+// Returns false when some interval becomes empty (no valid point).
+bool propagate_bounds(const std::vector<Row>& rows, std::vector<i128>& lo, std::vector<i128>& hi) {
+  for (int round = 0; round < 64; ++round) {
+    bool changed = false;
+    for (const Row& r : rows) {
+      // denom*0 - c <= sum a_k x_k <= denom*(hi-1) - c
+      i128 L = -static_cast<i128>(r.constant);
+      i128 U = static_cast<i128>(r.denom) * (r.hi - 1) - r.constant;
+      for (size_t j = 0; j < r.coeffs.size(); ++j) {
+        if (!r.coeffs[j]) continue;
+        i128 rest_min = 0, rest_max = 0;
+        bool bounded = true;
+        for (size_t k = 0; k < r.coeffs.size() && bounded; ++k) {
+          if (k == j || !r.coeffs[k]) continue;
+          if (lo[k] <= -kInf || hi[k] >= kInf) {
+            bounded = false;
+            break;
+          }
+          i128 a = static_cast<i128>(r.coeffs[k]) * lo[k], b = static_cast<i128>(r.coeffs[k]) * hi[k];
+          rest_min += std::min(a, b);
+          rest_max += std::max(a, b);
+        }
+        if (!bounded) continue;
+        i128 a = r.coeffs[j];
+        i128 nlo, nhi;
+        if (a > 0) {
+          nlo = ceil_div128(L - rest_max, a);
+          nhi = floor_div128(U - rest_min, a);
+        } else {
+          nlo = ceil_div128(U - rest_min, a);
+          nhi = floor_div128(L - rest_max, a);
+        }
+        if (nlo > lo[j]) {
+          lo[j] = nlo;
+          changed = true;
+        }
+        if (nhi < hi[j]) {
+          hi[j] = nhi;
+          changed = true;
+        }
+        if (lo[j] > hi[j]) return false;
+      }
+    }
+    if (!changed) break;
+  }
+  return true;
+}
+
+double combine(CombinationOp op, DType t, const double* v) {
+  switch (op) {
+    case CombinationOp::none: return v[0];
+    case CombinationOp::mul: return round_to(t, round_to(t, v[0]) * round_to(t, v[1]));
+    case CombinationOp::add: return round_to(t, round_to(t, v[0]) + round_to(t, v[1]));
+    case CombinationOp::eq: return v[0] == v[1] ? 1.0 : 0.0;
+    case CombinationOp::cond: return v[2];
+  }
+  return 0;
+}
+
+struct Accumulator {
+  AggregationOp op;
+  double identity() const {
+    switch (op) {
+      case AggregationOp::sum: return 0;
+      case AggregationOp::product: return 1;
+      case AggregationOp::max: return -std::numeric_limits<double>::infinity();
+      case AggregationOp::min: return std::numeric_limits<double>::infinity();
+      case AggregationOp::assign: return 0;
+    }
+    return 0;
+  }
+  double apply(double acc, double v) const {
+    switch (op) {
+      case AggregationOp::sum: return acc + v;
+      case AggregationOp::product: return acc * v;
+      case AggregationOp::max:
+        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<double>::quiet_NaN();
+        return v > acc ? v : acc;
+      case AggregationOp::min:
+        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<double>::quiet_NaN();
+        return v < acc ? v : acc;
+      case AggregationOp::assign: return v;
+    }
+    return v;
+  }
+};
+
+std::string point_str(const std::vector<std::string>& vars, const std::vector<int64_t>& x) {
+  std::string s;
+  for (size_t k = 0; k < vars.size(); ++k) s += (k ? ", " : "") + vars[k] + "=" + std::to_string(x[k]);
+  return s;
+}
+
+std::string element_str(const std::string& name, const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t k = shape.size(); k-- > 0;) {
+    idx[k] = flat % shape[k];
+    flat /= shape[k];
+  }
+  std::string s = name + "[";
+  for (size_t k = 0; k < idx.size(); ++k) s += (k ? ", " : "") + std::to_string(idx[k]);
+  return s + "]";
+}
+
+class ContractionRunner {
+ public:
+  ContractionRunner(const Contraction& c, const ProgramTypes& types, const TensorMap& env)
+      : c_(c), vars_(c.index_variables()), out_type_(types.tensors.at(c.output)) {
+    const auto& dims = types.dims;
+    const auto& oshape = out_type_.shape;
+    for (size_t k = 0; k < c.output_indices.size(); ++k)
+      out_rows_.push_back(make_row(c.output_indices[k].bind_dims(dims), vars_, oshape[k],
+                                   "output index " + std::to_string(k) + " of " + c.output));
+    for (const auto& a : c.inputs) {
+      const Buffer& b = env.at(a.tensor);
+      inputs_.push_back(&b);
+      std::vector<Row> rows;
+      for (size_t k = 0; k < a.indices.size(); ++k)
+        rows.push_back(make_row(a.indices[k].bind_dims(dims), vars_, b.shape()[k],
+                                "index " + std::to_string(k) + " of " + a.tensor));
+      in_rows_.push_back(std::move(rows));
+    }
+    for (const auto& k : c.constraints)
+      constraint_rows_.push_back(make_row(k.poly.bind_dims(dims), vars_, k.bound.evaluate(dims), "constraint " + k.str()));
+    combo_type_ = out_type_.dtype;
+    if (c.combination == CombinationOp::mul || c.combination == CombinationOp::add)
+      combo_type_ = promote(promote(inputs_[0]->dtype(), inputs_[1]->dtype()), DType::i32);
+    if (c.init) init_ = &env.at(*c.init);
+  }
+
+  Buffer run() {
+    Buffer out(out_type_.dtype, out_type_.shape);
+    const int64_t n = out.size();
+    acc_.assign(n, Accumulator{c_.aggregation}.identity());
+    written_.assign(n, 0);
+    if (init_) {
+      for (int64_t e = 0; e < n; ++e) acc_[e] = init_->get(broadcast_index(e, *init_));
+    }
+    if (c_.aggregation == AggregationOp::assign) first_writer_.assign(n, {});
+
+    std::vector<const Row*> all;
+    for (const auto& r : out_rows_) all.push_back(&r);
+    for (const auto& rows : in_rows_)
+      for (const auto& r : rows) all.push_back(&r);
+    for (const auto& r : constraint_rows_) all.push_back(&r);
+
+    bool feasible = true;
+    std::vector<int64_t> x(vars_.size(), 0);
+    int64_t dummy;
+    for (const Row* r : all)
+      if (r->depth < 0 && !row_value(*r, x, dummy)) feasible = false;  // constant rows: all-or-nothing
+
+    std::vector<i128> lo(vars_.size(), -kInf), hi(vars_.size(), kInf);
+    std::vector<Row> plain;
+    for (const Row* r : all) plain.push_back(*r);
+    if (feasible) feasible = propagate_bounds(plain, lo, hi);
+    if (feasible) {
+      for (size_t k = 0; k < vars_.size(); ++k)
+        if (lo[k] <= -kInf || hi[k] >= kInf)
+          user_error("index variable ", vars_[k], " of contraction ", c_.output,
+                     " is unbounded: it must appear in an index expression or a constraint that bounds it");
+      i128 box = 1;
+      for (size_t k = 0; k < vars_.size(); ++k) {
+        box *= (hi[k] - lo[k] + 1);
+        if (box > (static_cast<i128>(1) << 36))
+          user_error("contraction ", c_.output, " has too many candidate points for the reference interpreter");
+      }
+      lo_.assign(vars_.size(), 0);
+      hi_.assign(vars_.size(), 0);
+      for (size_t k = 0; k < vars_.size(); ++k) {
+        lo_[k] = static_cast<int64_t>(lo[k]);
+        hi_[k] = static_cast<int64_t>(hi[k]);
+      }
+      rows_at_depth_.assign(vars_.size() + 1, {});
+      for (const Row* r : all)
+        if (r->depth >= 0) rows_at_depth_[r->depth].push_back(r);
+      if (vars_.empty()) {
+        visit(x);
+      } else {
+        loop(0, x);
+      }
+    }
+
+    for (int64_t e = 0; e < n; ++e) out.set(e, (written_[e] || init_) ? acc_[e] : 0.0);
+    return out;
+  }
+
+ private:
+  int64_t broadcast_index(int64_t flat_out, const Buffer& b) const {
+    const auto& os = out_type_.shape;
+    std::vector<int64_t> idx(os.size());
+    for (size_t k = os.size(); k-- > 0;) {
+      idx[k] = flat_out % os[k];
+      flat_out /= os[k];
+    }
+    int64_t f = 0;
+    size_t off = os.size() - b.rank();
+    for (size_t k = 0; k < b.rank(); ++k) f = f * b.shape()[k] + (b.shape()[k] == 1 ? 0 : idx[off + k]);
+    return f;
+  }
+
+  void loop(size_t depth, std::vector<int64_t>& x) {
+    for (int64_t v = lo_[depth]; v <= hi_[depth]; ++v) {
+      x[depth] = v;
+      bool ok = true;
+      int64_t dummy;
+      for (const Row* r : rows_at_depth_[depth])
+        if (!row_value(*r, x, dummy)) {
+          ok = false;
+          break;
+        }
+      if (!ok) continue;
+      if (depth + 1 == vars_.size()) {
+        visit(x);
+      } else {
+        loop(depth + 1, x);
+      }
+    }
+  }
+
+  void visit(const std::vector<int64_t>& x) {
+    int64_t flat = 0, v = 0;
+    for (size_t k = 0; k < out_rows_.size(); ++k) {
+      row_value(out_rows_[k], x, v);
+      flat = flat * out_type_.shape[k] + v;
+    }
+    double vals[3];
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      int64_t f = 0;
+      for (size_t k = 0; k < in_rows_[i].size(); ++k) {
+        row_value(in_rows_[i][k], x, v);
+        f = f * inputs_[i]->shape()[k] + v;
+      }
+      vals[i] = inputs_[i]->get(f);
+    }
+    if (c_.combination == CombinationOp::cond && vals[0] != vals[1]) return;
+    double value = combine(c_.combination, combo_type_, vals);
+    if (c_.aggregation == AggregationOp::assign) {
+      if (written_[flat])
+        user_error("assign contraction ", c_.output, " writes ", element_str(c_.output, out_type_.shape, flat),
+                   " more than once (at ", point_str(vars_, first_writer_[flat]), " and at ", point_str(vars_, x),
+                   "); use an aggregation such as + or > if that is intended");
+      first_writer_[flat] = x;
+    }
+    acc_[flat] = Accumulator{c_.aggregation}.apply(acc_[flat], value);
+    written_[flat] = 1;
+  }
+
+  const Contraction& c_;
+  std::vector<std::string> vars_;
+  TensorType out_type_;
+  DType combo_type_;
+  std::vector<Row> out_rows_, constraint_rows_;
+  std::vector<std::vector<Row>> in_rows_;
+  std::vector<const Buffer*> inputs_;
+  const Buffer* init_ = nullptr;
+  std::vector<int64_t> lo_, hi_;
+  std::vector<std::vector<const Row*>> rows_at_depth_;
+  std::vector<double> acc_;
+  std::vector<char> written_;
+  std::vector<std::vector<int64_t>> first_writer_;
+};
+
+// ------------------------------------------------------------------------------------------ elementwise
+
+double sign_of(double v) { return v > 0 ? 1.0 : (v < 0 ? -1.0 : (std::isnan(v) ? v : 0.0)); }
+
+// An elementwise expression annotated with types and resolved tensors, evaluated per output element.
+struct TypedExpr {
+  Expr expr;
+  DType type;          // result type
+  DType operand_type;  // type operands are converted to before the operation
+  const Buffer* tensor = nullptr;
+  double constant = 0;
+  std::vector<TypedExpr> args;
+};
+
+TypedExpr annotate(const Expr& e, const ProgramTypes& types, const TensorMap& env) {
+  TypedExpr t;
+  t.expr = e;
+  ExprType et = expr_type(e, types.tensors);
+  t.type = et.dtype;
+  t.operand_type = et.dtype;
+  for (const auto& a : e.args()) t.args.push_back(annotate(a, types, env));
+  switch (e.kind()) {
+    case Expr::Kind::tensor: t.tensor = &env.at(e.name()); break;
+    case Expr::Kind::literal: t.constant = e.value(); break;
+    case Expr::Kind::dim: t.constant = static_cast<double>(types.dims.at(e.name())); break;
+    case Expr::Kind::binary:
+    case Expr::Kind::call:
+      if (e.kind() == Expr::Kind::call && e.intrinsic() == Intrinsic::cast) {
+        t.operand_type = expr_type(e.args()[0], types.tensors).dtype;
+      } else if (e.kind() == Expr::Kind::call && e.intrinsic() == Intrinsic::select) {
+        t.operand_type = t.type;
+      } else if (e.args().size() == 2) {
+        ExprType c = combine_types(expr_type(e.args()[0], types.tensors), expr_type(e.args()[1], types.tensors));
+        t.operand_type = c.dtype;
+        if (c.dtype == DType::boolean && e.kind() == Expr::Kind::binary) {
+          BinaryOp op = e.binary_op();
+          if (op == BinaryOp::add || op == BinaryOp::sub || op == BinaryOp::mul || op == BinaryOp::div ||
+              op == BinaryOp::mod)
+            t.operand_type = DType::i32;
+        }
+        if (e.kind() == Expr::Kind::call && !is_float(t.operand_type) && e.intrinsic() == Intrinsic::pow)
+          t.operand_type = DType::f32;
+      }
+      break;
+    case Expr::Kind::unary: t.operand_type = t.type; break;
+  }
+  return t;
+}
+
+double eval_binary(BinaryOp op, DType t, double a, double b) {
+  bool integer = !is_float(t);
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div:
+      if (!integer) return a / b;
+      if (b == 0) return 0;
+      return std::floor(a / b);
+    case BinaryOp::mod:
+      if (!integer) return std::fmod(a, b);
+      if (b == 0) return 0;
+      return a - b * std::floor(a / b);
+    case BinaryOp::eq: return a == b;
+    case BinaryOp::ne: return a != b;
+    case BinaryOp::lt: return a < b;
+    case BinaryOp::gt: return a > b;
+    case BinaryOp::le: return a <= b;
+    case BinaryOp::ge: return a >= b;
+    case BinaryOp::logical_and: return (a != 0) && (b != 0);
+    case BinaryOp::logical_or: return (a != 0) || (b != 0);
+  }
+  return 0;
+}
+
+double eval_call(Intrinsic fn, const double* a) {
+  switch (fn) {
+    case Intrinsic::abs: return std::fabs(a[0]);
+    case Intrinsic::sign: return sign_of(a[0]);
+    case Intrinsic::exp: return std::exp(a[0]);
+    case Intrinsic::log: return std::log(a[0]);
+    case Intrinsic::sqrt: return std::sqrt(a[0]);
+    case Intrinsic::pow: return std::pow(a[0], a[1]);
+    case Intrinsic::sin: return std::sin(a[0]);
+    case Intrinsic::cos: return std::cos(a[0]);
+    case Intrinsic::tan: return std::tan(a[0]);
+    case Intrinsic::asin: return std::asin(a[0]);
+    case Intrinsic::acos: return std::acos(a[0]);
+    case Intrinsic::atan: return std::atan(a[0]);
+    case Intrinsic::sinh: return std::sinh(a[0]);
+    case Intrinsic::cosh: return std::cosh(a[0]);
+    case Intrinsic::tanh: return std::tanh(a[0]);
+    case Intrinsic::erf: return std::erf(a[0]);
+    case Intrinsic::sigmoid: return 1.0 / (1.0 + std::exp(-a[0]));
+    case Intrinsic::relu: return a[0] > 0 ? a[0] : (std::isnan(a[0]) ? a[0] : 0.0);
+    case Intrinsic::floor: return std::floor(a[0]);
+    case Intrinsic::ceil: return std::ceil(a[0]);
+    case Intrinsic::round: return std::round(a[0]);
+    case Intrinsic::max:
+      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<double>::quiet_NaN();
+      return std::max(a[0], a[1]);
+    case Intrinsic::min:
+      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<double>::quiet_NaN();
+      return std::min(a[0], a[1]);
+    case Intrinsic::ident:
+    case Intrinsic::cast: return a[0];
+    case Intrinsic::select: return a[0] != 0 ? a[1] : a[2];
+  }
+  return 0;
+}
+
+double evaluate(const TypedExpr& t, const std::vector<int64_t>& idx) {
+  const Expr& e = t.expr;
+  switch (e.kind()) {
+    case Expr::Kind::tensor: {
+      const Buffer& b = *t.tensor;
+      size_t off = idx.size() - b.rank();
+      int64_t f = 0;
+      for (size_t k = 0; k < b.rank(); ++k) f = f * b.shape()[k] + (b.shape()[k] == 1 ? 0 : idx[off + k]);
+      return b.get(f);
+    }
+    case Expr::Kind::literal:
+    case Expr::Kind::dim: return round_to(t.type, t.constant);
+    case Expr::Kind::unary: {
+      double a = round_to(t.operand_type, evaluate(t.args[0], idx));
+      return round_to(t.type, e.unary_op() == UnaryOp::neg ? -a : (a == 0 ? 1.0 : 0.0));
+    }
+    case Expr::Kind::binary: {
+      double a = round_to(t.operand_type, evaluate(t.args[0], idx));
+      double b = round_to(t.operand_type, evaluate(t.args[1], idx));
+      return round_to(t.type, eval_binary(e.binary_op(), t.operand_type, a, b));
+    }
+    case Expr::Kind::call: {
+      double a[3] = {0, 0, 0};
+      for (size_t i = 0; i < t.args.size(); ++i) {
+        a[i] = evaluate(t.args[i], idx);
+        bool is_condition = e.intrinsic() == Intrinsic::select && i == 0;
+        if (!is_condition) a[i] = round_to(t.operand_type, a[i]);
+      }
+      return round_to(t.type, eval_call(e.intrinsic(), a));
+    }
+  }
+  return 0;
+}
+
+Buffer run_elementwise(const Elementwise& e, const ProgramTypes& types, const TensorMap& env) {
+  const TensorType& tt = types.tensors.at(e.output);
+  Buffer out(tt.dtype, tt.shape);
+  TypedExpr t = annotate(e.expr, types, env);
+  std::vector<int64_t> idx(tt.shape.size(), 0);
+  for (int64_t f = 0; f < out.size(); ++f) {
+    out.set(f, evaluate(t, idx));
+    for (size_t k = idx.size(); k-- > 0;) {
+      if (++idx[k] < tt.shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TensorMap interpret(const Program& program, const TensorMap& inputs, const InterpretOptions& options) {
+  std::map<std::string, TensorType> in_types;
+  for (const auto& [name, b] : inputs) in_types[name] = TensorType{b.dtype(), b.shape()};
+  ProgramTypes types = infer_types(program, in_types);
+  TensorMap env = inputs;
+  for (const auto& st : program.statements) {
+    if (const auto* e = std::get_if<Elementwise>(&st)) {
+      env[e->output] = run_elementwise(*e, types, env);
+    } else {
+      const auto& c = std::get<Contraction>(st);
+      env[c.output] = ContractionRunner(c, types, env).run();
+    }
+  }
+  if (options.keep_intermediates) return env;
+  TensorMap out;
+  for (const auto& o : program.outputs) out[o] = env.at(o);
+  return out;
+}
+
+}  // namespace polytile

@@ -1,0 +1,287 @@
+// `polytile` subcommands: check, run, help. Every failure becomes a one-line message and an exit code.
+#include "cli.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "polytile/buffer.h"
+#include "polytile/error.h"
+#include "polytile/interpreter.h"
+#include "polytile/npy.h"
+#include "polytile/parser.h"
+#include "polytile/shapes.h"
+
+namespace polytile {
+namespace {
+
+const char* kMainHelp = R"(usage: polytile <command> [options]
+
+Tile contractions: parse, check and run them.
+
+commands:
+  check FILE.tile   parse and check a program; print it as normalized Tile text
+  run FILE.tile     run a program on .npy or generated inputs
+  help [COMMAND]    show help for a command
+
+Run 'polytile <command> --help' for a command's options.
+Exit codes: 0 success, 1 user error (bad input), 2 internal error.
+)";
+
+const char* kCheckHelp = R"(usage: polytile check FILE.tile [--shape NAME=DIMS[:DTYPE]]...
+
+Parses FILE.tile, checks names, ranks and dims, and prints the normalized Tile text.
+With --shape for every input, also binds the dims and prints each tensor's dtype and shape.
+
+  --shape NAME=DIMS[:DTYPE]   input shape as 2x3x4 (empty for a scalar); dtype f32 (default), f64, i32, bool
+)";
+
+const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
+                    [--output NAME=FILE.npy]... [--backend interp] [--seed N] [--limit N]
+
+Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
+(--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
+input's name). Outputs named with --output are written as .npy; the others are printed.
+
+  --input NAME=FILE.npy        read input NAME (float32, float64, int32, bool; C order)
+  --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
+  --output NAME=FILE.npy       write output NAME
+  --backend NAME               execution backend: interp (the reference interpreter)
+  --seed N                     seed for --random (default 1)
+  --limit N                    print at most N values per printed output (default 64)
+)";
+
+struct Args {
+  std::string command;
+  std::string file;
+  std::vector<std::pair<std::string, std::string>> options;  // in order
+  bool help = false;
+};
+
+std::pair<std::string, std::string> split_assign(const std::string& opt, const std::string& value) {
+  auto eq = value.find('=');
+  if (eq == std::string::npos || eq == 0) user_error(opt, " expects NAME=VALUE, got '", value, "'");
+  return {value.substr(0, eq), value.substr(eq + 1)};
+}
+
+TensorType parse_shape_spec(const std::string& name, const std::string& spec) {
+  TensorType t;
+  std::string dims = spec;
+  auto colon = spec.find(':');
+  if (colon != std::string::npos) {
+    auto dt = parse_dtype(spec.substr(colon + 1));
+    if (!dt) user_error("input ", name, ": unknown dtype '", spec.substr(colon + 1), "' (f32, f64, i32, bool)");
+    t.dtype = *dt;
+    dims = spec.substr(0, colon);
+  }
+  if (dims.empty() || dims == "scalar") return t;
+  std::stringstream ss(dims);
+  std::string item;
+  while (std::getline(ss, item, 'x')) {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      t.shape.push_back(v);
+    } catch (const std::exception&) {
+      user_error("input ", name, ": bad shape '", dims, "' (write dims as 2x3x4, each positive)");
+    }
+  }
+  return t;
+}
+
+Buffer random_buffer(const TensorType& t, uint64_t seed, const std::string& name) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(name);
+  auto next = [&state]() {  // splitmix64: fixed, portable sequence
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  Buffer b(t.dtype, t.shape);
+  for (int64_t i = 0; i < b.size(); ++i) {
+    uint64_t r = next();
+    double u = static_cast<double>(r >> 11) * 0x1.0p-53;
+    switch (t.dtype) {
+      case DType::f32:
+      case DType::f64: b.set(i, 2 * u - 1); break;
+      case DType::i32: b.set(i, static_cast<double>(static_cast<int64_t>(r % 11) - 5)); break;
+      case DType::boolean: b.set(i, static_cast<double>(r & 1)); break;
+    }
+  }
+  return b;
+}
+
+std::string format_value(double v, DType t) {
+  std::ostringstream os;
+  if (t == DType::boolean) {
+    os << (v != 0 ? "true" : "false");
+  } else if (t == DType::i32) {
+    os << static_cast<int64_t>(v);
+  } else {
+    os.precision(t == DType::f32 ? 7 : 15);
+    os << v;
+  }
+  return os.str();
+}
+
+void print_buffer(std::ostream& out, const std::string& name, const Buffer& b, int64_t limit) {
+  out << name << ": " << b.type_str() << " = [";
+  for (int64_t i = 0; i < b.size() && i < limit; ++i) out << (i ? ", " : "") << format_value(b.get(i), b.dtype());
+  if (b.size() > limit) out << ", ... (" << b.size() - limit << " more)";
+  out << "]\n";
+}
+
+int64_t parse_int(const std::string& opt, const std::string& v) {
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used != v.size()) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    user_error(opt, " expects an integer, got '", v, "'");
+  }
+}
+
+int cmd_check(const Args& a, std::ostream& out) {
+  Program p = parse_file(a.file);
+  std::map<std::string, TensorType> shapes;
+  for (const auto& [opt, value] : a.options) {
+    if (opt != "--shape") user_error("check: unknown option ", opt);
+    auto [name, spec] = split_assign(opt, value);
+    shapes[name] = parse_shape_spec(name, spec);
+  }
+  out << print(p);
+  if (!shapes.empty()) {
+    ProgramTypes types = infer_types(p, shapes);
+    for (const auto& in : p.inputs) out << "// " << in.name << ": " << types.tensors.at(in.name).str() << "\n";
+    for (const auto& st : p.statements) {
+      const std::string& n = statement_output(st);
+      out << "// " << n << ": " << types.tensors.at(n).str() << "\n";
+    }
+  }
+  return 0;
+}
+
+int cmd_run(const Args& a, std::ostream& out) {
+  Program p = parse_file(a.file);
+  TensorMap inputs;
+  std::map<std::string, std::string> output_files;
+  std::vector<std::pair<std::string, TensorType>> randoms;
+  uint64_t seed = 1;
+  int64_t limit = 64;
+  std::string backend = "interp";
+  for (const auto& [opt, value] : a.options) {
+    if (opt == "--input") {
+      auto [name, file] = split_assign(opt, value);
+      if (inputs.count(name)) user_error("input ", name, " is given twice");
+      inputs[name] = read_npy(file);
+    } else if (opt == "--random") {
+      auto [name, spec] = split_assign(opt, value);
+      randoms.emplace_back(name, parse_shape_spec(name, spec));
+    } else if (opt == "--output") {
+      auto [name, file] = split_assign(opt, value);
+      output_files[name] = file;
+    } else if (opt == "--backend") {
+      backend = value;
+    } else if (opt == "--seed") {
+      seed = static_cast<uint64_t>(parse_int(opt, value));
+    } else if (opt == "--limit") {
+      limit = parse_int(opt, value);
+    } else {
+      user_error("run: unknown option ", opt);
+    }
+  }
+  if (backend != "interp") user_error("unknown backend '", backend, "' (available: interp)");
+  for (const auto& [name, type] : randoms) {
+    if (inputs.count(name)) user_error("input ", name, " is given twice");
+    inputs[name] = random_buffer(type, seed, name);
+  }
+  for (const auto& [name, file] : output_files) {
+    bool known = false;
+    for (const auto& o : p.outputs) known |= o == name;
+    if (!known) user_error("--output ", name, ": the program has no output named ", name);
+  }
+  TensorMap results = interpret(p, inputs);
+  for (const auto& o : p.outputs) {
+    auto it = output_files.find(o);
+    if (it != output_files.end()) {
+      write_npy(it->second, results.at(o));
+      out << o << ": " << results.at(o).type_str() << " -> " << it->second << "\n";
+    } else {
+      print_buffer(out, o, results.at(o), limit);
+    }
+  }
+  return 0;
+}
+
+Args parse_args(const std::vector<std::string>& argv) {
+  Args a;
+  size_t i = 0;
+  if (i < argv.size()) a.command = argv[i++];
+  if (a.command == "--help" || a.command == "-h") {
+    a.command = "help";
+  }
+  for (; i < argv.size(); ++i) {
+    const std::string& s = argv[i];
+    if (s == "--help" || s == "-h") {
+      a.help = true;
+    } else if (s.rfind("--", 0) == 0) {
+      std::string opt = s, value;
+      // options always take a value: --opt VALUE
+      if (i + 1 >= argv.size()) user_error("option ", s, " needs a value");
+      value = argv[++i];
+      a.options.emplace_back(opt, value);
+    } else if (a.file.empty()) {
+      a.file = s;
+    } else {
+      user_error("unexpected argument '", s, "'");
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  try {
+    Args a = parse_args(argv);
+    if (a.command.empty()) {
+      err << kMainHelp;
+      return 1;
+    }
+    if (a.command == "help") {
+      if (a.file == "check") {
+        out << kCheckHelp;
+      } else if (a.file == "run") {
+        out << kRunHelp;
+      } else if (a.file.empty()) {
+        out << kMainHelp;
+      } else {
+        user_error("no help for unknown command '", a.file, "'");
+      }
+      return 0;
+    }
+    if (a.command != "check" && a.command != "run")
+      user_error("unknown command '", a.command, "' (run 'polytile --help')");
+    if (a.help) {
+      out << (a.command == "check" ? kCheckHelp : kRunHelp);
+      return 0;
+    }
+    if (a.file.empty()) user_error(a.command, ": missing FILE.tile");
+    return a.command == "check" ? cmd_check(a, out) : cmd_run(a, out);
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    for (char& c : m)
+      if (c == '\n') c = ' ';
+    err << "polytile: error: " << m << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    err << "polytile: internal error: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+}  // namespace polytile
