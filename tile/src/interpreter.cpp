@@ -454,7 +454,7 @@ double evaluate(const TypedExpr& t, const std::vector<int64_t>& idx) {
       return b.get(f);
     }
     case Expr::Kind::literal:
-    case Expr::Kind::dim: return round_to(t.type, t.constant);
+    case Expr::Kind::dim: return t.constant;  // weak: rounded by the operation that consumes it
     case Expr::Kind::unary: {
       double a = round_to(t.operand_type, evaluate(t.args[0], idx));
       return round_to(t.type, e.unary_op() == UnaryOp::neg ? -a : (a == 0 ? 1.0 : 0.0));

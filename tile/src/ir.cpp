@@ -147,8 +147,21 @@ DimExpr DimExpr::binary(Kind k, const DimExpr& a, const DimExpr& b) {
       case Kind::min: return DimExpr(std::min(x, y));
       default: break;
     }
+  } else if ((k == Kind::add || k == Kind::sub) && (b.kind() == Kind::add || b.kind() == Kind::sub)) {
+    // Left-associate sums: a + (b - c) == (a + b) - c, a - (b + c) == (a - b) - c, ...
+    Kind outer = (k == Kind::add) == (b.kind() == Kind::add) ? Kind::add : Kind::sub;
+    return binary(outer, binary(k, a, b.lhs()), b.rhs());
+  } else if (k == Kind::mul && b.kind() == Kind::mul) {
+    return binary(Kind::mul, binary(Kind::mul, a, b.lhs()), b.rhs());
   } else if (b.is_constant()) {
     int64_t y = b.value();
+    if ((k == Kind::add || k == Kind::sub) && (a.kind() == Kind::add || a.kind() == Kind::sub) &&
+        a.rhs().is_constant()) {
+      // Merge constants: (x + c1) - c2 == x + (c1 - c2).
+      int64_t c = checked_add(a.kind() == Kind::add ? a.rhs().value() : checked_neg(a.rhs().value()),
+                              k == Kind::add ? y : checked_neg(y));
+      return binary(Kind::add, a.lhs(), DimExpr(c));
+    }
     if ((k == Kind::add || k == Kind::sub) && y == 0) return a;
     if ((k == Kind::mul || k == Kind::div) && y == 1) return a;
     if (k == Kind::add && y < 0) return binary(Kind::sub, a, DimExpr(checked_neg(y)));
