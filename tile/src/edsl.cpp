@@ -131,6 +131,18 @@ IndexConstraint operator<(const TensorIndex& index, const TensorDim& bound) { re
 
 // ------------------------------------------------------------------------------------------ tensors
 
+// A dim expression for messages: placeholders become the user's names.
+static std::string pretty(const DimExpr& e) {
+  std::vector<std::string> symbols;
+  e.collect_symbols(symbols);
+  std::map<std::string, DimExpr> subst;
+  for (const auto& s : symbols) {
+    auto it = dim_names().find(s);
+    if (it != dim_names().end()) subst[s] = DimExpr::symbol(it->second.empty() ? "(unnamed dim)" : it->second);
+  }
+  return e.substitute(subst).str();
+}
+
 static std::string display_name(const Node& n) { return n.name.empty() ? std::string("(unnamed tensor)") : n.name; }
 
 // The symbolic size of axis k of a node, or null when it is only known at run time.
@@ -176,9 +188,9 @@ void Tensor::bind_dims_vector(std::vector<TensorDim>& dims) const {
     if (!d.is_bound()) {
       d.state->expr = slot;
     } else if (d.state->expr != slot) {
-      user_error("bind_dims on ", display_name(n), ": axis ", k, " has size ", slot.str(), " but the dim ",
+      user_error("bind_dims on ", display_name(n), ": axis ", k, " has size ", pretty(slot), " but the dim ",
                  d.state->name.empty() ? std::string("given") : d.state->name, " is already bound to ",
-                 d.state->expr.str());
+                 pretty(d.state->expr));
     }
   }
 }

@@ -250,6 +250,19 @@ Tensor min(const Tensor& x, const Tensor& y);
 Tensor ident(const Tensor& x);
 Tensor select(const Tensor& c, const Tensor& t, const Tensor& f);
 Tensor cast(const Tensor& x, DType dtype);
+#define POLYTILE_EDSL_SCALAR_FN(FN)                                                             \
+  template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>                     \
+  Tensor FN(const Tensor& a, T b) {                                                             \
+    return FN(a, std::is_integral_v<T> ? scalar_int(static_cast<int64_t>(b)) : scalar(static_cast<double>(b))); \
+  }                                                                                             \
+  template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>                     \
+  Tensor FN(T a, const Tensor& b) {                                                             \
+    return FN(std::is_integral_v<T> ? scalar_int(static_cast<int64_t>(a)) : scalar(static_cast<double>(a)), b); \
+  }
+POLYTILE_EDSL_SCALAR_FN(max)
+POLYTILE_EDSL_SCALAR_FN(min)
+POLYTILE_EDSL_SCALAR_FN(pow)
+#undef POLYTILE_EDSL_SCALAR_FN
 
 // Turns the graph reachable from `outputs` into a validated Program.
 Program make_program(const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);

@@ -16,6 +16,7 @@
 
 #include <string>
 
+#include "polytile/error.h"
 #include "polytile/ir.h"
 
 namespace polytile {

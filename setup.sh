@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs polytile's system dependencies (Debian packages) and builds it.
+#   ./setup.sh               Release build in build/
+#   ./setup.sh --sanitize    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(
+  cmake ninja-build g++ pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libisl-dev libntl-dev libgmp-dev
+  llvm-16-dev
+  libdnnl-dev libopenblas-dev libtbb-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+build_dir=build
+flags=(-DCMAKE_BUILD_TYPE=Release)
+if [ "${1:-}" = "--sanitize" ]; then
+  build_dir=build-asan
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON)
+fi
+cmake -S . -B "$build_dir" -G Ninja "${flags[@]}" > /dev/null
+cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,131 @@
+// The polytile command line, run in-process: every command, its help, and every user error as a one-line
+// message with exit code 1.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "cli.h"
+#include "polytile/interpreter.h"
+#include "polytile/npy.h"
+#include "polytile/parser.h"
+#include "test_util.h"
+
+namespace polytile {
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result cli(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  int code = run_cli(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+const std::string kExamples = POLYTILE_SOURCE_DIR "/examples/";
+
+std::string temp(const std::string& name) { return ::testing::TempDir() + "/polytile_cli_" + name; }
+
+TEST(CliTest, HelpForEveryCommand) {
+  for (auto args : {std::vector<std::string>{"--help"}, {"help"}, {"-h"}}) {
+    Result r = cli(args);
+    EXPECT_EQ(r.code, 0);
+    EXPECT_NE(r.out.find("commands:"), std::string::npos);
+  }
+  EXPECT_NE(cli({"check", "--help"}).out.find("usage: polytile check"), std::string::npos);
+  EXPECT_NE(cli({"help", "run"}).out.find("usage: polytile run"), std::string::npos);
+  EXPECT_NE(cli({"run", "--help"}).out.find("--random NAME=DIMS[:DTYPE]"), std::string::npos);
+  Result none = cli({});
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("usage:"), std::string::npos);
+}
+
+TEST(CliTest, CheckPrintsNormalizedTextAndTypes) {
+  Result r = cli({"check", kExamples + "conv2d_strided_dilated.tile"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, print(parse_file(kExamples + "conv2d_strided_dilated.tile")));
+  Result t = cli({"check", kExamples + "conv2d_strided_dilated.tile", "--shape", "I=2x9x9x5:f64", "--shape", "K=2x2x5x7"});
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("// I: f64[2, 9, 9, 5]\n// K: f32[2, 2, 5, 7]\n// O: f64[2, 3, 3, 7]\n"), std::string::npos) << t.out;
+}
+
+TEST(CliTest, RunReadsAndWritesNpy) {
+  Buffer a = testing::random_buffer({3, 4}, 1), b = testing::random_buffer({4, 2}, 2);
+  write_npy(temp("a.npy"), a);
+  write_npy(temp("b.npy"), b);
+  Result r = cli({"run", kExamples + "matmul.tile", "--input", "A=" + temp("a.npy"), "--input", "B=" + temp("b.npy"),
+                  "--output", "C=" + temp("c.npy")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "C: f64[3, 2] -> " + temp("c.npy") + "\n");
+  Buffer c = read_npy(temp("c.npy"));
+  Buffer want = interpret(parse_file(kExamples + "matmul.tile"), {{"A", a}, {"B", b}}).at("C");
+  EXPECT_EQ(c.to_doubles(), want.to_doubles());
+  for (auto f : {"a.npy", "b.npy", "c.npy"}) std::remove(temp(f).c_str());
+}
+
+TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
+  std::vector<std::string> args = {"run", kExamples + "max_pool_1d.tile", "--random", "I=7", "--seed", "3"};
+  Result r1 = cli(args), r2 = cli(args);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  EXPECT_EQ(r1.out, r2.out);
+  EXPECT_EQ(r1.out.rfind("O: f32[3] = [", 0), 0u) << r1.out;
+  Result limited = cli({"run", kExamples + "max_pool_1d.tile", "--random", "I=9:f64", "--limit", "2", "--backend", "interp"});
+  EXPECT_NE(limited.out.find("O: f64[4] = ["), std::string::npos) << limited.out;
+  EXPECT_NE(limited.out.find(", ... (2 more)]"), std::string::npos) << limited.out;
+}
+
+TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
+  Buffer i64ish = testing::random_buffer({3}, 1);
+  write_npy(temp("v.npy"), i64ish);
+  std::string bad_npy = temp("bad.npy");
+  {
+    std::ofstream f(bad_npy);
+    f << "not numpy";
+  }
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  std::string mm = kExamples + "matmul.tile";
+  std::vector<Case> cases = {
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"check"}, "check: missing FILE.tile"},
+      {{"check", "/nonexistent.tile"}, "cannot open Tile file /nonexistent.tile"},
+      {{"check", POLYTILE_SOURCE_DIR "/tests/data/syntax_error.tile"}, "syntax_error.tile:3:14: expected an aggregation"},
+      {{"check", mm, "--shape", "A=3x4"}, "missing input B"},
+      {{"check", mm, "--shape", "A=3xq"}, "input A: bad shape '3xq'"},
+      {{"check", mm, "--bogus", "1"}, "check: unknown option --bogus"},
+      {{"run", mm, "--random", "A=3x4"}, "missing input B"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=5x2"}, "dims disagree: axis 0 of input B is 5 but K = 4"},
+      {{"run", mm, "--random", "A=3x4:f16", "--random", "B=4x2"}, "unknown dtype 'f16'"},
+      {{"run", mm, "--input", "A=" + temp("v.npy"), "--random", "B=3x2"}, "input A is declared with rank 2 but got shape (3)"},
+      {{"run", mm, "--input", "A=" + bad_npy}, "is not a .npy file"},
+      {{"run", mm, "--input", "A=/nonexistent.npy"}, "cannot open .npy file /nonexistent.npy"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--backend", "gpu"}, "unknown backend 'gpu'"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "Z=z.npy"}, "the program has no output named Z"},
+      {{"run", mm, "--random", "A=3x4", "--random", "A=3x4"}, "input A is given twice"},
+      {{"run", mm, "--random"}, "option --random needs a value"},
+      {{"run", mm, "--random", "A"}, "--random expects NAME=VALUE"},
+      {{"run", mm, "--seed", "x"}, "--seed expects an integer"},
+      {{"run", mm, "extra.tile"}, "unexpected argument 'extra.tile'"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "C=/nonexistent/c.npy"},
+       "cannot write .npy file /nonexistent/c.npy"},
+  };
+  for (const auto& c : cases) {
+    Result r = cli(c.args);
+    EXPECT_EQ(r.code, 1) << c.needle;
+    EXPECT_EQ(r.err.rfind("polytile: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in: " << r.err;
+  }
+  std::remove(temp("v.npy").c_str());
+  std::remove(bad_npy.c_str());
+}
+
+}  // namespace
+}  // namespace polytile

@@ -1,0 +1,75 @@
+// .npy reading and writing: round trips for every dtype, numpy's own header bytes, and bad files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "polytile/error.h"
+#include "polytile/npy.h"
+
+namespace polytile {
+namespace {
+
+TEST(NpyTest, RoundTripsEveryDtypeAndRank) {
+  for (DType t : {DType::f32, DType::f64, DType::i32, DType::boolean}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {3}, {2, 3}, {1, 2, 3}}) {
+      Buffer b(t, shape);
+      for (int64_t i = 0; i < b.size(); ++i) b.set(i, (i % 3) - 1.25 * (t == DType::f32 || t == DType::f64));
+      Buffer r = parse_npy(format_npy(b), "mem");
+      EXPECT_EQ(r.dtype(), t);
+      EXPECT_EQ(r.shape(), shape);
+      EXPECT_EQ(r.to_doubles(), b.to_doubles());
+    }
+  }
+}
+
+TEST(NpyTest, ReadsNumpysHeaderLayout) {
+  // Bytes as numpy 1.x writes np.arange(6, dtype='<f4').reshape(2, 3).
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+  header.append(118 - header.size() - 1, ' ');
+  header += '\n';
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(118) + '\0' + header;
+  for (float v : {0.f, 1.f, 2.f, 3.f, 4.f, 5.f}) bytes.append(reinterpret_cast<const char*>(&v), 4);
+  Buffer b = parse_npy(bytes, "arange.npy");
+  EXPECT_EQ(b.type_str(), "f32[2, 3]");
+  EXPECT_EQ(b.get(5), 5.0);
+  // The header we write is 64-byte aligned, as numpy requires.
+  EXPECT_EQ((format_npy(b).size() - 24) % 64, 0u);
+}
+
+TEST(NpyTest, FileRoundTrip) {
+  std::string path = ::testing::TempDir() + "/polytile_npy_test.npy";
+  Buffer b = Buffer::from_values(DType::f64, {2}, {1.5, -2});
+  write_npy(path, b);
+  EXPECT_EQ(read_npy(path).to_doubles(), b.to_doubles());
+  std::remove(path.c_str());
+}
+
+TEST(NpyTest, BadFilesAreUserErrorsNamingTheFile) {
+  auto error_of = [](const std::string& bytes) {
+    try {
+      parse_npy(bytes, "bad.npy");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Buffer b = Buffer::from_values(DType::f32, {2}, {1, 2});
+  std::string good = format_npy(b);
+  EXPECT_NE(error_of("hello").find("bad.npy is not a .npy file"), std::string::npos);
+  EXPECT_NE(error_of(good.substr(0, good.size() - 1)).find("bad.npy is truncated"), std::string::npos);
+  std::string i8 = good;
+  i8.replace(i8.find("<f4"), 3, "<i8");
+  EXPECT_NE(error_of(i8).find("unsupported dtype '<i8'"), std::string::npos);
+  std::string fortran = good;
+  fortran.replace(fortran.find("False"), 5, "True ");
+  EXPECT_NE(error_of(fortran).find("Fortran-ordered"), std::string::npos);
+  std::string big_endian = good;
+  big_endian.replace(big_endian.find("<f4"), 3, ">f4");
+  EXPECT_NE(error_of(big_endian).find("unsupported dtype '>f4'"), std::string::npos);
+  EXPECT_THROW(read_npy("/nonexistent/in.npy"), UserError);
+  EXPECT_THROW(write_npy("/nonexistent/dir/out.npy", b), UserError);
+}
+
+}  // namespace
+}  // namespace polytile
