@@ -1,0 +1,83 @@
+// Robustness: mutated and truncated Tile programs either parse -- and then print to a fixed point and
+// type-check without internal errors -- or fail with a UserError. Never a crash or an InternalError.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "polytile/error.h"
+#include "polytile/parser.h"
+#include "polytile/shapes.h"
+
+namespace polytile {
+namespace {
+
+std::vector<std::string> corpus() {
+  std::vector<std::string> texts;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".tile") continue;
+    std::ifstream in(entry.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    texts.push_back(ss.str());
+  }
+  std::sort(texts.begin(), texts.end());
+  return texts;
+}
+
+std::string mutate(std::string s, std::mt19937_64& rng) {
+  static const std::string alphabet = "()[]{},;:+-*/%<>=!?&|.#_ 0123456789ijkNMOIx\n";
+  int edits = 1 + static_cast<int>(rng() % 4);
+  for (int e = 0; e < edits && !s.empty(); ++e) {
+    size_t pos = rng() % s.size();
+    switch (rng() % 4) {
+      case 0: s[pos] = alphabet[rng() % alphabet.size()]; break;
+      case 1: s.erase(pos, 1 + rng() % 3); break;
+      case 2: s.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
+      case 3: s = s.substr(0, pos); break;
+    }
+  }
+  return s;
+}
+
+TEST(ParserFuzzTest, MutantsParseCleanlyOrFailWithAUserError) {
+  const uint64_t seed = 20261121;
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> texts = corpus();
+  ASSERT_FALSE(texts.empty());
+  int parsed = 0, rejected = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string text = mutate(texts[rng() % texts.size()], rng);
+    Program p;
+    try {
+      p = parse_program(text, "mutant.tile");
+    } catch (const UserError&) {
+      ++rejected;
+      continue;
+    } catch (const std::exception& e) {
+      FAIL() << "iteration " << iter << " (seed " << seed << "): " << e.what() << "\n" << text;
+    }
+    ++parsed;
+    std::string once = print(p);
+    ASSERT_EQ(print(parse_program(once, "reprinted")), once) << "iteration " << iter << "\n" << text;
+    // Type-check with small shapes: only UserErrors may come out.
+    std::map<std::string, TensorType> inputs;
+    for (const auto& in : p.inputs) inputs[in.name] = TensorType{DType::f32, std::vector<int64_t>(in.dims.size(), 3)};
+    try {
+      infer_types(p, inputs);
+    } catch (const UserError&) {
+    } catch (const std::exception& e) {
+      FAIL() << "iteration " << iter << ": " << e.what() << "\n" << text;
+    }
+  }
+  std::cout << parsed << " mutants parsed, " << rejected << " rejected\n";
+  EXPECT_GT(parsed, 50);
+  EXPECT_GT(rejected, 1000);
+}
+
+}  // namespace
+}  // namespace polytile
