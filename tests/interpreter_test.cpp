@@ -56,6 +56,18 @@ TEST(InterpreterTest, RationalIndicesContributeOnlyWhereIntegral) {
   for (int64_t k = 0; k < 9; ++k) EXPECT_EQ(o.get(k), i.get((k + 1) / 2)) << k;
 }
 
+TEST(InterpreterTest, ConstraintsNeedNotBeIntegral) {
+  // 0 <= (i + j)/2 < 2 holds for (i + j) in [0, 3], whether or not i + j is even.
+  Buffer i = random_buffer({4}, 9);
+  Buffer o = run1("function (I[N]) -> (O) { O[i : N] = +(I[j]), (i + j)/2 < 2; }", {{"I", i}});
+  for (int64_t k = 0; k < 4; ++k) {
+    double want = 0;
+    for (int64_t j = 0; j < 4; ++j)
+      if (k + j <= 3) want += i.get(j);
+    EXPECT_NEAR(o.get(k), want, 1e-15) << k;
+  }
+}
+
 TEST(InterpreterTest, SkipLeavesUnwrittenElementsZero) {
   Buffer i = random_buffer({4, 5}, 2);
   Buffer o = run1("function (I[M, N]) -> (O) { O[2*i : N] = +(I[2*i, j]); }", {{"I", i}});

@@ -1,8 +1,10 @@
 // Reference interpreter. Data model: every tensor is a Buffer; a contraction is lowered, once its dims are
 // known, to integer "rows" -- one per index expression and per constraint -- each of the form
-//     0 <= (sum_k a_k * x_k + a_0) / D < hi,   with (sum_k a_k * x_k + a_0) divisible by D,
-// where D is the common denominator of the row's rational coefficients. A point of the index variables
-// x is valid iff every row holds (the valid-indices rule of the Tile tutorial). Rows are checked at the
+//     0 <= (sum_k a_k * x_k + a_0) / D < hi,
+// where D is the common denominator of the row's rational coefficients; index-expression rows also
+// require (sum_k a_k * x_k + a_0) to be divisible by D (an index must be an integer), constraint rows
+// do not (the tutorial asks only 0 <= poly < bound of them). A point of the index variables x is valid
+// iff every row holds (the valid-indices rule of the Tile tutorial). Rows are checked at the
 // loop depth where their last variable is assigned, so invalid prefixes are pruned early.
 #include "polytile/interpreter.h"
 
@@ -26,13 +28,16 @@ struct Row {
   int64_t constant = 0;
   int64_t denom = 1;
   int64_t hi = 0;               // exclusive upper bound of the row's value
+  bool integral = true;         // the value must be an integer (index expressions, not constraints)
   int depth = -1;               // deepest variable used; -1 if constant
   std::string what;             // for messages
 };
 
-Row make_row(const Polynomial& p, const std::vector<std::string>& vars, int64_t hi, std::string what) {
+Row make_row(const Polynomial& p, const std::vector<std::string>& vars, int64_t hi, std::string what,
+             bool integral = true) {
   Row r;
   r.hi = hi;
+  r.integral = integral;
   r.what = std::move(what);
   int64_t d = p.constant().den();
   for (const auto& [name, c] : p.index_terms()) d = std::lcm(d, c.den());
@@ -52,6 +57,7 @@ inline bool row_value(const Row& r, const std::vector<int64_t>& x, int64_t& valu
   i128 s = r.constant;
   for (size_t k = 0; k < r.coeffs.size(); ++k)
     if (r.coeffs[k]) s += static_cast<i128>(r.coeffs[k]) * x[k];
+  if (!r.integral) return s >= 0 && s < static_cast<i128>(r.hi) * r.denom;
   if (s % r.denom != 0) return false;
   s /= r.denom;
   if (s < 0 || s >= r.hi) return false;
@@ -76,7 +82,8 @@ bool propagate_bounds(const std::vector<Row>& rows, std::vector<i128>& lo, std::
     for (const Row& r : rows) {
       // denom*0 - c <= sum a_k x_k <= denom*(hi-1) - c
       i128 L = -static_cast<i128>(r.constant);
-      i128 U = static_cast<i128>(r.denom) * (r.hi - 1) - r.constant;
+      i128 U = (r.integral ? static_cast<i128>(r.denom) * (r.hi - 1) : static_cast<i128>(r.denom) * r.hi - 1) -
+               r.constant;
       for (size_t j = 0; j < r.coeffs.size(); ++j) {
         if (!r.coeffs[j]) continue;
         i128 rest_min = 0, rest_max = 0;
@@ -192,7 +199,8 @@ class ContractionRunner {
       in_rows_.push_back(std::move(rows));
     }
     for (const auto& k : c.constraints)
-      constraint_rows_.push_back(make_row(k.poly.bind_dims(dims), vars_, k.bound.evaluate(dims), "constraint " + k.str()));
+      constraint_rows_.push_back(
+          make_row(k.poly.bind_dims(dims), vars_, k.bound.evaluate(dims), "constraint " + k.str(), /*integral=*/false));
     combo_type_ = out_type_.dtype;
     if (c.combination == CombinationOp::mul || c.combination == CombinationOp::add)
       combo_type_ = promote(promote(inputs_[0]->dtype(), inputs_[1]->dtype()), DType::i32);

@@ -6,7 +6,7 @@
 //      assignment of *integers* to its index variables such that
 //        1. every index expression of every access -- the output access included -- evaluates to an
 //           integer (coefficients and constants are rational, so this can fail) in [0, dim),
-//        2. every constraint `poly < bound` holds as 0 <= poly < bound.
+//        2. every constraint `poly < bound` holds as 0 <= poly < bound (poly may be fractional there).
 //      For each valid point the combined input value is aggregated into O[out_indices]. Aggregations:
 //        sum (+), product (*), max (>), min (<), assign (=: at most one valid point may write an element;
 //        a second write is a user error). Output elements written by no valid point are 0, or the

@@ -1,0 +1,293 @@
+// Contractions as isl sets and maps. Data model: with concrete dims, every index expression and constraint
+// of a contraction becomes an affine form with integer coefficients over a common denominator D. The
+// domain is written in isl syntax over a tuple S_<output>[vars]; an index expression requires
+// "exists e: D*e = form and 0 <= e < dim", a constraint requires "0 <= form < D*bound". Accesses map the
+// domain tuple to the tensor's tuple with the same equalities. isl is used only through its C++ bindings
+// (plus isl_point_get_coordinate_val), with one isl_ctx per call, owned by IslContext.
+#include "polytile/polyhedral.h"
+
+#include <isl/cpp.h>
+#include <isl/point.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "polytile/error.h"
+
+namespace polytile::poly {
+namespace {
+
+// Owns an isl_ctx; isl objects must be destroyed before it, so it is declared first in every scope.
+class IslContext {
+ public:
+  IslContext() : raw_(isl_ctx_alloc()) {
+    POLYTILE_CHECK(raw_ != nullptr, "isl_ctx_alloc failed");
+    isl_options_set_on_error(raw_, ISL_ON_ERROR_CONTINUE);
+  }
+  ~IslContext() { isl_ctx_free(raw_); }
+  IslContext(const IslContext&) = delete;
+  IslContext& operator=(const IslContext&) = delete;
+  isl::ctx get() const { return isl::ctx(raw_); }
+
+ private:
+  isl_ctx* raw_;
+};
+
+const std::set<std::string>& isl_keywords() {
+  static const std::set<std::string> words = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max",
+                                              "true", "false", "infty", "NaN", "implies", "xor", "rat", "domain",
+                                              "range", "params", "e", "o"};
+  return words;
+}
+
+// User index names, renamed where they would clash with isl keywords or with the names generated here
+// (ex<k> for existentials, o<k> for access outputs).
+std::string isl_name(const std::string& v) {
+  auto generated = [&v](const std::string& prefix) {
+    return v.size() > prefix.size() && v.compare(0, prefix.size(), prefix) == 0 &&
+           std::all_of(v.begin() + static_cast<long>(prefix.size()), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  return isl_keywords().count(v) || generated("ex") || generated("o") ? v + "_" : v;
+}
+
+// An affine form num(x) / den with num = sum coeffs[k] * x_k + constant.
+struct Form {
+  std::vector<int64_t> coeffs;
+  int64_t constant = 0;
+  int64_t den = 1;
+};
+
+Form make_form(const Polynomial& bound, const std::vector<std::string>& vars) {
+  Form f;
+  int64_t d = bound.constant().den();
+  for (const auto& [name, c] : bound.index_terms()) d = std::lcm(d, c.den());
+  f.den = d;
+  f.constant = (bound.constant() * Rational(d)).num();
+  for (const auto& v : vars) f.coeffs.push_back((bound.coefficient(v) * Rational(d)).num());
+  return f;
+}
+
+std::string form_text(const Form& f, const std::vector<std::string>& vars) {
+  std::string s;
+  for (size_t k = 0; k < vars.size(); ++k) {
+    int64_t c = f.coeffs[k];
+    if (c == 0) continue;
+    std::string term = (c == 1 || c == -1) ? isl_name(vars[k]) : std::to_string(std::llabs(c)) + "*" + isl_name(vars[k]);
+    if (s.empty()) {
+      s = (c < 0 ? "-" : "") + term;
+    } else {
+      s += (c < 0 ? " - " : " + ") + term;
+    }
+  }
+  if (f.constant != 0 || s.empty()) {
+    if (s.empty()) {
+      s = std::to_string(f.constant);
+    } else {
+      s += (f.constant < 0 ? " - " : " + ") + std::to_string(std::llabs(f.constant));
+    }
+  }
+  return s;
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
+  return s;
+}
+
+// The contraction with dims bound, as text fragments.
+struct ConcreteContraction {
+  std::vector<std::string> vars;
+  std::string tuple;                    // S_O[v0, v1]
+  std::vector<std::string> conditions;  // domain conditions
+  std::vector<std::pair<std::string, std::vector<Form>>> accesses;  // [0] is the write
+  std::vector<std::vector<int64_t>> dims;                           // per access
+};
+
+ConcreteContraction concretize(const Contraction& c, const ProgramTypes& types) {
+  ConcreteContraction cc;
+  cc.vars = c.index_variables();
+  std::vector<std::string> names;
+  for (const auto& v : cc.vars) names.push_back(isl_name(v));
+  cc.tuple = "S_" + c.output + "[" + join(names, ", ") + "]";
+  int exists_counter = 0;
+  auto add_access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+    const auto& shape = types.tensors.at(tensor).shape;
+    std::vector<Form> forms;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      Form f = make_form(idx[k].bind_dims(types.dims), cc.vars);
+      std::string text = form_text(f, cc.vars);
+      if (f.den == 1) {
+        cc.conditions.push_back("0 <= " + text + " <= " + std::to_string(shape[k] - 1));
+      } else {
+        std::string e = "ex" + std::to_string(exists_counter++);
+        cc.conditions.push_back("exists (" + e + " : " + std::to_string(f.den) + "*" + e + " = " + text + " and 0 <= " +
+                                e + " <= " + std::to_string(shape[k] - 1) + ")");
+      }
+      forms.push_back(f);
+    }
+    cc.accesses.emplace_back(tensor, forms);
+    cc.dims.push_back(shape);
+  };
+  add_access(c.output, c.output_indices);
+  for (const auto& a : c.inputs) add_access(a.tensor, a.indices);
+  for (const auto& k : c.constraints) {
+    Form f = make_form(k.poly.bind_dims(types.dims), cc.vars);
+    int64_t hi = k.bound.evaluate(types.dims);
+    cc.conditions.push_back("0 <= " + form_text(f, cc.vars) + " <= " + std::to_string(hi * f.den - 1));
+  }
+  return cc;
+}
+
+std::string domain_text(const ConcreteContraction& cc) {
+  if (cc.conditions.empty()) return "{ " + cc.tuple + " }";
+  return "{ " + cc.tuple + " : " + join(cc.conditions, " and ") + " }";
+}
+
+std::string access_text(const ConcreteContraction& cc, size_t i) {
+  const auto& [tensor, forms] = cc.accesses[i];
+  std::vector<std::string> outs, eqs;
+  for (size_t k = 0; k < forms.size(); ++k) {
+    std::string o = "o";
+    o.append(std::to_string(k));
+    outs.push_back(o);
+    std::string eq = forms[k].den == 1 ? o : std::to_string(forms[k].den) + "*" + o;
+    eq.append(" = ").append(form_text(forms[k], cc.vars));
+    eqs.push_back(eq);
+  }
+  std::string s = "{ " + cc.tuple + " -> " + tensor + "[" + join(outs, ", ") + "]";
+  if (!eqs.empty()) s += " : " + join(eqs, " and ");
+  return s + " }";
+}
+
+int64_t to_int(const isl::val& v, const std::string& what) {
+  if (!v.is_int()) user_error(what);
+  return v.get_num_si();
+}
+
+std::vector<int64_t> point_coordinates(const isl::point& p, int n) {
+  std::vector<int64_t> out;
+  for (int k = 0; k < n; ++k) {
+    isl::val v = isl::manage(isl_point_get_coordinate_val(p.get(), isl_dim_set, k));
+    out.push_back(v.get_num_si());
+  }
+  return out;
+}
+
+std::string point_text(const std::vector<std::string>& vars, const std::vector<int64_t>& x, size_t offset) {
+  std::string s;
+  for (size_t k = 0; k < vars.size(); ++k) s += (k ? ", " : "") + vars[k] + "=" + std::to_string(x[offset + k]);
+  return s;
+}
+
+// Drops redundant constraints so printed sets read like the contraction they came from.
+isl::set simplify(isl::set s) { return isl::manage(isl_set_remove_redundancies(s.release())).coalesce(); }
+isl::map simplify(isl::map m) { return isl::manage(isl_map_remove_redundancies(m.release())).coalesce(); }
+
+template <typename T>
+std::string isl_text(const T& x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+template <typename F>
+auto with_isl_errors(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const isl::exception& e) {
+    throw InternalError("isl failed while " + what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
+  ConcreteContraction cc = concretize(c, types);
+  IslContext ctx;
+  return with_isl_errors("analyzing contraction " + c.output, [&] {
+    ContractionAnalysis a;
+    a.output = c.output;
+    isl::set domain = simplify(isl::set(ctx.get(), domain_text(cc)));
+    a.domain = isl_text(domain);
+    isl::map write = simplify(isl::map(ctx.get(), access_text(cc, 0)).intersect_domain(domain));
+    a.write = isl_text(write);
+    for (size_t i = 1; i < cc.accesses.size(); ++i)
+      a.reads.push_back(isl_text(simplify(isl::map(ctx.get(), access_text(cc, i)).intersect_domain(domain))));
+    a.empty = domain.is_empty();
+    if (a.empty) return a;
+    for (size_t k = 0; k < cc.vars.size(); ++k) {
+      std::string unbounded = "index variable " + cc.vars[k] + " of contraction " + c.output +
+                              " is unbounded: it must appear in an index expression or a constraint that bounds it";
+      int64_t lo = to_int(domain.dim_min_val(static_cast<int>(k)), unbounded);
+      int64_t hi = to_int(domain.dim_max_val(static_cast<int>(k)), unbounded);
+      a.bounds.push_back({cc.vars[k], lo, hi});
+    }
+    if (c.aggregation == AggregationOp::assign && !write.is_injective()) {
+      isl::map same = write.apply_range(write.reverse()).subtract(domain.identity());
+      isl::point p = same.wrap().lexmin().sample_point();
+      int n = static_cast<int>(cc.vars.size());
+      std::vector<int64_t> x = point_coordinates(p, 2 * n);
+      std::string element = c.output + "[";
+      const auto& forms = cc.accesses[0].second;
+      for (size_t k = 0; k < forms.size(); ++k) {
+        int64_t s = forms[k].constant;
+        for (int v = 0; v < n; ++v) s += forms[k].coeffs[v] * x[v];
+        element += (k ? ", " : "") + std::to_string(s / forms[k].den);
+      }
+      element += "]";
+      user_error("assign contraction ", c.output, " can write an element more than once: ", element, " is written at ",
+                 point_text(cc.vars, x, 0), " and at ", point_text(cc.vars, x, n),
+                 "; use an aggregation such as + or > if that is intended");
+    }
+    return a;
+  });
+}
+
+std::vector<ContractionAnalysis> analyze_program(const Program& p, const ProgramTypes& types) {
+  std::vector<ContractionAnalysis> out;
+  for (const auto& st : p.statements)
+    if (const auto* c = std::get_if<Contraction>(&st)) out.push_back(analyze(*c, types));
+  return out;
+}
+
+std::string print_analyses(const std::vector<ContractionAnalysis>& analyses) {
+  std::string s;
+  for (const auto& a : analyses) {
+    s += "// contraction " + a.output + (a.empty ? " (empty domain: writes nothing)" : "") + "\n";
+    s += "domain: " + a.domain + "\n";
+    s += "write: " + a.write + "\n";
+    for (const auto& r : a.reads) s += "read: " + r + "\n";
+    for (const auto& b : a.bounds) s += "bounds: " + std::to_string(b.min) + " <= " + b.name + " <= " + std::to_string(b.max) + "\n";
+  }
+  return s;
+}
+
+bool writes_each_output_once(const Contraction& c, const ProgramTypes& types) {
+  ConcreteContraction cc = concretize(c, types);
+  std::vector<std::string> out_vars;
+  for (const auto& p : c.output_indices)
+    for (const auto& [v, coeff] : p.index_terms())
+      if (std::find(out_vars.begin(), out_vars.end(), v) == out_vars.end()) out_vars.push_back(v);
+  std::vector<std::string> ov_names;
+  for (const auto& v : out_vars) ov_names.push_back(isl_name(v));
+  std::string proj = "{ " + cc.tuple + " -> T[" + join(ov_names, ", ") + "] }";
+  // The write map from output variables: the output forms only involve out_vars.
+  ConcreteContraction on_out = cc;
+  on_out.vars = out_vars;
+  on_out.tuple = "T[" + join(ov_names, ", ") + "]";
+  std::vector<Form> forms;
+  for (const auto& p : c.output_indices) forms.push_back(make_form(p.bind_dims(types.dims), out_vars));
+  on_out.accesses = {{c.output, forms}};
+  IslContext ctx;
+  return with_isl_errors("proving single writes of " + c.output, [&] {
+    isl::set domain(ctx.get(), domain_text(cc));
+    isl::set projected = domain.apply(isl::map(ctx.get(), proj));
+    isl::map write = isl::map(ctx.get(), access_text(on_out, 0)).intersect_domain(projected);
+    return write.is_injective();
+  });
+}
+
+}  // namespace polytile::poly
