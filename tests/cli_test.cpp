@@ -79,6 +79,53 @@ TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
   EXPECT_NE(limited.out.find(", ... (2 more)]"), std::string::npos) << limited.out;
 }
 
+TEST(CliTest, LowerPrintsEveryStage) {
+  std::string grad = kExamples + "conv2d_strided_dilated_grad_input.tile";
+  std::vector<std::string> shapes = {"--shape", "DO=2x3x3x7", "--shape", "K=2x2x5x7"};
+  auto lower = [&](const std::string& stage, bool with_shapes = true) {
+    std::vector<std::string> args = {"lower", grad, "--emit", stage};
+    if (with_shapes) args.insert(args.end(), shapes.begin(), shapes.end());
+    return cli(args);
+  };
+  Result tile = lower("tile", false);
+  EXPECT_EQ(tile.out, print(parse_file(grad)));
+  Result isl = lower("isl");
+  ASSERT_EQ(isl.code, 0) << isl.err;
+  EXPECT_NE(isl.out.find("domain: { S_DI[n, j, y, i, x, ci, co] : "), std::string::npos) << isl.out;
+  EXPECT_NE(isl.out.find("read: { S_DI[n, j, y, i, x, ci, co] -> K[o0 = j, o1 = i, o2 = ci, o3 = co]"), std::string::npos)
+      << isl.out;
+  EXPECT_NE(isl.out.find("bounds: 0 <= co <= 6"), std::string::npos) << isl.out;
+  Result reduced = lower("reduced");
+  EXPECT_NE(reduced.out.find("DI[v0, v1, v2, v3 : N, 3*OH, 3*OW, CI] = +(DO[v0, 1/3*v1 - 2/3*v4, 1/3*v2 - 2/3*v5, v6]"),
+            std::string::npos)
+      << reduced.out;
+  Result defracted = lower("defracted");
+  EXPECT_NE(defracted.out.find("v1_0 < 3, v2_0 < 3;"), std::string::npos) << defracted.out;
+  Result verbose = cli({"lower", kExamples + "matmul.tile", "--emit", "defracted", "--verbose"});
+  EXPECT_EQ(verbose.code, 0);
+  EXPECT_NE(verbose.err.find("polytile: reduce: every output index of C is already a single variable"), std::string::npos);
+  EXPECT_NE(verbose.err.find("polytile: defract: contraction C has no fractional coefficients"), std::string::npos);
+  EXPECT_NE(cli({"help", "lower"}).out.find("usage: polytile lower"), std::string::npos);
+}
+
+TEST(CliTest, CheckWarnsAboutEmptyDomainsAndProvesAssign) {
+  std::string empty = temp("empty.tile"), assign = temp("assign.tile");
+  {
+    std::ofstream(empty) << "function (I[N]) -> (O) { O[i : N] = +(I[i + 5]); }";
+    std::ofstream(assign) << "function (I[N]) -> (O) { O[i + j : N] = =(I[i]), j < 2; }";
+  }
+  Result r = cli({"check", empty, "--shape", "I=3"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.err, "polytile: warning: contraction O has an empty domain: it writes nothing\n");
+  Result a = cli({"check", assign, "--shape", "I=4"});
+  EXPECT_EQ(a.code, 1);
+  EXPECT_NE(a.err.find("assign contraction O can write an element more than once: O[1] is written at i=0, j=1 and at i=1, j=0"),
+            std::string::npos)
+      << a.err;
+  std::remove(empty.c_str());
+  std::remove(assign.c_str());
+}
+
 TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
   Buffer i64ish = testing::random_buffer({3}, 1);
   write_npy(temp("v.npy"), i64ish);
@@ -115,6 +162,10 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "extra.tile"}, "unexpected argument 'extra.tile'"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "C=/nonexistent/c.npy"},
        "cannot write .npy file /nonexistent/c.npy"},
+      {{"lower", mm}, "lower: --emit STAGE is required"},
+      {{"lower", mm, "--emit", "ptx"}, "lower: unknown stage 'ptx'"},
+      {{"lower", mm, "--emit", "isl"}, "lower --emit isl needs --shape"},
+      {{"lower", mm, "--emit", "isl", "--shape", "A=3x4", "--shape", "B=5x2"}, "dims disagree"},
   };
   for (const auto& c : cases) {
     Result r = cli(c.args);

@@ -12,6 +12,8 @@
 #include "polytile/interpreter.h"
 #include "polytile/npy.h"
 #include "polytile/parser.h"
+#include "polytile/passes.h"
+#include "polytile/polyhedral.h"
 #include "polytile/shapes.h"
 
 namespace polytile {
@@ -24,6 +26,7 @@ Tile contractions: parse, check and run them.
 commands:
   check FILE.tile   parse and check a program; print it as normalized Tile text
   run FILE.tile     run a program on .npy or generated inputs
+  lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions
   help [COMMAND]    show help for a command
 
 Run 'polytile <command> --help' for a command's options.
@@ -33,9 +36,24 @@ Exit codes: 0 success, 1 user error (bad input), 2 internal error.
 const char* kCheckHelp = R"(usage: polytile check FILE.tile [--shape NAME=DIMS[:DTYPE]]...
 
 Parses FILE.tile, checks names, ranks and dims, and prints the normalized Tile text.
-With --shape for every input, also binds the dims and prints each tensor's dtype and shape.
+With --shape for every input, also binds the dims, prints each tensor's dtype and shape, proves that
+every assign (=) contraction writes each element at most once, and warns about contractions whose
+domain is empty (they write nothing).
 
   --shape NAME=DIMS[:DTYPE]   input shape as 2x3x4 (empty for a scalar); dtype f32 (default), f64, i32, bool
+)";
+
+const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--verbose]
+
+Prints one stage of the compiler for FILE.tile:
+  tile        the normalized Tile text
+  isl         each contraction's iteration domain, write and read access maps, and exact variable bounds
+              (needs --shape for every input)
+  reduced     contractions after `reduce`: every output index a single variable
+  defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
+
+  --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
+  --verbose                   say on stderr why a pass left a contraction unchanged
 )";
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
@@ -145,7 +163,7 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
   }
 }
 
-int cmd_check(const Args& a, std::ostream& out) {
+int cmd_check(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
   for (const auto& [opt, value] : a.options) {
@@ -156,12 +174,54 @@ int cmd_check(const Args& a, std::ostream& out) {
   out << print(p);
   if (!shapes.empty()) {
     ProgramTypes types = infer_types(p, shapes);
+    for (const auto& analysis : poly::analyze_program(p, types))
+      if (analysis.empty)
+        err << "polytile: warning: contraction " << analysis.output << " has an empty domain: it writes nothing\n";
     for (const auto& in : p.inputs) out << "// " << in.name << ": " << types.tensors.at(in.name).str() << "\n";
     for (const auto& st : p.statements) {
       const std::string& n = statement_output(st);
       out << "// " << n << ": " << types.tensors.at(n).str() << "\n";
     }
   }
+  return 0;
+}
+
+int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
+  Program p = parse_file(a.file);
+  std::map<std::string, TensorType> shapes;
+  std::string emit;
+  bool verbose = false;
+  for (const auto& [opt, value] : a.options) {
+    if (opt == "--shape") {
+      auto [name, spec] = split_assign(opt, value);
+      shapes[name] = parse_shape_spec(name, spec);
+    } else if (opt == "--emit") {
+      emit = value;
+    } else if (opt == "--verbose") {
+      verbose = value == "true" || value == "1" || value == "yes";
+    } else {
+      user_error("lower: unknown option ", opt);
+    }
+  }
+  if (emit.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
+  std::optional<ProgramTypes> types;
+  if (!shapes.empty()) types = infer_types(p, shapes);
+  poly::PassContext ctx{types ? &*types : nullptr};
+  std::vector<std::string> log;
+  if (emit == "tile") {
+    out << print(p);
+  } else if (emit == "isl") {
+    if (!types) user_error("lower --emit isl needs --shape NAME=DIMS for every input");
+    out << poly::print_analyses(poly::analyze_program(p, *types));
+  } else if (emit == "reduced") {
+    out << print(poly::reduce_program(p, ctx, &log));
+  } else if (emit == "defracted") {
+    out << print(poly::reduce_and_defract(p, ctx, &log));
+  } else {
+    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted)");
+  }
+  if (verbose)
+    for (const auto& line : log) err << "polytile: " << line << "\n";
   return 0;
 }
 
@@ -228,6 +288,8 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
+    } else if (s == "--verbose") {
+      a.options.emplace_back(s, "true");  // the one flag without a value
     } else if (s.rfind("--", 0) == 0) {
       std::string opt = s, value;
       // options always take a value: --opt VALUE
@@ -257,6 +319,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         out << kCheckHelp;
       } else if (a.file == "run") {
         out << kRunHelp;
+      } else if (a.file == "lower") {
+        out << kLowerHelp;
       } else if (a.file.empty()) {
         out << kMainHelp;
       } else {
@@ -264,14 +328,16 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       }
       return 0;
     }
-    if (a.command != "check" && a.command != "run")
+    if (a.command != "check" && a.command != "run" && a.command != "lower")
       user_error("unknown command '", a.command, "' (run 'polytile --help')");
     if (a.help) {
-      out << (a.command == "check" ? kCheckHelp : kRunHelp);
+      out << (a.command == "check" ? kCheckHelp : a.command == "run" ? kRunHelp : kLowerHelp);
       return 0;
     }
     if (a.file.empty()) user_error(a.command, ": missing FILE.tile");
-    return a.command == "check" ? cmd_check(a, out) : cmd_run(a, out);
+    if (a.command == "check") return cmd_check(a, out, err);
+    if (a.command == "lower") return cmd_lower(a, out, err);
+    return cmd_run(a, out);
   } catch (const UserError& e) {
     std::string m = e.what();
     for (char& c : m)

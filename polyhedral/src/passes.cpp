@@ -140,6 +140,15 @@ std::vector<Polynomial> index_expressions(const Contraction& c) {
   return out;
 }
 
+// p == +-v + (an integer for every value of the dims)
+bool is_unit_variable(const Polynomial& p, const std::string& v) {
+  const auto& terms = p.index_terms();
+  if (terms.size() != 1 || terms.begin()->first != v) return false;
+  const Rational& c = terms.begin()->second;
+  if (!(c == Rational(1) || c == Rational(-1)) || !p.constant().is_integer()) return false;
+  return (non_index_part(p) - Polynomial(p.constant())).dims_as_expr().has_value();
+}
+
 bool has_fraction(const Polynomial& p) {
   if (!p.constant().is_integer()) return true;
   for (const auto& [name, c] : p.index_terms())
@@ -263,10 +272,16 @@ PassResult reduce(const Contraction& c, const PassContext& ctx) {
   Contraction out = substitute_all(c, vars, old_exprs);
   // The old variables were integers. If the change of variables is not unimodular, the index expressions
   // must still imply that, or the reduced contraction would admit points the original did not.
-  bool unimodular = true;
-  for (const auto& row : inv)
-    for (const auto& x : row) unimodular &= x.is_integer();
-  if (!unimodular) {
+  // Fast path: an old variable is surely integral when some original index expression is +-x + integer.
+  const std::vector<Polynomial> polys_before = index_expressions(c);
+  bool implied = true;
+  for (size_t k = 0; k < n && implied; ++k) {
+    bool integral_row = std::all_of(inv[k].begin(), inv[k].end(), [](const Rational& x) { return x.is_integer(); });
+    if (integral_row) continue;
+    implied = std::any_of(polys_before.begin(), polys_before.end(),
+                          [&](const Polynomial& p) { return is_unit_variable(p, vars[k]); });
+  }
+  if (!implied) {
     std::vector<Polynomial> polys = index_expressions(out);
     LatticeQuery without = integral_points(polys, new_vars);
     polys.insert(polys.end(), old_exprs.begin(), old_exprs.end());
