@@ -220,6 +220,35 @@ TEST(LatticeTest, SeedExampleLattice) {
   EXPECT_EQ(lat->offset, (std::vector<int64_t>{0, 0}));
 }
 
+TEST(LatticeTest, UnimodularCompletionStartsWithTheGivenRows) {
+  std::mt19937_64 rng(23);
+  int completed = 0, refused = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    size_t n = 1 + rng() % 4, k = 1 + rng() % n;
+    IntMatrix rows = random_matrix(k, n, rng, 4);
+    auto full = unimodular_completion(rows);
+    // Brute-force criterion: rows complete iff rows * Z^n == Z^k, i.e. the column Hermite form is [I 0].
+    HermiteForm h = column_hermite(rows);
+    bool saturated = h.rank == k;
+    for (size_t j = 0; j < k && saturated; ++j) saturated = h.H(j, j) == 1 && h.pivot_rows[j] == j;
+    for (size_t j = 0; j < k && saturated; ++j)
+      for (size_t i = 0; i < k; ++i) saturated &= h.H(i, j) == (i == j ? 1 : 0);
+    ASSERT_EQ(full.has_value(), saturated) << rows.str();
+    if (!full) {
+      ++refused;
+      continue;
+    }
+    ++completed;
+    ASSERT_EQ(std::abs(determinant(*full)), 1) << rows.str();
+    for (size_t r = 0; r < k; ++r)
+      for (size_t c = 0; c < n; ++c) ASSERT_EQ((*full)(r, c), rows(r, c)) << rows.str();
+  }
+  EXPECT_GT(completed, 50);
+  EXPECT_GT(refused, 50);
+  EXPECT_EQ(unimodular_completion(IntMatrix{{3, 2}})->str().substr(0, 8), "[[3, 2],");
+  EXPECT_FALSE(unimodular_completion(IntMatrix{{2, 4}}).has_value());
+}
+
 TEST(LatticeTest, NtlErrorsAndOverflowsAreLatticeErrors) {
   try {
     determinant(IntMatrix(2, 3));

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Keeps the README true: the API tour it shows is examples/api/api_tour.cpp verbatim, and every
+# Keeps the README true: every C++ block marked "<!-- example: FILE -->" is FILE verbatim, and every
 # `build/polytile ...` command it shows runs successfully (with this build's binary).
 set -euo pipefail
 src=$1
 bin=$2
 cd "$src"
-block=$(awk '/^```cpp$/{on=1; next} /^```$/{if(on){exit}} on' README.md)
-if [ "$block" != "$(cat examples/api/api_tour.cpp)" ]; then
-  echo "README's C++ block differs from examples/api/api_tour.cpp"
-  exit 1
-fi
+blocks=0
+while IFS= read -r file; do
+  block=$(awk -v f="$file" '$0 == "<!-- example: " f " -->" {armed=1; next}
+                            armed && /^```cpp$/ {on=1; next}
+                            on && /^```$/ {exit}
+                            on' README.md)
+  if [ "$block" != "$(cat "$file")" ]; then
+    echo "README's C++ block for $file differs from the file"
+    exit 1
+  fi
+  blocks=$((blocks + 1))
+done < <(sed -n 's/^<!-- example: \(.*\) -->$/\1/p' README.md)
 n=0
 while IFS= read -r line; do
   cmd=${line#./setup.sh && }
@@ -18,5 +25,5 @@ while IFS= read -r line; do
   eval "$cmd" > /dev/null
   n=$((n + 1))
 done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^(\./setup\.sh && )?build/polytile ')
-echo "ran $n README commands"
-[ "$n" -ge 8 ]
+echo "checked $blocks C++ examples, ran $n README commands"
+[ "$blocks" -ge 2 ] && [ "$n" -ge 12 ]

@@ -184,6 +184,23 @@ HermiteForm column_hermite(const IntMatrix& A) {
   return out;
 }
 
+std::optional<IntMatrix> unimodular_completion(const IntMatrix& rows) {
+  const size_t k = rows.rows(), n = rows.cols();
+  if (k > n) throw LatticeError(LatticeError::Kind::invalid_argument, "unimodular_completion: more rows than columns");
+  NtlErrors guard;
+  // rows * U = [H 0]; the rows complete exactly when H is the identity, and then rows = [I 0] * U^{-1}.
+  NtlHermite h = hermite_ntl(to_ntl(rows));
+  if (h.pivots.size() != k) return std::nullopt;
+  for (size_t j = 0; j < k; ++j)
+    for (size_t i = 0; i < k; ++i)
+      if (h.H[i][j] != (i == j ? 1 : 0)) return std::nullopt;
+  ZZ det;
+  mat_ZZ X;
+  NTL::inv(det, X, h.U, /*deterministic=*/1);  // X = det * U^{-1}, det = +-1
+  if (det < 0) NTL::negate(X, X);
+  return from_ntl(X, "unimodular completion");
+}
+
 int64_t determinant(const IntMatrix& A) {
   NtlErrors guard;
   ZZ d;

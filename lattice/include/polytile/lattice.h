@@ -70,6 +70,11 @@ struct HermiteForm {
 };
 HermiteForm column_hermite(const IntMatrix& A);
 
+// Unimodular completion: an n x n matrix with det +-1 whose first k rows are `rows` (k x n), or nullopt
+// when none exists (exactly when the rows do not span a saturated sublattice, i.e. the gcd of their
+// k x k minors is not 1). A change of basis of Z^n that starts with the given integer forms.
+std::optional<IntMatrix> unimodular_completion(const IntMatrix& rows);
+
 // Determinant of a square matrix (deterministic).
 int64_t determinant(const IntMatrix& A);
 
