@@ -5,6 +5,7 @@
 // line:column diagnostics.
 #include "polytile/parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -517,6 +518,31 @@ class Parser {
 Program parse_program(const std::string& text, const std::string& source_name) {
   Parser p(text, source_name);
   return p.parse();
+}
+
+std::vector<Statement> parse_statements(const std::string& body, const Program& context, const std::string& source_name) {
+  // The context's statements are re-parsed from their printed form ahead of the new ones; the new
+  // statements' positions are reported relative to `body` by parsing it on its own lines at the end.
+  Program header = context;
+  std::string text = print(header);
+  text.erase(text.rfind('}'));
+  size_t before = header.statements.size();
+  std::string full = text + body + "\n}\n";
+  Program p;
+  try {
+    p = parse_program(full, source_name);
+  } catch (const UserError& e) {
+    // Re-map "source:LINE:COL" to lines of `body`.
+    std::string msg = e.what();
+    size_t lines_before = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+    size_t a = msg.find(':', source_name.size()), b = msg.find(':', a + 1);
+    if (msg.compare(0, source_name.size(), source_name) == 0 && a != std::string::npos && b != std::string::npos) {
+      long line = std::strtol(msg.c_str() + a + 1, nullptr, 10) - static_cast<long>(lines_before);
+      msg = source_name + ":" + std::to_string(std::max(line, 1L)) + msg.substr(b);
+    }
+    throw UserError(msg);
+  }
+  return std::vector<Statement>(p.statements.begin() + static_cast<long>(before), p.statements.end());
 }
 
 Program parse_file(const std::string& path) {

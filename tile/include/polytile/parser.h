@@ -24,6 +24,11 @@ namespace polytile {
 // Parses one function. Errors are UserError("SOURCE:LINE:COL: message").
 Program parse_program(const std::string& text, const std::string& source_name = "<input>");
 
+// Parses statements (Tile body text) in the context of an existing program: they may use its inputs,
+// dims and tensors. Returns the new statements only.
+std::vector<Statement> parse_statements(const std::string& body, const Program& context,
+                                        const std::string& source_name = "<statements>");
+
 // Reads a file and parses it; a missing or unreadable file is a UserError naming it.
 Program parse_file(const std::string& path);
 

@@ -1,0 +1,27 @@
+// Private: derivatives of elementwise expressions, shared by reverse and forward mode.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "polytile/ir.h"
+
+namespace polytile::ad {
+
+// d(node)/d(node.args()[i]) as an expression over the node's arguments; nullopt when it is zero
+// (comparisons, floor, sign, casts to integers, ...).
+std::optional<Expr> partial(const Expr& node, size_t i);
+
+// g * p, simplified (g for p == 1, -g for p == -1, pushed into select so that masks never multiply).
+Expr times(const Expr& g, const Expr& p);
+
+// Reverse accumulation through an expression: adds to contributions[tensor] the adjoint reaching each
+// tensor leaf when `g` is the adjoint of `e`.
+void backprop(const Expr& e, const Expr& g, std::map<std::string, Expr>& contributions);
+
+// Forward mode: the tangent of `e` given the tangents of its tensor leaves (nullopt: zero).
+std::optional<Expr> tangent(const Expr& e, const std::function<std::optional<Expr>(const std::string&)>& tangent_of);
+
+}  // namespace polytile::ad
