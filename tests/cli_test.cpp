@@ -108,6 +108,29 @@ TEST(CliTest, LowerPrintsEveryStage) {
   EXPECT_NE(cli({"help", "lower"}).out.find("usage: polytile lower"), std::string::npos);
 }
 
+TEST(CliTest, GradPrintsARunnableGradientProgram) {
+  Result r = cli({"grad", kExamples + "conv2d_strided_dilated.tile"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("function (I[N, H, W, CI], K[KH, KW, CI, CO], DO[N, H/3, W/3, CO]) -> (DI, DK) {", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("v1_0 < 3, v2_0 < 3;"), std::string::npos) << r.out;
+  std::string file = temp("grad.tile");
+  std::ofstream(file) << r.out;
+  Result run = cli({"run", file, "--random", "I=1x9x9x2", "--random", "K=2x2x2x3", "--random", "DO=1x3x3x3"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("DK: f32[2, 2, 2, 3]"), std::string::npos) << run.out;
+  Result raw = cli({"grad", kExamples + "conv2d_strided_dilated.tile", "--emit", "tile", "--wrt", "I"});
+  EXPECT_NE(raw.out.find("DI[n, 2*j + 3*y, 2*i + 3*x, ci : N, H, W, CI] = +(K[j, i, ci, co] * DO[n, y, x, co]);"),
+            std::string::npos)
+      << raw.out;
+  EXPECT_EQ(raw.out.find("DK"), std::string::npos);
+  Result fwd = cli({"grad", kExamples + "matmul.tile", "--mode", "forward"});
+  EXPECT_NE(fwd.out.find("-> (TC)"), std::string::npos) << fwd.out;
+  Result mixed = cli({"grad", kExamples + "global_mean.tile", "--mode", "mixed"});
+  EXPECT_EQ(mixed.code, 0) << mixed.err;
+  EXPECT_NE(cli({"grad", "--help"}).out.find("usage: polytile grad"), std::string::npos);
+  std::remove(file.c_str());
+}
+
 TEST(CliTest, CheckWarnsAboutEmptyDomainsAndProvesAssign) {
   std::string empty = temp("empty.tile"), assign = temp("assign.tile");
   {
@@ -163,6 +186,10 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "C=/nonexistent/c.npy"},
        "cannot write .npy file /nonexistent/c.npy"},
       {{"lower", mm}, "lower: --emit STAGE is required"},
+      {{"grad", mm, "--mode", "sideways"}, "grad: unknown mode 'sideways'"},
+      {{"grad", mm, "--emit", "ptx"}, "grad: unknown stage 'ptx'"},
+      {{"grad", mm, "--wrt", "C"}, "cannot differentiate with respect to C: it is not an input"},
+      {{"grad", kExamples + "max_over_axis.tile", "--wrt", "Q"}, "cannot differentiate with respect to Q"},
       {{"lower", mm, "--emit", "ptx"}, "lower: unknown stage 'ptx'"},
       {{"lower", mm, "--emit", "isl"}, "lower --emit isl needs --shape"},
       {{"lower", mm, "--emit", "isl", "--shape", "A=3x4", "--shape", "B=5x2"}, "dims disagree"},

@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 
+#include "polytile/autodiff.h"
 #include "polytile/buffer.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
@@ -27,6 +28,7 @@ commands:
   check FILE.tile   parse and check a program; print it as normalized Tile text
   run FILE.tile     run a program on .npy or generated inputs
   lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions
+  grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
   help [COMMAND]    show help for a command
 
 Run 'polytile <command> --help' for a command's options.
@@ -69,6 +71,19 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --backend NAME               execution backend: interp (the reference interpreter)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
+)";
+
+const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward]
+
+Prints the derivative of FILE.tile as a Tile program that `polytile run` runs. For
+  function (I, K) -> (O)
+reverse mode prints  function (I, K, DO) -> (DI, DK)  (DO: the adjoint of O; DI, DK: vector-Jacobian
+products), forward mode prints  function (I, K, TI, TK) -> (TO)  (Jacobian-vector products).
+
+  --wrt A,B      inputs to differentiate with respect to (default: all)
+  --emit STAGE   tile: the gradient as generated; defracted (default): after reduce and defract, every
+                 output element written once, integer coefficients only
+  --mode MODE    reverse (default), mixed (dual-number partials for elementwise statements) or forward
 )";
 
 struct Args {
@@ -225,6 +240,40 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+int cmd_grad(const Args& a, std::ostream& out) {
+  Program p = parse_file(a.file);
+  ad::Options options;
+  std::string emit = "defracted", mode = "reverse";
+  for (const auto& [opt, value] : a.options) {
+    if (opt == "--wrt") {
+      std::stringstream ss(value);
+      std::string name;
+      while (std::getline(ss, name, ','))
+        if (!name.empty()) options.wrt.push_back(name);
+    } else if (opt == "--emit") {
+      emit = value;
+    } else if (opt == "--mode") {
+      mode = value;
+    } else {
+      user_error("grad: unknown option ", opt);
+    }
+  }
+  if (emit != "tile" && emit != "defracted") user_error("grad: unknown stage '", emit, "' (tile, defracted)");
+  options.reduce_and_defract = emit == "defracted";
+  options.mixed_mode = mode == "mixed";
+  ad::Result r;
+  if (mode == "forward") {
+    r = ad::jvp(p, options.wrt);
+    if (emit == "tile") user_error("grad --mode forward emits the defracted form only");
+  } else if (mode == "reverse" || mode == "mixed") {
+    r = ad::vjp(p, options);
+  } else {
+    user_error("grad: unknown mode '", mode, "' (reverse, mixed, forward)");
+  }
+  out << print(r.program);
+  return 0;
+}
+
 int cmd_run(const Args& a, std::ostream& out) {
   Program p = parse_file(a.file);
   TensorMap inputs;
@@ -321,6 +370,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         out << kRunHelp;
       } else if (a.file == "lower") {
         out << kLowerHelp;
+      } else if (a.file == "grad") {
+        out << kGradHelp;
       } else if (a.file.empty()) {
         out << kMainHelp;
       } else {
@@ -328,15 +379,19 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       }
       return 0;
     }
-    if (a.command != "check" && a.command != "run" && a.command != "lower")
+    if (a.command != "check" && a.command != "run" && a.command != "lower" && a.command != "grad")
       user_error("unknown command '", a.command, "' (run 'polytile --help')");
     if (a.help) {
-      out << (a.command == "check" ? kCheckHelp : a.command == "run" ? kRunHelp : kLowerHelp);
+      out << (a.command == "check"   ? kCheckHelp
+              : a.command == "run"   ? kRunHelp
+              : a.command == "grad"  ? kGradHelp
+                                     : kLowerHelp);
       return 0;
     }
     if (a.file.empty()) user_error(a.command, ": missing FILE.tile");
     if (a.command == "check") return cmd_check(a, out, err);
     if (a.command == "lower") return cmd_lower(a, out, err);
+    if (a.command == "grad") return cmd_grad(a, out);
     return cmd_run(a, out);
   } catch (const UserError& e) {
     std::string m = e.what();
