@@ -6,6 +6,17 @@
 
 namespace polytile::ad {
 
+std::vector<std::string> statement_operands(const Statement& st) {
+  std::vector<std::string> used;
+  if (const auto* c = std::get_if<Contraction>(&st)) {
+    for (const auto& a : c->inputs) used.push_back(a.tensor);
+    if (c->init) used.push_back(*c->init);
+  } else {
+    std::get<Elementwise>(st).expr.collect_tensors(used);
+  }
+  return used;
+}
+
 std::vector<DimExpr> broadcast(const std::vector<DimExpr>& a, const std::vector<DimExpr>& b) {
   size_t r = std::max(a.size(), b.size());
   std::vector<DimExpr> out(r);
@@ -204,13 +215,7 @@ void Builder::bind_name(const std::string& value, const std::string& name) {
   bool referenced = false;
   for (auto& st : program.statements) {
     if (statement_output(st) == value) def = &st;
-    std::vector<std::string> used;
-    if (const auto* c = std::get_if<Contraction>(&st)) {
-      for (const auto& a : c->inputs) used.push_back(a.tensor);
-      if (c->init) used.push_back(*c->init);
-    } else {
-      std::get<Elementwise>(st).expr.collect_tensors(used);
-    }
+    std::vector<std::string> used = statement_operands(st);
     referenced |= std::find(used.begin(), used.end(), value) != used.end();
   }
   bool is_output = std::find(program.outputs.begin(), program.outputs.end(), value) != program.outputs.end();
@@ -227,13 +232,7 @@ void Builder::eliminate_dead_code() {
   std::vector<Statement> kept;
   for (auto it = program.statements.rbegin(); it != program.statements.rend(); ++it) {
     if (!live.count(statement_output(*it))) continue;
-    std::vector<std::string> used;
-    if (const auto* c = std::get_if<Contraction>(&*it)) {
-      for (const auto& a : c->inputs) used.push_back(a.tensor);
-      if (c->init) used.push_back(*c->init);
-    } else {
-      std::get<Elementwise>(*it).expr.collect_tensors(used);
-    }
+    std::vector<std::string> used = statement_operands(*it);
     live.insert(used.begin(), used.end());
     kept.push_back(*it);
   }

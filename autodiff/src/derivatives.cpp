@@ -6,12 +6,9 @@
 namespace polytile::ad {
 namespace {
 
-Expr lit(double v) { return Expr::literal(v, false); }
 Expr un(UnaryOp op, const Expr& a) { return Expr::unary(op, a); }
-Expr bin(BinaryOp op, const Expr& a, const Expr& b) { return Expr::binary(op, a, b); }
 Expr call(Intrinsic fn, std::vector<Expr> args) { return Expr::call(fn, std::move(args)); }
 Expr mul(const Expr& a, const Expr& b) { return bin(BinaryOp::mul, a, b); }
-Expr sel(const Expr& c, const Expr& t, const Expr& f) { return call(Intrinsic::select, {c, t, f}); }
 
 bool is_literal(const Expr& e, double v) { return e.kind() == Expr::Kind::literal && e.value() == v; }
 

@@ -10,6 +10,13 @@
 
 namespace polytile::ad {
 
+// Short builders for the expressions the rules write.
+inline Expr T(const std::string& name) { return Expr::tensor(name); }
+inline Expr lit(double v) { return Expr::literal(v, false); }
+inline Expr ilit(int64_t v) { return Expr::literal(static_cast<double>(v), true); }
+inline Expr bin(BinaryOp op, const Expr& a, const Expr& b) { return Expr::binary(op, a, b); }
+inline Expr sel(const Expr& c, const Expr& t, const Expr& f) { return Expr::call(Intrinsic::select, {c, t, f}); }
+
 // d(node)/d(node.args()[i]) as an expression over the node's arguments; nullopt when it is zero
 // (comparisons, floor, sign, casts to integers, ...).
 std::optional<Expr> partial(const Expr& node, size_t i);

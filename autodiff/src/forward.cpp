@@ -14,11 +14,6 @@
 namespace polytile::ad {
 namespace {
 
-Expr T(const std::string& name) { return Expr::tensor(name); }
-Expr lit(double v) { return Expr::literal(v, false); }
-Expr ilit(int64_t v) { return Expr::literal(static_cast<double>(v), true); }
-Expr bin(BinaryOp op, const Expr& a, const Expr& b) { return Expr::binary(op, a, b); }
-Expr sel(const Expr& c, const Expr& t, const Expr& f) { return Expr::call(Intrinsic::select, {c, t, f}); }
 
 class ForwardMode {
  public:

@@ -16,11 +16,6 @@
 namespace polytile::ad {
 namespace {
 
-Expr T(const std::string& name) { return Expr::tensor(name); }
-Expr lit(double v) { return Expr::literal(v, false); }
-Expr ilit(int64_t v) { return Expr::literal(static_cast<double>(v), true); }
-Expr bin(BinaryOp op, const Expr& a, const Expr& b) { return Expr::binary(op, a, b); }
-Expr sel(const Expr& c, const Expr& t, const Expr& f) { return Expr::call(Intrinsic::select, {c, t, f}); }
 
 class Context : public DerivativeContext {
  public:
@@ -113,23 +108,12 @@ class ReverseMode {
     requires_.insert(wrt.begin(), wrt.end());
     for (const auto& st : forward_.statements) {
       const std::string& out = statement_output(st);
-      std::vector<std::string> deps = operands(st);
+      std::vector<std::string> deps = statement_operands(st);
       auto ov = options_.overrides.find(out);
       if (ov != options_.overrides.end()) deps = ov->second.dependencies;
       for (const auto& d : deps)
         if (requires_.count(d) && !options_.stop_gradient.count(d)) requires_.insert(out);
     }
-  }
-
-  static std::vector<std::string> operands(const Statement& st) {
-    std::vector<std::string> used;
-    if (const auto* c = std::get_if<Contraction>(&st)) {
-      for (const auto& a : c->inputs) used.push_back(a.tensor);
-      if (c->init) used.push_back(*c->init);
-    } else {
-      std::get<Elementwise>(st).expr.collect_tensors(used);
-    }
-    return used;
   }
 
   void contribute(const std::string& tensor, const std::string& name) {
