@@ -9,6 +9,7 @@
 
 #include "polytile/autodiff.h"
 #include "polytile/buffer.h"
+#include "polytile/cpu.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
 #include "polytile/npy.h"
@@ -53,6 +54,9 @@ Prints one stage of the compiler for FILE.tile:
               (needs --shape for every input)
   reduced     contractions after `reduce`: every output index a single variable
   defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
+  schedule    the isl schedule tree of every loop nest, with its tile/point/parallel marks (needs --shape)
+  ast         the loops isl generates from those schedules, as C (needs --shape)
+  llvm        the optimized LLVM IR the CPU backend runs (needs --shape)
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --verbose                   say on stderr why a pass left a contraction unchanged
@@ -68,7 +72,7 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --input NAME=FILE.npy        read input NAME (float32, float64, int32, bool; C order)
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
   --output NAME=FILE.npy       write output NAME
-  --backend NAME               execution backend: interp (the reference interpreter)
+  --backend NAME               cpu (default: native code through LLVM) or interp (the reference interpreter)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
 )";
@@ -232,8 +236,12 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     out << print(poly::reduce_program(p, ctx, &log));
   } else if (emit == "defracted") {
     out << print(poly::reduce_and_defract(p, ctx, &log));
+  } else if (emit == "schedule" || emit == "ast" || emit == "llvm") {
+    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
+    auto compiled = cpu::compile(p, shapes);
+    out << (emit == "schedule" ? compiled->schedule().tree() : emit == "ast" ? compiled->schedule().ast() : compiled->llvm_ir());
   } else {
-    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted)");
+    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, schedule, ast, llvm)");
   }
   if (verbose)
     for (const auto& line : log) err << "polytile: " << line << "\n";
@@ -281,7 +289,7 @@ int cmd_run(const Args& a, std::ostream& out) {
   std::vector<std::pair<std::string, TensorType>> randoms;
   uint64_t seed = 1;
   int64_t limit = 64;
-  std::string backend = "interp";
+  std::string backend = "cpu";
   for (const auto& [opt, value] : a.options) {
     if (opt == "--input") {
       auto [name, file] = split_assign(opt, value);
@@ -303,7 +311,7 @@ int cmd_run(const Args& a, std::ostream& out) {
       user_error("run: unknown option ", opt);
     }
   }
-  if (backend != "interp") user_error("unknown backend '", backend, "' (available: interp)");
+  if (backend != "interp" && backend != "cpu") user_error("unknown backend '", backend, "' (available: cpu, interp)");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -313,7 +321,7 @@ int cmd_run(const Args& a, std::ostream& out) {
     for (const auto& o : p.outputs) known |= o == name;
     if (!known) user_error("--output ", name, ": the program has no output named ", name);
   }
-  TensorMap results = interpret(p, inputs);
+  TensorMap results = backend == "cpu" ? cpu::run(p, inputs) : interpret(p, inputs);
   for (const auto& o : p.outputs) {
     auto it = output_files.find(o);
     if (it != output_files.end()) {

@@ -1,0 +1,57 @@
+// The host backend: Program -> reduce/defract -> schedule (isl) -> LLVM IR -> new-PM O3 (loop and SLP
+// vectorization for the host CPU) -> ORC LLJIT -> native code, run on TBB with the outer loop of every
+// provably parallel nest split across threads. Compiled programs are cached per process, keyed by program
+// text, input shapes and dtypes, and target.
+//
+// Numerics: every statement computes in the dtypes of ir.h, like the reference interpreter, except that
+// contractions accumulate in the output dtype in schedule order (the interpreter accumulates in double),
+// and floating-point accumulation may be reassociated for vectorization. Results therefore match the
+// interpreter up to rounding that grows with the reduction length.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "polytile/interpreter.h"
+#include "polytile/scheduler.h"
+#include "polytile/shapes.h"
+
+namespace polytile::cpu {
+
+struct CompileOptions {
+  sched::Target target = sched::host_target();
+  bool reduce_and_defract = true;
+  int threads = 0;  // 0: the target's thread count
+};
+
+// Seconds spent in each stage of one compilation.
+struct CompileTimes {
+  double passes = 0, schedule = 0, llvm_ir = 0, optimize_and_jit = 0;
+};
+
+class CompiledProgram {
+ public:
+  ~CompiledProgram();
+  // Runs on inputs of exactly the compiled shapes and dtypes (UserError otherwise).
+  TensorMap run(const TensorMap& inputs) const;
+  const Program& program() const;           // after the passes
+  const sched::Schedule& schedule() const;
+  const std::string& llvm_ir() const;       // optimized module, deterministic
+  const CompileTimes& times() const;
+
+  struct Impl;
+  explicit CompiledProgram(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Compiles (or fetches from the cache) `program` for inputs of the given types.
+std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
+                                               const CompileOptions& options = {});
+
+// compile() for the inputs' types, then run.
+TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options = {});
+
+}  // namespace polytile::cpu

@@ -1,0 +1,220 @@
+// The host backend's driver: passes, scheduling, LLVM IR, O3, ORC LLJIT, a per-process cache, and the
+// TBB runtime that runs the nests in order, splitting provably parallel outer loops across threads.
+#include "polytile/cpu.h"
+
+#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "emitter.h"
+#include "polytile/error.h"
+#include "polytile/passes.h"
+
+namespace polytile::cpu {
+
+using NestFn = void (*)(char**, int64_t, int64_t);
+
+struct CompiledProgram::Impl {
+  Program program;
+  ProgramTypes types;
+  std::map<std::string, TensorType> inputs;
+  sched::Schedule schedule;
+  std::string ir;
+  CompileTimes times;
+  std::vector<std::string> buffers;  // index -> tensor
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  std::vector<NestFn> nests;
+  int threads = 1;
+};
+
+CompiledProgram::CompiledProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledProgram::~CompiledProgram() = default;
+const Program& CompiledProgram::program() const { return impl_->program; }
+const sched::Schedule& CompiledProgram::schedule() const { return impl_->schedule; }
+const std::string& CompiledProgram::llvm_ir() const { return impl_->ir; }
+const CompileTimes& CompiledProgram::times() const { return impl_->times; }
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+T check(llvm::Expected<T> v, const std::string& what) {
+  if (!v) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(v.takeError()));
+  return std::move(*v);
+}
+
+void check(llvm::Error e, const std::string& what) {
+  if (e) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(std::move(e)));
+}
+
+void initialize_llvm() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  });
+}
+
+void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::PipelineTuningOptions pto;
+  pto.LoopVectorization = true;
+  pto.SLPVectorization = true;
+  pto.LoopUnrolling = true;
+  llvm::PassBuilder pb(&tm, pto);
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  mpm.run(m, mam);
+}
+
+std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
+                                              const CompileOptions& options) {
+  auto impl = std::make_unique<CompiledProgram::Impl>();
+  impl->inputs = inputs;
+  impl->threads = options.threads > 0 ? options.threads : options.target.threads;
+  auto t0 = std::chrono::steady_clock::now();
+  ProgramTypes types = infer_types(source, inputs);
+  impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types}) : source;
+  impl->types = infer_types(impl->program, inputs);
+  impl->times.passes = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  impl->schedule = sched::schedule(impl->program, impl->types, options.target);
+  impl->times.schedule = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  initialize_llvm();
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto module = std::make_unique<llvm::Module>("polytile", *context);
+  std::map<std::string, int> index;
+  for (const auto& p : impl->program.inputs) {
+    index[p.name] = static_cast<int>(impl->buffers.size());
+    impl->buffers.push_back(p.name);
+  }
+  for (const auto& st : impl->program.statements) {
+    index[statement_output(st)] = static_cast<int>(impl->buffers.size());
+    impl->buffers.push_back(statement_output(st));
+  }
+  emit_nests(*module, impl->schedule, impl->types, index);
+  impl->times.llvm_ir = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  auto jtmb = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+  jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  auto tm = check(jtmb.createTargetMachine(), "creating the target machine");
+  module->setDataLayout(tm->createDataLayout());
+  module->setTargetTriple(tm->getTargetTriple().str());
+  optimize(*module, *tm);
+  {
+    llvm::raw_string_ostream os(impl->ir);
+    module->print(os, nullptr);
+  }
+  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(), "creating the JIT");
+  auto& dylib = impl->jit->getMainJITDylib();
+  dylib.addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                               impl->jit->getDataLayout().getGlobalPrefix()),
+                           "opening the process for libm"));
+  check(impl->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(module), std::move(context))), "adding the module");
+  for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
+    auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");
+    impl->nests.push_back(addr.toPtr<NestFn>());
+  }
+  impl->times.optimize_and_jit = seconds_since(t0);
+  return impl;
+}
+
+std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o) {
+  std::string key = print(p);
+  for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
+  key += "|" + o.target.name + "/" + std::to_string(o.target.vector_bits) + "/" + std::to_string(o.target.l1_bytes) + "/" +
+         std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.threads) + "/" + std::to_string(o.reduce_and_defract);
+  return key;
+}
+
+}  // namespace
+
+std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
+                                               const CompileOptions& options) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const CompiledProgram>> cache;
+  std::string key = cache_key(program, inputs, options);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  auto compiled = std::make_shared<const CompiledProgram>(build(program, inputs, options));
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, compiled).first->second;
+}
+
+TensorMap CompiledProgram::run(const TensorMap& inputs) const {
+  const Impl& m = *impl_;
+  for (const auto& [name, t] : m.inputs) {
+    auto it = inputs.find(name);
+    if (it == inputs.end()) user_error("missing input ", name);
+    if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
+      user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
+  }
+  TensorMap env;
+  std::vector<char*> ptrs(m.buffers.size());
+  for (size_t i = 0; i < m.buffers.size(); ++i) {
+    const std::string& name = m.buffers[i];
+    auto in = inputs.find(name);
+    if (in != inputs.end() && m.inputs.count(name)) {
+      ptrs[i] = static_cast<char*>(const_cast<void*>(in->second.data()));  // read only
+      continue;
+    }
+    const TensorType& t = m.types.tensors.at(name);
+    env[name] = Buffer(t.dtype, t.shape);
+    ptrs[i] = static_cast<char*>(env[name].data());
+  }
+  tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(m.threads));
+  for (size_t k = 0; k < m.nests.size(); ++k) {
+    const sched::Nest& nest = m.schedule.nests[k];
+    NestFn fn = m.nests[k];
+    if (!nest.parallel_outer || m.threads <= 1 || nest.outer_hi <= nest.outer_lo) {
+      fn(ptrs.data(), INT64_MIN, INT64_MAX);
+      continue;
+    }
+    tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1),
+                      [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });
+  }
+  TensorMap out;
+  for (const auto& o : m.program.outputs) {
+    auto it = env.find(o);
+    out[o] = it != env.end() ? it->second : inputs.at(o);
+  }
+  return out;
+}
+
+TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options) {
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
+  infer_types(program, types);  // user errors first, before compiling
+  return compile(program, types, options)->run(inputs);
+}
+
+}  // namespace polytile::cpu

@@ -1,0 +1,580 @@
+// LLVM IR for scheduled loop nests. Data model: one LLVM function per Nest,
+//   void nest_<k>(ptr buffers, i64 lo, i64 hi)
+// where buffers[i] points at tensor i's elements (row-major; bool as i8). Loop iterators live in allocas
+// (promoted to SSA by the optimizer); the outermost loop of a parallel nest only runs iterator values in
+// [lo, hi). Statement bodies follow the dtype rules of ir.h: literals and dims enter as exact f64 values
+// converted by the operation that consumes them, integer division floors (x / 0 = 0), i32 wraps,
+// max/min propagate NaN.
+#include "emitter.h"
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <limits>
+#include <numeric>
+
+#include "polytile/error.h"
+
+namespace polytile::cpu {
+namespace {
+
+using llvm::Value;
+
+struct Typed {
+  Value* v;
+  DType t;
+};
+
+class NestEmitter {
+ public:
+  NestEmitter(llvm::Module& m, const sched::Nest& nest, const ProgramTypes& types,
+              const std::map<std::string, int>& buffer_index)
+      : m_(m), ctx_(m.getContext()), b_(ctx_), nest_(nest), types_(types), buffer_index_(buffer_index) {}
+
+  llvm::Function* emit(const std::string& name) {
+    auto* i64 = b_.getInt64Ty();
+    auto* ptr = b_.getPtrTy();
+    auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
+    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    fn_->getArg(0)->setName("buffers");
+    fn_->getArg(1)->setName("lo");
+    fn_->getArg(2)->setName("hi");
+    auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
+    b_.SetInsertPoint(entry);
+    for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
+    node(nest_.root, true);
+    b_.CreateRetVoid();
+    return fn_;
+  }
+
+ private:
+  // ------------------------------------------------------------------ loops
+  Value* aff(const sched::Aff& a) {
+    using K = sched::Aff::Kind;
+    auto* i64 = b_.getInt64Ty();
+    switch (a.kind) {
+      case K::constant: return b_.getInt64(a.value);
+      case K::iterator: return b_.CreateLoad(i64, iters_.at(a.iterator));
+      case K::add: return b_.CreateAdd(aff(a.args[0]), aff(a.args[1]));
+      case K::sub: return b_.CreateSub(aff(a.args[0]), aff(a.args[1]));
+      case K::mul: return b_.CreateMul(aff(a.args[0]), aff(a.args[1]));
+      case K::floordiv: return floor_div(aff(a.args[0]), aff(a.args[1]));
+      case K::mod: return floor_mod(aff(a.args[0]), aff(a.args[1]));
+      case K::min: {
+        Value *x = aff(a.args[0]), *y = aff(a.args[1]);
+        return b_.CreateSelect(b_.CreateICmpSLT(x, y), x, y);
+      }
+      case K::max: {
+        Value *x = aff(a.args[0]), *y = aff(a.args[1]);
+        return b_.CreateSelect(b_.CreateICmpSGT(x, y), x, y);
+      }
+      case K::neg: return b_.CreateNeg(aff(a.args[0]));
+      case K::select: return b_.CreateSelect(cond(a.args[0]), aff(a.args[1]), aff(a.args[2]));
+      default: return b_.CreateZExt(cond(a), i64);
+    }
+  }
+
+  Value* cond(const sched::Aff& a) {
+    using K = sched::Aff::Kind;
+    switch (a.kind) {
+      case K::eq: return b_.CreateICmpEQ(aff(a.args[0]), aff(a.args[1]));
+      case K::le: return b_.CreateICmpSLE(aff(a.args[0]), aff(a.args[1]));
+      case K::lt: return b_.CreateICmpSLT(aff(a.args[0]), aff(a.args[1]));
+      case K::ge: return b_.CreateICmpSGE(aff(a.args[0]), aff(a.args[1]));
+      case K::gt: return b_.CreateICmpSGT(aff(a.args[0]), aff(a.args[1]));
+      case K::land: return b_.CreateAnd(cond(a.args[0]), cond(a.args[1]));
+      case K::lor: return b_.CreateOr(cond(a.args[0]), cond(a.args[1]));
+      default: return b_.CreateICmpNE(aff(a), b_.getInt64(0));
+    }
+  }
+
+  Value* floor_div(Value* x, Value* y) {
+    Value* q = b_.CreateSDiv(x, y);
+    Value* r = b_.CreateSRem(x, y);
+    Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, b_.getInt64(0)),
+                                 b_.CreateICmpNE(b_.CreateICmpSLT(r, b_.getInt64(0)), b_.CreateICmpSLT(y, b_.getInt64(0))));
+    return b_.CreateSub(q, b_.CreateZExt(adjust, b_.getInt64Ty()));
+  }
+
+  Value* floor_mod(Value* x, Value* y) {
+    Value* r = b_.CreateSRem(x, y);
+    Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, b_.getInt64(0)),
+                                 b_.CreateICmpNE(b_.CreateICmpSLT(r, b_.getInt64(0)), b_.CreateICmpSLT(y, b_.getInt64(0))));
+    return b_.CreateSelect(adjust, b_.CreateAdd(r, y), r);
+  }
+
+  void node(const sched::LoopNode& n, bool outermost) {
+    using K = sched::LoopNode::Kind;
+    switch (n.kind) {
+      case K::block:
+        for (const auto& c : n.body) node(c, false);
+        return;
+      case K::guard: {
+        auto* then_bb = llvm::BasicBlock::Create(ctx_, "then", fn_);
+        auto* cont_bb = llvm::BasicBlock::Create(ctx_, "endif", fn_);
+        b_.CreateCondBr(cond(n.condition), then_bb, cont_bb);
+        b_.SetInsertPoint(then_bb);
+        for (const auto& c : n.body) node(c, false);
+        b_.CreateBr(cont_bb);
+        b_.SetInsertPoint(cont_bb);
+        return;
+      }
+      case K::statement: statement(n.args); return;
+      case K::loop: break;
+    }
+    bool split = outermost && n.parallel;
+    llvm::AllocaInst* it = iters_.at(n.iterator);
+    Value* start = aff(n.lower);
+    if (split) {  // first value >= lo in the progression lower + k*step
+      Value* step = b_.getInt64(n.step);
+      Value* distance = b_.CreateSub(fn_->getArg(1), start);
+      Value* k = floor_div(b_.CreateAdd(distance, b_.getInt64(n.step - 1)), step);
+      Value* aligned = b_.CreateAdd(start, b_.CreateMul(k, step));
+      start = b_.CreateSelect(b_.CreateICmpSGT(aligned, start), aligned, start);
+    }
+    b_.CreateStore(start, it);
+    auto* cond_bb = llvm::BasicBlock::Create(ctx_, "loop.cond", fn_);
+    auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
+    auto* exit_bb = llvm::BasicBlock::Create(ctx_, "loop.exit", fn_);
+    b_.CreateBr(cond_bb);
+    b_.SetInsertPoint(cond_bb);
+    Value* c = cond(n.condition);
+    if (split) c = b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), fn_->getArg(2)));
+    b_.CreateCondBr(c, body_bb, exit_bb);
+    b_.SetInsertPoint(body_bb);
+    for (const auto& child : n.body) node(child, false);
+    b_.CreateStore(b_.CreateAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(n.step)), it);
+    b_.CreateBr(cond_bb);
+    b_.SetInsertPoint(exit_bb);
+  }
+
+  // ------------------------------------------------------------------ values
+  llvm::Type* storage_type(DType t) {
+    switch (t) {
+      case DType::f32: return b_.getFloatTy();
+      case DType::f64: return b_.getDoubleTy();
+      case DType::i32: return b_.getInt32Ty();
+      case DType::boolean: return b_.getInt8Ty();
+    }
+    return nullptr;
+  }
+  llvm::Type* value_type(DType t) { return t == DType::boolean ? b_.getInt1Ty() : storage_type(t); }
+
+  Value* buffer(const std::string& tensor) {
+    auto it = ptrs_.find(tensor);
+    if (it != ptrs_.end()) return it->second;
+    // Loaded in the entry block so every use is dominated.
+    llvm::IRBuilder<> eb(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
+    Value* slot = eb.CreateGEP(eb.getPtrTy(), fn_->getArg(0), eb.getInt64(buffer_index_.at(tensor)));
+    Value* p = eb.CreateLoad(eb.getPtrTy(), slot, tensor);
+    ptrs_[tensor] = p;
+    return p;
+  }
+
+  Typed load(const std::string& tensor, Value* offset) {
+    DType t = types_.tensors.at(tensor).dtype;
+    Value* addr = b_.CreateGEP(storage_type(t), buffer(tensor), offset);
+    Value* v = b_.CreateLoad(storage_type(t), addr);
+    if (t == DType::boolean) v = b_.CreateICmpNE(v, b_.getInt8(0));
+    return {v, t};
+  }
+
+  void store(const std::string& tensor, Value* offset, Typed value) {
+    DType t = types_.tensors.at(tensor).dtype;
+    Value* v = convert(value, t);
+    if (t == DType::boolean) v = b_.CreateZExt(v, b_.getInt8Ty());
+    b_.CreateStore(v, b_.CreateGEP(storage_type(t), buffer(tensor), offset));
+  }
+
+  // round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
+  Value* convert(Typed x, DType to) {
+    if (x.t == to) return x.v;
+    switch (to) {
+      case DType::f32:
+      case DType::f64: {
+        llvm::Type* ty = value_type(to);
+        if (is_float(x.t)) return b_.CreateFPCast(x.v, ty);
+        if (x.t == DType::boolean) return b_.CreateUIToFP(x.v, ty);
+        return b_.CreateSIToFP(x.v, ty);
+      }
+      case DType::i32:
+        if (x.t == DType::boolean) return b_.CreateZExt(x.v, b_.getInt32Ty());
+        {
+          Value* wide = b_.CreateIntrinsic(llvm::Intrinsic::fptosi_sat, {b_.getInt64Ty(), x.v->getType()}, {x.v});
+          return b_.CreateTrunc(wide, b_.getInt32Ty());
+        }
+      case DType::boolean:
+        if (is_float(x.t)) return b_.CreateFCmpUNE(x.v, llvm::ConstantFP::get(x.v->getType(), 0.0));
+        return b_.CreateICmpNE(x.v, llvm::ConstantInt::get(x.v->getType(), 0));
+    }
+    return nullptr;
+  }
+
+  Typed constant(double v, DType t) {
+    switch (t) {
+      case DType::f32: return {llvm::ConstantFP::get(b_.getFloatTy(), v), t};
+      case DType::f64: return {llvm::ConstantFP::get(b_.getDoubleTy(), v), t};
+      case DType::i32: return {b_.getInt32(static_cast<uint32_t>(static_cast<int32_t>(v))), t};
+      case DType::boolean: return {b_.getInt1(v != 0), t};
+    }
+    return {nullptr, t};
+  }
+
+  Value* fn_call(const char* name, Typed x) {
+    bool f32 = x.t == DType::f32;
+    llvm::Type* ty = x.v->getType();
+    llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
+    return b_.CreateCall(callee, {x.v});
+  }
+
+  Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args) {
+    return b_.CreateIntrinsic(id, {args[0]->getType()}, args);
+  }
+
+  // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
+  Value* int_div(Value* x, Value* y, bool mod) {
+    Value* zero = b_.getInt32(0);
+    Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), b_.getInt32(1), y);
+    Value* minus_one = b_.CreateICmpEQ(safe_y, b_.getInt32(-1));
+    safe_y = b_.CreateSelect(minus_one, b_.getInt32(1), safe_y);
+    Value* q = b_.CreateSDiv(x, safe_y);
+    Value* r = b_.CreateSRem(x, safe_y);
+    Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(safe_y, zero)));
+    Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, b_.getInt32Ty()));
+    Value* fr = b_.CreateSelect(adjust, b_.CreateAdd(r, safe_y), r);
+    Value* result = mod ? fr : fq;
+    Value* by_minus_one = mod ? zero : b_.CreateNeg(x);
+    result = b_.CreateSelect(minus_one, by_minus_one, result);
+    return b_.CreateSelect(b_.CreateICmpEQ(y, zero), zero, result);
+  }
+
+  Typed arith(BinaryOp op, Typed a, Typed b, DType t) {
+    Value *x = convert(a, t), *y = convert(b, t);
+    if (is_float(t)) {
+      switch (op) {
+        case BinaryOp::add: return {b_.CreateFAdd(x, y), t};
+        case BinaryOp::sub: return {b_.CreateFSub(x, y), t};
+        case BinaryOp::mul: return {b_.CreateFMul(x, y), t};
+        case BinaryOp::div: return {b_.CreateFDiv(x, y), t};
+        case BinaryOp::mod: return {b_.CreateFRem(x, y), t};
+        default: break;
+      }
+    } else {
+      switch (op) {
+        case BinaryOp::add: return {b_.CreateAdd(x, y), t};
+        case BinaryOp::sub: return {b_.CreateSub(x, y), t};
+        case BinaryOp::mul: return {b_.CreateMul(x, y), t};
+        case BinaryOp::div: return {int_div(x, y, false), t};
+        case BinaryOp::mod: return {int_div(x, y, true), t};
+        default: break;
+      }
+    }
+    POLYTILE_CHECK(false, "not an arithmetic operator");
+  }
+
+  Value* compare(BinaryOp op, Typed a, Typed b, DType t) {
+    Value *x = convert(a, t), *y = convert(b, t);
+    if (is_float(t)) {
+      switch (op) {
+        case BinaryOp::eq: return b_.CreateFCmpOEQ(x, y);
+        case BinaryOp::ne: return b_.CreateFCmpUNE(x, y);
+        case BinaryOp::lt: return b_.CreateFCmpOLT(x, y);
+        case BinaryOp::gt: return b_.CreateFCmpOGT(x, y);
+        case BinaryOp::le: return b_.CreateFCmpOLE(x, y);
+        case BinaryOp::ge: return b_.CreateFCmpOGE(x, y);
+        default: break;
+      }
+    } else {
+      switch (op) {
+        case BinaryOp::eq: return b_.CreateICmpEQ(x, y);
+        case BinaryOp::ne: return b_.CreateICmpNE(x, y);
+        case BinaryOp::lt: return b_.CreateICmpSLT(x, y);
+        case BinaryOp::gt: return b_.CreateICmpSGT(x, y);
+        case BinaryOp::le: return b_.CreateICmpSLE(x, y);
+        case BinaryOp::ge: return b_.CreateICmpSGE(x, y);
+        default: break;
+      }
+    }
+    POLYTILE_CHECK(false, "not a comparison");
+  }
+
+  // An elementwise expression at output index `idx` (broadcasting like the interpreter).
+  Typed expr(const Expr& e, const std::vector<Value*>& idx) {
+    const auto& ts = types_.tensors;
+    switch (e.kind()) {
+      case Expr::Kind::tensor: {
+        const auto& shape = ts.at(e.name()).shape;
+        size_t off = idx.size() - shape.size();
+        Value* flat = b_.getInt64(0);
+        for (size_t k = 0; k < shape.size(); ++k) {
+          Value* i = shape[k] == 1 ? b_.getInt64(0) : idx[off + k];
+          flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), i);
+        }
+        return load(e.name(), flat);
+      }
+      case Expr::Kind::literal: return constant(e.value(), DType::f64);  // exact; consumers convert
+      case Expr::Kind::dim: return constant(static_cast<double>(types_.dims.at(e.name())), DType::f64);
+      default: break;
+    }
+    const DType result = expr_type(e, ts).dtype;
+    std::vector<Typed> args;
+    for (const auto& a : e.args()) args.push_back(expr(a, idx));
+    if (e.kind() == Expr::Kind::unary) {
+      if (e.unary_op() == UnaryOp::logical_not) return {b_.CreateNot(convert(args[0], DType::boolean)), DType::boolean};
+      Value* x = convert(args[0], result);
+      return {is_float(result) ? b_.CreateFNeg(x) : b_.CreateNeg(x), result};
+    }
+    if (e.kind() == Expr::Kind::binary) {
+      ExprType ct = combine_types(expr_type(e.args()[0], ts), expr_type(e.args()[1], ts));
+      BinaryOp op = e.binary_op();
+      switch (op) {
+        case BinaryOp::add:
+        case BinaryOp::sub:
+        case BinaryOp::mul:
+        case BinaryOp::div:
+        case BinaryOp::mod: return arith(op, args[0], args[1], ct.dtype == DType::boolean ? DType::i32 : ct.dtype);
+        case BinaryOp::logical_and:
+          return {b_.CreateAnd(convert(args[0], DType::boolean), convert(args[1], DType::boolean)), DType::boolean};
+        case BinaryOp::logical_or:
+          return {b_.CreateOr(convert(args[0], DType::boolean), convert(args[1], DType::boolean)), DType::boolean};
+        default: return {compare(op, args[0], args[1], ct.dtype), DType::boolean};
+      }
+    }
+    // Calls.
+    Intrinsic fn = e.intrinsic();
+    if (fn == Intrinsic::select) {
+      Value* c = convert(args[0], DType::boolean);
+      return {b_.CreateSelect(c, convert(args[1], result), convert(args[2], result)), result};
+    }
+    if (fn == Intrinsic::cast) return {convert(args[0], result), result};
+    if (fn == Intrinsic::ident) return {convert(args[0], result), result};
+    if (fn == Intrinsic::max || fn == Intrinsic::min || fn == Intrinsic::pow) {
+      Value *x = convert(args[0], result), *y = convert(args[1], result);
+      bool is_max = fn == Intrinsic::max;
+      if (fn == Intrinsic::pow) return {intrinsic(llvm::Intrinsic::pow, {x, y}), result};
+      if (is_float(result)) return {nan_max_min(is_max, x, y), result};
+      if (result == DType::boolean) return {is_max ? b_.CreateOr(x, y) : b_.CreateAnd(x, y), result};
+      return {intrinsic(is_max ? llvm::Intrinsic::smax : llvm::Intrinsic::smin, {x, y}), result};
+    }
+    Typed x{convert(args[0], result), result};
+    if (!is_float(result)) {  // integer versions
+      Value* v = x.v;
+      switch (fn) {
+        case Intrinsic::abs: return {b_.CreateIntrinsic(llvm::Intrinsic::abs, {v->getType()}, {v, b_.getFalse()}), result};
+        case Intrinsic::sign:
+          return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, b_.getInt32(0)), b_.getInt32Ty()),
+                               b_.CreateZExt(b_.CreateICmpSLT(v, b_.getInt32(0)), b_.getInt32Ty())),
+                  result};
+        case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, b_.getInt32(0)}), result};
+        case Intrinsic::floor:
+        case Intrinsic::ceil:
+        case Intrinsic::round: return x;
+        default: POLYTILE_CHECK(false, "integer ", to_string(fn));
+      }
+    }
+    Value* v = x.v;
+    llvm::Type* ty = v->getType();
+    auto fc = [&](double c) { return llvm::ConstantFP::get(ty, c); };
+    switch (fn) {
+      case Intrinsic::abs: return {intrinsic(llvm::Intrinsic::fabs, {v}), result};
+      case Intrinsic::sign:
+        return {b_.CreateSelect(b_.CreateFCmpOGT(v, fc(0)), fc(1), b_.CreateSelect(b_.CreateFCmpOLT(v, fc(0)), fc(-1), v)), result};
+      case Intrinsic::exp: return {intrinsic(llvm::Intrinsic::exp, {v}), result};
+      case Intrinsic::log: return {intrinsic(llvm::Intrinsic::log, {v}), result};
+      case Intrinsic::sqrt: return {intrinsic(llvm::Intrinsic::sqrt, {v}), result};
+      case Intrinsic::sin: return {intrinsic(llvm::Intrinsic::sin, {v}), result};
+      case Intrinsic::cos: return {intrinsic(llvm::Intrinsic::cos, {v}), result};
+      case Intrinsic::floor: return {intrinsic(llvm::Intrinsic::floor, {v}), result};
+      case Intrinsic::ceil: return {intrinsic(llvm::Intrinsic::ceil, {v}), result};
+      case Intrinsic::round: return {intrinsic(llvm::Intrinsic::round, {v}), result};
+      case Intrinsic::tan: return {fn_call("tan", x), result};
+      case Intrinsic::asin: return {fn_call("asin", x), result};
+      case Intrinsic::acos: return {fn_call("acos", x), result};
+      case Intrinsic::atan: return {fn_call("atan", x), result};
+      case Intrinsic::sinh: return {fn_call("sinh", x), result};
+      case Intrinsic::cosh: return {fn_call("cosh", x), result};
+      case Intrinsic::tanh: return {fn_call("tanh", x), result};
+      case Intrinsic::erf: return {fn_call("erf", x), result};
+      case Intrinsic::sigmoid:
+        return {b_.CreateFDiv(fc(1), b_.CreateFAdd(fc(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(v)}))), result};
+      case Intrinsic::relu:
+        return {b_.CreateSelect(b_.CreateFCmpUGT(v, fc(0)), v, fc(0)), result};  // NaN stays NaN
+      default: break;
+    }
+    POLYTILE_CHECK(false, "unhandled intrinsic ", to_string(fn));
+  }
+
+  // ------------------------------------------------------------------ statements
+  Value* flat_index(const std::string& tensor, const std::vector<Value*>& idx) {
+    const auto& shape = types_.tensors.at(tensor).shape;
+    Value* flat = b_.getInt64(0);
+    for (size_t k = 0; k < shape.size(); ++k) flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), idx[k]);
+    return flat;
+  }
+
+  // An index polynomial (dims bound) at the statement's variable values; exact division by its
+  // denominator (the domain guarantees integrality).
+  Value* poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
+    Polynomial q = p.bind_dims(types_.dims);
+    int64_t den = q.constant().den();
+    for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
+    Value* s = b_.getInt64((q.constant() * Rational(den)).num());
+    for (const auto& [v, c] : q.index_terms())
+      s = b_.CreateAdd(s, b_.CreateMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
+    return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
+  }
+
+  Typed identity(AggregationOp op, DType t) {
+    double inf = std::numeric_limits<double>::infinity();
+    switch (op) {
+      case AggregationOp::sum:
+      case AggregationOp::assign: return constant(0, t);
+      case AggregationOp::product: return constant(1, t);
+      case AggregationOp::max:
+        if (t == DType::i32) return constant(std::numeric_limits<int32_t>::min(), t);
+        return constant(t == DType::boolean ? 0 : -inf, t);
+      case AggregationOp::min:
+        if (t == DType::i32) return constant(std::numeric_limits<int32_t>::max(), t);
+        return constant(t == DType::boolean ? 1 : inf, t);
+    }
+    return constant(0, t);
+  }
+
+  // max/min that propagate NaN, selecting exactly as the interpreter does (llvm.maximum does not lower
+  // on x86 in LLVM 16). Elementwise max(a, b) is std::max: a < b ? b : a.
+  Value* nan_max_min(bool is_max, Value* a, Value* b) {
+    Value* pick = is_max ? b_.CreateSelect(b_.CreateFCmpOLT(a, b), b, a) : b_.CreateSelect(b_.CreateFCmpOLT(b, a), b, a);
+    return b_.CreateSelect(b_.CreateFCmpUNO(a, b), b_.CreateFAdd(a, b), pick);
+  }
+  // The accumulator takes v when v > acc (max) or v < acc (min); any NaN makes the result NaN.
+  Value* nan_accumulate(bool is_max, Value* acc, Value* v) {
+    Value* better = is_max ? b_.CreateFCmpOGT(v, acc) : b_.CreateFCmpOLT(v, acc);
+    return b_.CreateSelect(b_.CreateFCmpUNO(acc, v), b_.CreateFAdd(acc, v), b_.CreateSelect(better, v, acc));
+  }
+
+  Value* accumulate(AggregationOp op, Value* acc, Value* v, DType t) {
+    llvm::FastMathFlags reassoc;
+    reassoc.setAllowReassoc();
+    reassoc.setAllowContract();
+    switch (op) {
+      case AggregationOp::sum:
+        if (is_float(t)) {
+          auto* r = b_.CreateFAdd(acc, v);
+          llvm::cast<llvm::Instruction>(r)->setFastMathFlags(reassoc);
+          return r;
+        }
+        return t == DType::boolean ? b_.CreateOr(acc, v) : b_.CreateAdd(acc, v);
+      case AggregationOp::product:
+        if (is_float(t)) {
+          auto* r = b_.CreateFMul(acc, v);
+          llvm::cast<llvm::Instruction>(r)->setFastMathFlags(reassoc);
+          return r;
+        }
+        return t == DType::boolean ? b_.CreateAnd(acc, v) : b_.CreateMul(acc, v);
+      case AggregationOp::max:
+        if (is_float(t)) return nan_accumulate(true, acc, v);
+        return t == DType::boolean ? b_.CreateOr(acc, v) : intrinsic(llvm::Intrinsic::smax, {acc, v});
+      case AggregationOp::min:
+        if (is_float(t)) return nan_accumulate(false, acc, v);
+        return t == DType::boolean ? b_.CreateAnd(acc, v) : intrinsic(llvm::Intrinsic::smin, {acc, v});
+      case AggregationOp::assign: return v;
+    }
+    return v;
+  }
+
+  void statement(const std::vector<sched::Aff>& args) {
+    std::vector<Value*> vals;
+    for (const auto& a : args) vals.push_back(aff(a));
+    using NK = sched::Nest::Kind;
+    const TensorType& out = types_.tensors.at(nest_.tensor);
+    switch (nest_.kind) {
+      case NK::elementwise: {
+        store(nest_.tensor, flat_index(nest_.tensor, vals), expr(nest_.elementwise.expr, vals));
+        return;
+      }
+      case NK::finalize: store(nest_.tensor, flat_index(nest_.tensor, vals), constant(0, out.dtype)); return;
+      case NK::init: {
+        const Contraction& c = nest_.contraction;
+        if (c.init) {
+          store(nest_.tensor, flat_index(nest_.tensor, vals), expr(Expr::tensor(*c.init), vals));
+        } else {
+          store(nest_.tensor, flat_index(nest_.tensor, vals), identity(c.aggregation, out.dtype));
+        }
+        return;
+      }
+      case NK::update: break;
+    }
+    const Contraction& c = nest_.contraction;
+    std::map<std::string, Value*> vars;
+    for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
+    std::vector<Value*> out_idx;
+    for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
+    Value* out_off = flat_index(c.output, out_idx);
+    std::vector<Typed> in;
+    for (const auto& a : c.inputs) {
+      std::vector<Value*> idx;
+      for (const auto& p : a.indices) idx.push_back(poly(p, vars));
+      in.push_back(load(a.tensor, flat_index(a.tensor, idx)));
+    }
+    llvm::BasicBlock* skip = nullptr;
+    Typed value{nullptr, out.dtype};
+    switch (c.combination) {
+      case CombinationOp::none: value = in[0]; break;
+      case CombinationOp::mul:
+      case CombinationOp::add: {
+        DType t = promote(promote(in[0].t, in[1].t), DType::i32);
+        value = arith(c.combination == CombinationOp::mul ? BinaryOp::mul : BinaryOp::add, in[0], in[1], t);
+        break;
+      }
+      case CombinationOp::eq: value = {compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t)), DType::boolean}; break;
+      case CombinationOp::cond: {
+        Value* hit = compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t));
+        auto* then_bb = llvm::BasicBlock::Create(ctx_, "cond.hit", fn_);
+        skip = llvm::BasicBlock::Create(ctx_, "cond.skip", fn_);
+        b_.CreateCondBr(hit, then_bb, skip);
+        b_.SetInsertPoint(then_bb);
+        value = in[2];
+        break;
+      }
+    }
+    Value* v = convert(value, out.dtype);
+    if (c.aggregation != AggregationOp::assign) {
+      Typed acc = load(c.output, out_off);
+      v = accumulate(c.aggregation, acc.v, v, out.dtype);
+    }
+    store(c.output, out_off, {v, out.dtype});
+    if (skip) {
+      b_.CreateBr(skip);
+      b_.SetInsertPoint(skip);
+    }
+  }
+
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const sched::Nest& nest_;
+  const ProgramTypes& types_;
+  const std::map<std::string, int>& buffer_index_;
+  llvm::Function* fn_ = nullptr;
+  std::vector<llvm::AllocaInst*> iters_;
+  std::map<std::string, Value*> ptrs_;
+};
+
+}  // namespace
+
+void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,
+                const std::map<std::string, int>& buffer_index) {
+  for (size_t k = 0; k < schedule.nests.size(); ++k) {
+    NestEmitter e(module, schedule.nests[k], types, buffer_index);
+    llvm::Function* f = e.emit("nest_" + std::to_string(k));
+    std::string err;
+    llvm::raw_string_ostream os(err);
+    if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + schedule.nests[k].name + ": " + os.str());
+  }
+}
+
+}  // namespace polytile::cpu

@@ -1,0 +1,80 @@
+// The scheduler: from a Program at concrete shapes to loop nests, through isl. Every contraction becomes
+// up to three nests -- init (identity or default tensor), update (the valid points, aggregating into the
+// output), finalize (elements no valid point writes become 0; the set is computed exactly by isl) -- and
+// every elementwise statement one nest over its output box. Each nest gets an isl schedule tree with a
+// band ordering output variables first, tiled by the target's cost model, and marks for the decisions
+// taken ("parallel" when distinct iterations of the outer loop provably write distinct elements,
+// "tile", "point", "vector"); isl generates the loop AST, which is handed on in a small isl-free loop IR.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "polytile/ir.h"
+#include "polytile/shapes.h"
+
+namespace polytile::sched {
+
+// What the cost model knows about the machine.
+struct Target {
+  std::string name = "host";
+  int vector_bits = 512;        // widest SIMD register
+  int64_t l1_bytes = 48 * 1024; // per core data cache
+  int64_t l2_bytes = 2 * 1024 * 1024;
+  int threads = 2;
+};
+Target host_target();  // sizes read from the running machine
+
+// An affine (or boolean) integer expression over loop iterators.
+struct Aff {
+  enum class Kind { constant, iterator, add, sub, mul, floordiv, mod, min, max, neg, select, eq, le, lt, ge, gt, land, lor };
+  Kind kind = Kind::constant;
+  int64_t value = 0;  // constant
+  int iterator = -1;  // iterator index
+  std::vector<Aff> args;
+  std::string str() const;
+};
+
+struct LoopNode {
+  enum class Kind { block, loop, guard, statement };
+  Kind kind = Kind::block;
+  // loop: for (it = lower; condition; it += step)
+  int iterator = -1;
+  Aff lower, condition;
+  int64_t step = 1;
+  bool parallel = false;
+  // guard: if (condition) body
+  std::vector<LoopNode> body;  // block children, loop body, guard body
+  // statement: the values of the statement's domain variables
+  std::vector<Aff> args;
+};
+
+// One loop nest and the statement its instances execute.
+struct Nest {
+  enum class Kind { init, update, finalize, elementwise };
+  Kind kind = Kind::update;
+  std::string name;                   // e.g. "DI.update"
+  std::string tensor;                 // the tensor written
+  Contraction contraction;            // init, update, finalize
+  Elementwise elementwise;            // elementwise
+  std::vector<std::string> variables; // the statement's domain variables (statement args, in order)
+  LoopNode root;
+  int iterators = 0;
+  bool parallel_outer = false;        // root is a loop whose iterations may run concurrently
+  int64_t outer_lo = 0, outer_hi = 0; // inclusive range of that loop's iterator
+  std::string tree;                   // isl schedule tree with marks
+  std::string ast;                    // isl's C rendering of the loops
+};
+
+struct Schedule {
+  std::vector<Nest> nests;  // in execution order
+  std::string tree() const;
+  std::string ast() const;
+};
+
+// `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
+// variable or an assign that may write twice (see polyhedral.h).
+Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = host_target());
+
+}  // namespace polytile::sched

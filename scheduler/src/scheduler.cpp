@@ -1,0 +1,447 @@
+// Scheduling with isl (see scheduler.h). Data model: each nest has one statement S_<k> whose domain is an
+// isl set over the statement's variables. Its schedule tree is domain -> [mark "parallel"] -> band (the
+// variables, output variables first) with the band tiled when the cost model asks for it; the isl AST
+// built from that tree is translated node by node into LoopNode/Aff. isl's C API is used for the AST walk
+// (the C++ bindings of 0.25 do not expose all of it); every isl object dies before its IslContext.
+#include "polytile/scheduler.h"
+
+#include <isl/ast.h>
+#include <isl/ast_build.h>
+#include <isl/cpp.h>
+#include <isl/options.h>
+#include <isl/schedule_node.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "polytile/error.h"
+#include "polytile/polyhedral.h"
+
+namespace polytile::sched {
+
+Target host_target() {
+  Target t;
+  long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l1 > 0) t.l1_bytes = l1;
+  if (l2 > 0) t.l2_bytes = l2;
+  t.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+#if defined(__AVX512F__)
+  t.vector_bits = 512;
+#elif defined(__AVX2__)
+  t.vector_bits = 256;
+#else
+  t.vector_bits = 512;  // the JIT targets the host CPU, whatever this file was compiled for
+#endif
+  return t;
+}
+
+std::string Aff::str() const {
+  auto a = [this](size_t i) { return args[i].str(); };
+  switch (kind) {
+    case Kind::constant: return std::to_string(value);
+    case Kind::iterator: return "c" + std::to_string(iterator);
+    case Kind::add: return "(" + a(0) + " + " + a(1) + ")";
+    case Kind::sub: return "(" + a(0) + " - " + a(1) + ")";
+    case Kind::mul: return "(" + a(0) + " * " + a(1) + ")";
+    case Kind::floordiv: return "floord(" + a(0) + ", " + a(1) + ")";
+    case Kind::mod: return "mod(" + a(0) + ", " + a(1) + ")";
+    case Kind::min: return "min(" + a(0) + ", " + a(1) + ")";
+    case Kind::max: return "max(" + a(0) + ", " + a(1) + ")";
+    case Kind::neg: return "-" + a(0);
+    case Kind::select: return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")";
+    case Kind::eq: return "(" + a(0) + " == " + a(1) + ")";
+    case Kind::le: return "(" + a(0) + " <= " + a(1) + ")";
+    case Kind::lt: return "(" + a(0) + " < " + a(1) + ")";
+    case Kind::ge: return "(" + a(0) + " >= " + a(1) + ")";
+    case Kind::gt: return "(" + a(0) + " > " + a(1) + ")";
+    case Kind::land: return "(" + a(0) + " && " + a(1) + ")";
+    case Kind::lor: return "(" + a(0) + " || " + a(1) + ")";
+  }
+  return "?";
+}
+
+std::string Schedule::tree() const {
+  std::string s;
+  for (const auto& n : nests) s += "// " + n.name + "\n" + n.tree + "\n";
+  return s;
+}
+
+std::string Schedule::ast() const {
+  std::string s;
+  for (const auto& n : nests) s += "// " + n.name + "\n" + n.ast;
+  return s;
+}
+
+namespace {
+
+class IslContext {
+ public:
+  IslContext() : raw_(isl_ctx_alloc()) {
+    POLYTILE_CHECK(raw_ != nullptr, "isl_ctx_alloc failed");
+    isl_options_set_on_error(raw_, ISL_ON_ERROR_CONTINUE);
+    isl_options_set_ast_build_atomic_upper_bound(raw_, 1);
+    isl_options_set_ast_build_detect_min_max(raw_, 1);
+  }
+  ~IslContext() { isl_ctx_free(raw_); }
+  IslContext(const IslContext&) = delete;
+  IslContext& operator=(const IslContext&) = delete;
+  isl::ctx get() const { return isl::ctx(raw_); }
+
+ private:
+  isl_ctx* raw_;
+};
+
+template <typename T>
+std::string text(const T& x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+// Translates an isl AST into LoopNodes.
+class AstTranslator {
+ public:
+  std::map<std::string, int> iterators;
+
+  Aff expr(isl_ast_expr* e) {
+    Aff a;
+    switch (isl_ast_expr_get_type(e)) {
+      case isl_ast_expr_int: {
+        isl_val* v = isl_ast_expr_get_val(e);
+        a.kind = Aff::Kind::constant;
+        a.value = isl_val_get_num_si(v);
+        isl_val_free(v);
+        return a;
+      }
+      case isl_ast_expr_id: {
+        isl_id* id = isl_ast_expr_get_id(e);
+        std::string name = isl_id_get_name(id);
+        isl_id_free(id);
+        auto it = iterators.find(name);
+        POLYTILE_CHECK(it != iterators.end(), "unknown isl AST identifier ", name);
+        a.kind = Aff::Kind::iterator;
+        a.iterator = it->second;
+        return a;
+      }
+      case isl_ast_expr_op: break;
+      default: POLYTILE_CHECK(false, "unexpected isl AST expression");
+    }
+    int n = isl_ast_expr_get_op_n_arg(e);
+    for (int i = 0; i < n; ++i) {
+      isl_ast_expr* arg = isl_ast_expr_get_op_arg(e, i);
+      a.args.push_back(expr(arg));
+      isl_ast_expr_free(arg);
+    }
+    switch (isl_ast_expr_get_op_type(e)) {
+      case isl_ast_expr_op_and:
+      case isl_ast_expr_op_and_then: a.kind = Aff::Kind::land; break;
+      case isl_ast_expr_op_or:
+      case isl_ast_expr_op_or_else: a.kind = Aff::Kind::lor; break;
+      case isl_ast_expr_op_max: a.kind = Aff::Kind::max; break;
+      case isl_ast_expr_op_min: a.kind = Aff::Kind::min; break;
+      case isl_ast_expr_op_minus: a.kind = Aff::Kind::neg; break;
+      case isl_ast_expr_op_add: a.kind = Aff::Kind::add; break;
+      case isl_ast_expr_op_sub: a.kind = Aff::Kind::sub; break;
+      case isl_ast_expr_op_mul: a.kind = Aff::Kind::mul; break;
+      case isl_ast_expr_op_div:      // exact
+      case isl_ast_expr_op_fdiv_q:
+      case isl_ast_expr_op_pdiv_q: a.kind = Aff::Kind::floordiv; break;
+      case isl_ast_expr_op_pdiv_r:
+      case isl_ast_expr_op_zdiv_r: a.kind = Aff::Kind::mod; break;
+      case isl_ast_expr_op_cond:
+      case isl_ast_expr_op_select: a.kind = Aff::Kind::select; break;
+      case isl_ast_expr_op_eq: a.kind = Aff::Kind::eq; break;
+      case isl_ast_expr_op_le: a.kind = Aff::Kind::le; break;
+      case isl_ast_expr_op_lt: a.kind = Aff::Kind::lt; break;
+      case isl_ast_expr_op_ge: a.kind = Aff::Kind::ge; break;
+      case isl_ast_expr_op_gt: a.kind = Aff::Kind::gt; break;
+      default: POLYTILE_CHECK(false, "unsupported isl AST operation");
+    }
+    return a;
+  }
+
+  LoopNode node(isl_ast_node* n, bool parallel_mark) {
+    LoopNode out;
+    switch (isl_ast_node_get_type(n)) {
+      case isl_ast_node_block: {
+        out.kind = LoopNode::Kind::block;
+        isl_ast_node_list* list = isl_ast_node_block_get_children(n);
+        for (int i = 0; i < isl_ast_node_list_n_ast_node(list); ++i) {
+          isl_ast_node* child = isl_ast_node_list_get_ast_node(list, i);
+          out.body.push_back(node(child, false));
+          isl_ast_node_free(child);
+        }
+        isl_ast_node_list_free(list);
+        return out;
+      }
+      case isl_ast_node_mark: {
+        isl_id* id = isl_ast_node_mark_get_id(n);
+        bool parallel = std::string(isl_id_get_name(id)) == "parallel";
+        isl_id_free(id);
+        isl_ast_node* child = isl_ast_node_mark_get_node(n);
+        out = node(child, parallel || parallel_mark);
+        isl_ast_node_free(child);
+        return out;
+      }
+      case isl_ast_node_for: {
+        out.kind = LoopNode::Kind::loop;
+        isl_ast_expr* it = isl_ast_node_for_get_iterator(n);
+        isl_id* id = isl_ast_expr_get_id(it);
+        std::string name = isl_id_get_name(id);
+        isl_id_free(id);
+        isl_ast_expr_free(it);
+        int index = static_cast<int>(iterators.size());
+        iterators[name] = index;
+        out.iterator = index;
+        isl_ast_expr* init = isl_ast_node_for_get_init(n);
+        isl_ast_expr* cond = isl_ast_node_for_get_cond(n);
+        isl_ast_expr* inc = isl_ast_node_for_get_inc(n);
+        out.lower = expr(init);
+        out.condition = expr(cond);
+        Aff step = expr(inc);
+        POLYTILE_CHECK(step.kind == Aff::Kind::constant && step.value > 0, "non-constant loop step");
+        out.step = step.value;
+        isl_ast_expr_free(init);
+        isl_ast_expr_free(cond);
+        isl_ast_expr_free(inc);
+        out.parallel = parallel_mark;
+        isl_ast_node* body = isl_ast_node_for_get_body(n);
+        out.body.push_back(node(body, false));
+        isl_ast_node_free(body);
+        return out;
+      }
+      case isl_ast_node_if: {
+        out.kind = LoopNode::Kind::guard;
+        isl_ast_expr* cond = isl_ast_node_if_get_cond(n);
+        out.condition = expr(cond);
+        isl_ast_expr_free(cond);
+        isl_ast_node* then = isl_ast_node_if_get_then_node(n);
+        out.body.push_back(node(then, false));
+        isl_ast_node_free(then);
+        POLYTILE_CHECK(!isl_ast_node_if_has_else_node(n), "unexpected else branch");
+        return out;
+      }
+      case isl_ast_node_user: {
+        out.kind = LoopNode::Kind::statement;
+        isl_ast_expr* call = isl_ast_node_user_get_expr(n);
+        int args = isl_ast_expr_get_op_n_arg(call);
+        for (int i = 1; i < args; ++i) {
+          isl_ast_expr* arg = isl_ast_expr_get_op_arg(call, i);
+          out.args.push_back(expr(arg));
+          isl_ast_expr_free(arg);
+        }
+        isl_ast_expr_free(call);
+        return out;
+      }
+      default: POLYTILE_CHECK(false, "unexpected isl AST node");
+    }
+  }
+};
+
+std::string box_text(const std::string& tuple, const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
+  std::vector<std::string> conds;
+  for (size_t k = 0; k < vars.size(); ++k) conds.push_back("0 <= " + vars[k] + " < " + std::to_string(shape[k]));
+  std::string s = "{ " + tuple + "[" + join(vars) + "]";
+  if (!conds.empty()) s += " : " + join(conds, " and ");
+  return s + " }";
+}
+
+// Tile sizes for a band: the outer (parallel) members get tiles sized so that a tile's output block and
+// the inputs it touches stay in L2; inner members stay whole so the innermost loop remains contiguous.
+std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t parallel_members, const Target& t,
+                                size_t element_bytes) {
+  std::vector<int64_t> sizes(extents.size());
+  int64_t budget = std::max<int64_t>(1, t.l2_bytes / static_cast<int64_t>(4 * element_bytes));
+  for (size_t k = 0; k < extents.size(); ++k) sizes[k] = extents[k];
+  // Split the budget across the parallel members, innermost first keeping full vector widths.
+  int64_t lanes = std::max<int64_t>(1, t.vector_bits / static_cast<int64_t>(8 * element_bytes));
+  for (size_t k = 0; k < parallel_members && k + 1 < extents.size(); ++k)
+    sizes[k] = std::clamp<int64_t>(budget / std::max<int64_t>(1, lanes * 64), 1, 32);
+  return sizes;
+}
+
+struct NestBuilder {
+  const Target& target;
+  IslContext ctx;
+
+  // Builds schedule tree, AST and loop IR for one statement domain. `order` permutes the variables into
+  // band order; the first `parallel` band members are marked parallel.
+  void build(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
+             const std::vector<size_t>& order, size_t parallel, size_t element_bytes) {
+    isl::union_set domain(ctx.get(), domain_text);
+    isl::schedule sched = isl::schedule::from_domain(domain);
+    if (!vars.empty()) {
+      std::vector<std::string> perm;
+      for (size_t k : order) perm.push_back(vars[k]);
+      std::string tuple = "S[" + join(vars) + "]";
+      isl::union_map band_map(ctx.get(), "{ " + tuple + " -> [" + join(perm) + "] }");
+      isl::schedule_node root = sched.root().child(0);
+      root = root.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(band_map.copy())));
+      // Extents of the band members, for the cost model.
+      isl::space band_space = isl::manage(isl_space_set_alloc(ctx.get().get(), 0, static_cast<unsigned>(perm.size())));
+      isl::set box = domain.apply(band_map).extract_set(band_space);
+      std::vector<int64_t> extents;
+      for (size_t k = 0; k < perm.size(); ++k) {
+        isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
+        extents.push_back(lo.is_int() && hi.is_int() ? hi.get_num_si() - lo.get_num_si() + 1 : 1);
+      }
+      bool tile = parallel > 0 && perm.size() >= 2 && extents[0] > 64;
+      if (tile) {
+        std::vector<int64_t> sizes = tile_sizes(extents, parallel, target, element_bytes);
+        isl_multi_val* raw = isl_multi_val_zero(band_space.copy());
+        for (size_t k = 0; k < sizes.size(); ++k)
+          raw = isl_multi_val_set_val(raw, static_cast<int>(k), isl_val_int_from_si(ctx.get().get(), sizes[k]));
+        isl::multi_val mv = isl::manage(raw);
+        root = root.as<isl::schedule_node_band>().tile(mv);
+        root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
+        root = root.child(0).insert_mark(isl::id(ctx.get(), "point")).parent();
+      }
+      if (parallel > 0) root = root.insert_mark(isl::id(ctx.get(), "parallel"));
+      sched = root.schedule();
+      nest.parallel_outer = parallel > 0;
+    }
+    nest.tree = text(sched);
+    isl_ast_build* build = isl_ast_build_alloc(ctx.get().get());
+    isl_ast_node* ast = isl_ast_build_node_from_schedule(build, sched.copy());
+    isl_ast_build_free(build);
+    POLYTILE_CHECK(ast != nullptr, "isl failed to generate the AST of ", nest.name);
+    char* c = isl_ast_node_to_C_str(ast);
+    nest.ast = c;
+    free(c);
+    AstTranslator tr;
+    nest.root = tr.node(ast, false);
+    nest.iterators = static_cast<int>(tr.iterators.size());
+    isl_ast_node_free(ast);
+    // The runtime splits the outer loop's range: it must be a loop with constant bounds.
+    if (nest.parallel_outer) {
+      const LoopNode& r = nest.root;
+      const Aff& c = r.condition;
+      bool simple = r.kind == LoopNode::Kind::loop && r.lower.kind == Aff::Kind::constant &&
+                    (c.kind == Aff::Kind::le || c.kind == Aff::Kind::lt) && c.args[0].kind == Aff::Kind::iterator &&
+                    c.args[1].kind == Aff::Kind::constant;
+      nest.parallel_outer = simple;
+      if (simple) {
+        nest.outer_lo = r.lower.value;
+        nest.outer_hi = c.args[1].value - (c.kind == Aff::Kind::lt ? 1 : 0);
+        nest.root.parallel = true;
+      }
+    }
+  }
+};
+
+size_t dtype_bytes(DType t) { return t == DType::f64 ? 8 : t == DType::boolean ? 1 : 4; }
+
+}  // namespace
+
+Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {
+  Schedule out;
+  NestBuilder nb{target, {}};
+  try {
+    for (const auto& st : program.statements) {
+      if (const auto* e = std::get_if<Elementwise>(&st)) {
+        const TensorType& t = types.tensors.at(e->output);
+        Nest nest;
+        nest.kind = Nest::Kind::elementwise;
+        nest.name = e->output + ".elementwise";
+        nest.tensor = e->output;
+        nest.elementwise = *e;
+        for (size_t k = 0; k < t.shape.size(); ++k) nest.variables.push_back("i" + std::to_string(k));
+        std::vector<size_t> order(t.shape.size());
+        for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+        nb.build(nest, box_text("S", nest.variables, t.shape), nest.variables, order, t.shape.empty() ? 0 : 1,
+                 dtype_bytes(t.dtype));
+        out.nests.push_back(std::move(nest));
+        continue;
+      }
+      const auto& c = std::get<Contraction>(st);
+      const TensorType& t = types.tensors.at(c.output);
+      poly::ContractionAnalysis a = poly::analyze(c, types);
+      std::vector<std::string> out_vars;
+      for (size_t k = 0; k < t.shape.size(); ++k) out_vars.push_back("i" + std::to_string(k));
+      std::vector<size_t> identity(out_vars.size());
+      for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
+
+      Nest init;
+      init.kind = Nest::Kind::init;
+      init.name = c.output + ".init";
+      init.tensor = c.output;
+      init.contraction = c;
+      init.variables = out_vars;
+      nb.build(init, box_text("S", out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
+      out.nests.push_back(std::move(init));
+
+      if (!a.empty) {
+        Nest update;
+        update.kind = Nest::Kind::update;
+        update.name = c.output + ".update";
+        update.tensor = c.output;
+        update.contraction = c;
+        update.variables = c.index_variables();
+        // Output variables first; they are parallel when distinct values write distinct elements.
+        std::vector<size_t> order;
+        std::set<std::string> in_output;
+        for (const auto& p : c.output_indices)
+          for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
+        for (size_t k = 0; k < update.variables.size(); ++k)
+          if (in_output.count(update.variables[k])) order.push_back(k);
+        size_t n_out = order.size();
+        for (size_t k = 0; k < update.variables.size(); ++k)
+          if (!in_output.count(update.variables[k])) order.push_back(k);
+        bool parallel = n_out > 0 && poly::writes_each_output_once(c, types);
+        // The analysis' domain is over S_<output>; rename the tuple.
+        std::string dom = a.domain;
+        std::string from = "S_" + c.output + "[";
+        for (size_t pos = dom.find(from); pos != std::string::npos; pos = dom.find(from, pos)) dom.replace(pos, from.size(), "S[");
+        // The band map names dims positionally (isl may print fixed dims as "n = 0" in the tuple).
+        std::vector<std::string> positional;
+        for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
+        nb.build(update, dom, positional, order, parallel ? 1 : 0, dtype_bytes(t.dtype));
+        out.nests.push_back(std::move(update));
+      }
+
+      bool needs_finalize = !c.init && (c.aggregation == AggregationOp::product || c.aggregation == AggregationOp::max ||
+                                        c.aggregation == AggregationOp::min);
+      if (needs_finalize) {
+        // Elements no valid point writes: the box minus the image of the write map.
+        isl::set box(nb.ctx.get(), box_text("O", out_vars, t.shape));
+        std::string unwritten_text;
+        if (a.empty) {
+          unwritten_text = text(box);
+        } else {
+          std::string write = a.write;
+          isl::map w(nb.ctx.get(), write);
+          isl::set image = isl::manage(isl_set_set_tuple_name(w.range().release(), "O"));
+          isl::set rest = box.subtract(image).coalesce();
+          if (rest.is_empty()) continue;
+          unwritten_text = text(rest);
+        }
+        std::string from = "O[";
+        for (size_t pos = unwritten_text.find(from); pos != std::string::npos; pos = unwritten_text.find(from, pos))
+          unwritten_text.replace(pos, from.size(), "S[");
+        Nest fin;
+        fin.kind = Nest::Kind::finalize;
+        fin.name = c.output + ".finalize";
+        fin.tensor = c.output;
+        fin.contraction = c;
+        fin.variables = out_vars;
+        nb.build(fin, unwritten_text, out_vars, identity, 0, dtype_bytes(t.dtype));
+        out.nests.push_back(std::move(fin));
+      }
+    }
+  } catch (const isl::exception& e) {
+    throw InternalError(std::string("isl failed while scheduling: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace polytile::sched

@@ -1,0 +1,221 @@
+// Differential tests of the CPU backend against the reference interpreter: every example (f32 and f64),
+// the contraction generator of the polyhedral property test, gradient programs from autodiff, every
+// elementwise operator and intrinsic with integer and boolean semantics, parallel = serial, determinism
+// of the generated LLVM IR, and run-time errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "generators.h"
+#include "polytile/autodiff.h"
+#include "polytile/cpu.h"
+#include "polytile/error.h"
+#include "polytile/parser.h"
+#include "test_util.h"
+
+namespace polytile::cpu {
+namespace {
+
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+TensorMap inputs_for(const Shapes& shapes, DType dtype, uint64_t seed) {
+  TensorMap in;
+  uint64_t k = 0;
+  for (const auto& [name, shape] : shapes) {
+    Buffer d = testing::random_buffer(shape, seed + 131 * k++);
+    in[name] = Buffer::from_values(dtype, shape, d.to_doubles());
+  }
+  return in;
+}
+
+// Compiled and interpreted results agree; the tolerance grows with the data size (reduction length).
+void expect_same(const Program& p, const TensorMap& in, const std::string& what, CompileOptions options = {}) {
+  TensorMap want = interpret(p, in), got = run(p, in, options);
+  int64_t scale = 10;
+  for (const auto& [name, b] : in) scale = std::max(scale, b.size());
+  for (const auto& o : p.outputs) {
+    const Buffer &w = want.at(o), &g = got.at(o);
+    ASSERT_EQ(g.shape(), w.shape()) << what;
+    ASSERT_EQ(g.dtype(), w.dtype()) << what;
+    double eps = w.dtype() == DType::f32 ? 1e-6 : w.dtype() == DType::f64 ? 1e-14 : 0;
+    for (int64_t e = 0; e < w.size(); ++e) {
+      double a = g.get(e), b = w.get(e);
+      if (std::isnan(b)) {
+        ASSERT_TRUE(std::isnan(a)) << what << " " << o << "[" << e << "]";
+        continue;
+      }
+      ASSERT_NEAR(a, b, eps * static_cast<double>(scale) * std::max(1.0, std::fabs(b)))
+          << what << " " << o << "[" << e << "]\n" << print(p);
+    }
+  }
+}
+
+Shapes shapes_from_args(const std::string& line) {
+  Shapes s;
+  std::stringstream ss(line);
+  std::string tok;
+  while (ss >> tok) {
+    if (tok == "--random") continue;
+    auto eq = tok.find('=');
+    std::vector<int64_t> shape;
+    std::stringstream dims(tok.substr(eq + 1));
+    std::string d;
+    while (std::getline(dims, d, 'x')) shape.push_back(std::stoll(d));
+    s[tok.substr(0, eq)] = shape;
+  }
+  return s;
+}
+
+TEST(CpuTest, EveryExampleInF32AndF64) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".tile") continue;
+    std::ifstream f(entry.path());
+    std::string first;
+    std::getline(f, first);
+    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
+    Program p = parse_file(entry.path().string());
+    for (DType t : {DType::f32, DType::f64}) expect_same(p, inputs_for(shapes, t, 7), entry.path().filename().string());
+    ++n;
+  }
+  EXPECT_GE(n, 19);
+}
+
+TEST(CpuTest, GeneratedContractionsMatchTheInterpreter) {
+  const uint64_t seed = 515151;
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 60; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    Program p = parse_program(cs.text);
+    expect_same(p, inputs_for(cs.shapes, DType::f64, seed + iter), "seed " + std::to_string(seed) + " iteration " +
+                                                                        std::to_string(iter) + " (" + cs.kind + ")");
+  }
+}
+
+TEST(CpuTest, GradientProgramsMatchTheInterpreter) {
+  const char* programs[][2] = {
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+       "  O[n, y, x, co : N, H/3, W/3, CO] = +(I[n, 3*y + 2*j, 3*x + 2*i, ci] * K[j, i, ci, co]); }",
+       "I=2x9x9x3 K=2x2x3x4"},
+      {"function (I[N, C]) -> (O) { O[i, c : N - 2, C] = >(I[i + j, c]), j < 3; }", "I=9x3"},
+      {"function (A[N, M]) -> (O) { O[i : N] = *(A[i, j]); }", "A=4x5"},
+      {"function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M);"
+       "  S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }",
+       "X=3x5"},
+      {"function (I[N, M], D[N]) -> (O) { O[i : N] = >(I[i, j]) default D; }", "I=4x3 D=4"},
+  };
+  for (const auto& [text, shapes_text] : programs) {
+    Program p = parse_program(text);
+    Shapes shapes = shapes_from_args(shapes_text);
+    ad::Result g = ad::vjp(p);
+    TensorMap in = inputs_for(shapes, DType::f64, 3);
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+    ProgramTypes pt = infer_types(p, types);
+    for (size_t o = 0; o < p.outputs.size(); ++o)
+      in[g.program.inputs[p.inputs.size() + o].name] = testing::random_buffer(pt.tensors.at(p.outputs[o]).shape, 9 + o);
+    expect_same(g.program, in, std::string("gradient of ") + text);
+    Program fwd = ad::jvp(p).program;
+    TensorMap tin = inputs_for(shapes, DType::f64, 4);
+    for (size_t i = 0; i < p.inputs.size(); ++i)
+      tin[fwd.inputs[p.inputs.size() + i].name] = testing::random_buffer(tin.at(p.inputs[i].name).shape(), 20 + i);
+    expect_same(fwd, tin, std::string("tangent of ") + text);
+  }
+}
+
+TEST(CpuTest, ElementwiseSemanticsMatchExactly) {
+  Buffer i = Buffer::from_values(DType::i32, {6}, {-7, 7, 5, 0, -2147483647 - 1, 3});
+  Buffer j = Buffer::from_values(DType::i32, {6}, {2, -2, 0, 3, -1, 3});
+  Buffer f = Buffer::from_values(DType::f32, {6}, {1.5, -2.5, 0.5, std::numeric_limits<double>::quiet_NaN(), -0.0, 2.25});
+  Buffer g = Buffer::from_values(DType::f32, {6}, {2.5, -2.5, std::numeric_limits<double>::infinity(), 1, 0, -3});
+  TensorMap in{{"I", i}, {"J", j}, {"F", f}, {"G", g}};
+  const char* exprs[] = {"I / J",        "I % J",          "I * 3 + 2147483647", "-I",          "abs(I)",
+                         "sign(I)",      "relu(I)",        "max(I, J)",          "min(I, J)",   "I == J",
+                         "I < J && !(J > 2) || I >= 7",    "cast(F, i32)",       "cast(I, f64) / 4",
+                         "F / G",        "F % G",          "max(F, G)",          "min(F, G)",   "relu(F)",
+                         "sign(F)",      "round(F)",       "floor(F) + ceil(G)", "select(F > G, F, G)",
+                         "(F > 0) + (G > 0)", "F + 1.1",   "I + 2.5",            "cast(F != F, i32)"};
+  for (const char* e : exprs) {
+    Program p = parse_program(std::string("function (I[N], J[N], F[N], G[N]) -> (O) { O = ") + e + "; }");
+    TensorMap want = interpret(p, in), got = run(p, in);
+    const Buffer &w = want.at("O"), &r = got.at("O");
+    ASSERT_EQ(r.dtype(), w.dtype()) << e;
+    for (int64_t k = 0; k < w.size(); ++k) {
+      if (std::isnan(w.get(k))) {
+        EXPECT_TRUE(std::isnan(r.get(k))) << e << " at " << k;
+      } else {
+        EXPECT_EQ(r.get(k), w.get(k)) << e << " at " << k;
+      }
+    }
+  }
+  // Transcendentals: libm and LLVM's lowering may differ in the last bit.
+  const char* math[] = {"exp(F)", "log(G)", "sqrt(G)", "sin(F)", "cos(F)", "tan(F)", "asin(F / 4)", "acos(F / 4)",
+                        "atan(F)", "sinh(F)", "cosh(F)", "tanh(F)", "erf(F)", "sigmoid(F)", "pow(G, 2)"};
+  for (const char* e : math) {
+    Program p = parse_program(std::string("function (F[N], G[N]) -> (O) { O = ") + e + "; }");
+    TensorMap fin{{"F", f}, {"G", g}};
+    TensorMap want = interpret(p, fin), got = run(p, fin);
+    for (int64_t k = 0; k < 6; ++k) {
+      double a = got.at("O").get(k), b = want.at("O").get(k);
+      if (std::isnan(b)) {
+        EXPECT_TRUE(std::isnan(a)) << e;
+      } else if (std::isinf(b)) {
+        EXPECT_EQ(a, b) << e << " at " << k;
+      } else {
+        EXPECT_NEAR(a, b, 1e-6 * std::max(1.0, std::fabs(b))) << e << " at " << k;
+      }
+    }
+  }
+}
+
+TEST(CpuTest, AggregationsNaNAndUnwrittenElements) {
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  Buffer a = Buffer::from_values(DType::f64, {3, 2}, {1, nan, 3, 4, 0, 5});
+  for (const char* agg : {"+", "*", ">", "<"}) {
+    Program p = parse_program(std::string("function (A[N, M]) -> (O) { O[i : N + 2] = ") + agg + "(A[i, j]); }");
+    expect_same(p, {{"A", a}}, agg);
+  }
+  expect_same(parse_program("function (A[N, M], D[N]) -> (O) { O[i : N] = <(A[i, j]) default D; }"),
+              {{"A", a}, {"D", Buffer::from_values(DType::f64, {3}, {2, -1, 7})}}, "min with default");
+  expect_same(parse_program("function (A[N, M]) -> (O) { O[i : N] = >(A[i, j]), j < N - N; }"), {{"A", a}}, "empty");
+  Buffer b = Buffer::from_values(DType::i32, {4}, {3, -1, 3, 2});
+  expect_same(parse_program("function (B[N]) -> (O, P, Q) { O[] = >(B[i]); P[] = +(B[i] == B[j]); Q[i : N] = *(B[i]); }"),
+              {{"B", b}}, "integers and booleans");
+}
+
+TEST(CpuTest, ParallelEqualsSerialAndIrIsDeterministic) {
+  Program p = parse_program(
+      "function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in = inputs_for({{"A", {150, 40}}, {"B", {40, 70}}}, DType::f32, 5);
+  CompileOptions one, two;
+  one.threads = 1;
+  two.threads = 2;
+  Buffer serial = run(p, in, one).at("C"), parallel = run(p, in, two).at("C");
+  EXPECT_EQ(serial.to_doubles(), parallel.to_doubles());
+  std::map<std::string, TensorType> types{{"A", {DType::f32, {150, 40}}}, {"B", {DType::f32, {40, 70}}}};
+  auto c1 = compile(p, types, one), c2 = compile(p, types, two);
+  EXPECT_NE(c1.get(), c2.get());  // different cache keys: compiled twice
+  EXPECT_EQ(c1->llvm_ir(), c2->llvm_ir());
+  EXPECT_EQ(compile(p, types, one).get(), c1.get());  // cached
+  EXPECT_NE(c1->schedule().tree().find("mark: \"parallel\""), std::string::npos) << c1->schedule().tree();
+  EXPECT_NE(c1->schedule().tree().find("mark: \"tile\""), std::string::npos) << c1->schedule().tree();
+}
+
+TEST(CpuTest, RunTimeErrorsAreUserErrors) {
+  Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
+  auto compiled = compile(p, {{"A", {DType::f32, {4}}}});
+  EXPECT_THROW(compiled->run({{"A", Buffer(DType::f32, {5})}}), UserError);
+  EXPECT_THROW(compiled->run({{"A", Buffer(DType::f64, {4})}}), UserError);
+  EXPECT_THROW(compiled->run({}), UserError);
+  EXPECT_THROW(run(parse_program("function (I[N]) -> (O) { O[i : N] = =(I[i + j]), j < 2; }"), {{"I", Buffer(DType::f32, {4})}}),
+               UserError);
+}
+
+}  // namespace
+}  // namespace polytile::cpu
