@@ -13,6 +13,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <algorithm>
 #include <limits>
 #include <numeric>
 
@@ -34,21 +35,63 @@ class NestEmitter {
               const std::map<std::string, int>& buffer_index)
       : m_(m), ctx_(m.getContext()), b_(ctx_), nest_(nest), types_(types), buffer_index_(buffer_index) {}
 
+  // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
+  // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array.
   llvm::Function* emit(const std::string& name) {
     auto* i64 = b_.getInt64Ty();
     auto* ptr = b_.getPtrTy();
-    auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
-    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    std::vector<std::string> used = tensors_used();
+    std::vector<llvm::Type*> params(used.size(), ptr);
+    params.push_back(i64);
+    params.push_back(i64);
+    auto* body_ty = llvm::FunctionType::get(b_.getVoidTy(), params, false);
+    fn_ = llvm::Function::Create(body_ty, llvm::Function::InternalLinkage, name + ".body", m_);
     fn_->addFnAttr(llvm::Attribute::NoUnwind);
-    fn_->getArg(0)->setName("buffers");
-    fn_->getArg(1)->setName("lo");
-    fn_->getArg(2)->setName("hi");
+    for (size_t i = 0; i < used.size(); ++i) {
+      fn_->getArg(static_cast<unsigned>(i))->setName(used[i]);
+      fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
+      ptrs_[used[i]] = fn_->getArg(static_cast<unsigned>(i));
+    }
+    lo_ = fn_->getArg(static_cast<unsigned>(used.size()));
+    hi_ = fn_->getArg(static_cast<unsigned>(used.size() + 1));
+    lo_->setName("lo");
+    hi_->setName("hi");
     auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
     b_.SetInsertPoint(entry);
     for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
     node(nest_.root, true);
     b_.CreateRetVoid();
-    return fn_;
+
+    auto* entry_ty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
+    llvm::Function* outer = llvm::Function::Create(entry_ty, llvm::Function::ExternalLinkage, name, m_);
+    outer->addFnAttr(llvm::Attribute::NoUnwind);
+    llvm::IRBuilder<> ob(llvm::BasicBlock::Create(ctx_, "entry", outer));
+    std::vector<Value*> args;
+    for (const auto& t : used) {
+      Value* slot = ob.CreateGEP(ob.getPtrTy(), outer->getArg(0), ob.getInt64(buffer_index_.at(t)));
+      args.push_back(ob.CreateLoad(ob.getPtrTy(), slot, t));
+    }
+    args.push_back(outer->getArg(1));
+    args.push_back(outer->getArg(2));
+    ob.CreateCall(fn_, args);
+    ob.CreateRetVoid();
+    return outer;
+  }
+
+  std::vector<std::string> tensors_used() const {
+    std::vector<std::string> used{nest_.tensor};
+    auto add = [&used](const std::string& t) {
+      if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
+    };
+    if (nest_.kind == sched::Nest::Kind::elementwise) {
+      std::vector<std::string> leaves;
+      nest_.elementwise.expr.collect_tensors(leaves);
+      for (const auto& t : leaves) add(t);
+    } else {
+      for (const auto& a : nest_.contraction.inputs) add(a.tensor);
+      if (nest_.contraction.init) add(*nest_.contraction.init);
+    }
+    return used;
   }
 
  private:
@@ -131,7 +174,7 @@ class NestEmitter {
     Value* start = aff(n.lower);
     if (split) {  // first value >= lo in the progression lower + k*step
       Value* step = b_.getInt64(n.step);
-      Value* distance = b_.CreateSub(fn_->getArg(1), start);
+      Value* distance = b_.CreateSub(lo_, start);
       Value* k = floor_div(b_.CreateAdd(distance, b_.getInt64(n.step - 1)), step);
       Value* aligned = b_.CreateAdd(start, b_.CreateMul(k, step));
       start = b_.CreateSelect(b_.CreateICmpSGT(aligned, start), aligned, start);
@@ -143,7 +186,7 @@ class NestEmitter {
     b_.CreateBr(cond_bb);
     b_.SetInsertPoint(cond_bb);
     Value* c = cond(n.condition);
-    if (split) c = b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), fn_->getArg(2)));
+    if (split) c = b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), hi_));
     b_.CreateCondBr(c, body_bb, exit_bb);
     b_.SetInsertPoint(body_bb);
     for (const auto& child : n.body) node(child, false);
@@ -164,16 +207,7 @@ class NestEmitter {
   }
   llvm::Type* value_type(DType t) { return t == DType::boolean ? b_.getInt1Ty() : storage_type(t); }
 
-  Value* buffer(const std::string& tensor) {
-    auto it = ptrs_.find(tensor);
-    if (it != ptrs_.end()) return it->second;
-    // Loaded in the entry block so every use is dominated.
-    llvm::IRBuilder<> eb(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
-    Value* slot = eb.CreateGEP(eb.getPtrTy(), fn_->getArg(0), eb.getInt64(buffer_index_.at(tensor)));
-    Value* p = eb.CreateLoad(eb.getPtrTy(), slot, tensor);
-    ptrs_[tensor] = p;
-    return p;
-  }
+  Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
 
   Typed load(const std::string& tensor, Value* offset) {
     DType t = types_.tensors.at(tensor).dtype;
@@ -560,6 +594,8 @@ class NestEmitter {
   const ProgramTypes& types_;
   const std::map<std::string, int>& buffer_index_;
   llvm::Function* fn_ = nullptr;
+  Value* lo_ = nullptr;
+  Value* hi_ = nullptr;
   std::vector<llvm::AllocaInst*> iters_;
   std::map<std::string, Value*> ptrs_;
 };
