@@ -49,4 +49,4 @@ BENCHMARK(BM_ParseSeedGradient)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+

@@ -1,0 +1,308 @@
+// polytile's CPU backend against the vendor peers, in the same run and on the same thread count:
+// conv2d NHWC f32 forward, backward-data and backward-weights against oneDNN 2.6 (layouts left `any`;
+// "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
+// NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake, see
+// ../shared/NOTES.md), max pool and softmax forward/backward (GB/s), compile time per stage, and the
+// defracted backward-data kernel against the same gradient compiled without reduce/defract.
+// polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
+// bench/run_bench.py pairs "<case>/polytile" with "<case>/<peer>" and prints the ratios.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <dnnl.hpp>
+#include <iostream>
+#include <random>
+
+#include "polytile/autodiff.h"
+#include "polytile/cpu.h"
+#include "polytile/parser.h"
+#include "polytile/passes.h"
+
+namespace {
+
+using namespace polytile;
+using dnnl::memory;
+
+int threads() {
+  const char* t = std::getenv("POLYTILE_BENCH_THREADS");
+  return t ? std::atoi(t) : 2;
+}
+
+Buffer random_f32(std::vector<int64_t> shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Buffer b(DType::f32, std::move(shape));
+  auto* p = static_cast<float*>(b.data());
+  for (int64_t i = 0; i < b.size(); ++i) p[i] = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1.0p-53 - 0.5);
+  return b;
+}
+
+std::map<std::string, TensorType> types_of(const TensorMap& in) {
+  std::map<std::string, TensorType> t;
+  for (const auto& [name, b] : in) t[name] = TensorType{b.dtype(), b.shape()};
+  return t;
+}
+
+cpu::CompileOptions options() {
+  cpu::CompileOptions o;
+  o.threads = threads();
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------- convs
+
+struct Conv {
+  const char* name;
+  int64_t n, h, w, ci, co, kh, kw, stride, dilation, pad;
+  int64_t oh() const { return (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1; }
+  int64_t ow() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
+  double flops() const { return 2.0 * n * oh() * ow() * co * ci * kh * kw; }
+  std::string tile() const {
+    auto s = [](int64_t v) { return std::to_string(v); };
+    std::string pad_text = pad ? " - " + s(pad) : "";
+    return "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {\n  O[n, y, x, co : N, " + s(oh()) + ", " + s(ow()) +
+           ", CO] = +(I[n, " + s(stride) + "*y + " + s(dilation) + "*j" + pad_text + ", " + s(stride) + "*x + " +
+           s(dilation) + "*i" + pad_text + ", ci] * K[j, i, ci, co]);\n}\n";
+  }
+};
+
+const Conv kConvs[] = {
+    {"conv3x3_64_56", 8, 56, 56, 64, 64, 3, 3, 1, 1, 1},   {"conv3x3_128_28", 8, 28, 28, 128, 128, 3, 3, 1, 1, 1},
+    {"conv3x3_256_14", 8, 14, 14, 256, 256, 3, 3, 1, 1, 1}, {"conv1x1_256to64_56", 8, 56, 56, 256, 64, 1, 1, 1, 1, 0},
+    {"conv3x3_s2_64_56", 8, 56, 56, 64, 64, 3, 3, 2, 1, 1}, {"conv2x2_s3_d2_seed", 8, 57, 57, 64, 64, 2, 2, 3, 2, 0},
+};
+
+enum class Direction { forward, backward_data, backward_weights };
+const char* direction_name(Direction d) {
+  return d == Direction::forward ? "fwd" : d == Direction::backward_data ? "bwd_data" : "bwd_weights";
+}
+
+// polytile: forward as written; the gradients through autodiff (vjp w.r.t. one input).
+void BM_PolytileConv(benchmark::State& state, Conv c, Direction d, bool defract) {
+  Program fwd = parse_program(c.tile());
+  TensorMap in{{"I", random_f32({c.n, c.h, c.w, c.ci}, 1)}, {"K", random_f32({c.kh, c.kw, c.ci, c.co}, 2)}};
+  Program p = fwd;
+  if (d != Direction::forward) {
+    ad::Options ao;
+    ao.wrt = {d == Direction::backward_data ? "I" : "K"};
+    ao.reduce_and_defract = defract;
+    p = ad::vjp(fwd, ao).program;
+    in["DO"] = random_f32({c.n, c.oh(), c.ow(), c.co}, 3);
+  }
+  cpu::CompileOptions o = options();
+  o.reduce_and_defract = defract;
+  auto compiled = cpu::compile(p, types_of(in), o);
+  for (auto _ : state) benchmark::DoNotOptimize(compiled->run(in));
+  state.counters["GFLOP/s"] = benchmark::Counter(c.flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+struct OneDnnConv {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream s{eng};
+  memory::dims src, wei, dst, strides, dil, pad_l, pad_r;
+  explicit OneDnnConv(const Conv& c)
+      : src{c.n, c.ci, c.h, c.w}, wei{c.co, c.ci, c.kh, c.kw}, dst{c.n, c.co, c.oh(), c.ow()}, strides{c.stride, c.stride},
+        dil{c.dilation - 1, c.dilation - 1}, pad_l{c.pad, c.pad} {
+    // Right padding so that the output size matches the formula above.
+    int64_t rh = (c.oh() - 1) * c.stride + c.dilation * (c.kh - 1) + 1 - c.h - c.pad;
+    int64_t rw = (c.ow() - 1) * c.stride + c.dilation * (c.kw - 1) + 1 - c.w - c.pad;
+    pad_r = {std::max<int64_t>(rh, 0), std::max<int64_t>(rw, 0)};
+  }
+  memory::desc any(const memory::dims& d) { return memory::desc(d, memory::data_type::f32, memory::format_tag::any); }
+  memory user(const memory::dims& d, memory::format_tag tag) {
+    memory m({d, memory::data_type::f32, tag}, eng);
+    auto* p = static_cast<float*>(m.get_data_handle());
+    size_t n = m.get_desc().get_size() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>((i % 13) * 0.01 - 0.06);
+    return m;
+  }
+  // The primitive's memory for a user buffer, with the reorder into it (when the layouts differ).
+  memory prepare(memory& user_mem, const memory::desc& want, std::vector<std::pair<dnnl::reorder, std::pair<memory, memory>>>& reorders) {
+    if (user_mem.get_desc() == want) return user_mem;
+    memory m(want, eng);
+    reorders.push_back({dnnl::reorder(user_mem, m), {user_mem, m}});
+    return m;
+  }
+};
+
+void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reorders) {
+  OneDnnConv o(c);
+  using namespace dnnl;
+  auto fwd_desc = convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, o.any(o.src),
+                                            o.any(o.wei), o.any(o.dst), o.strides, o.dil, o.pad_l, o.pad_r);
+  auto fwd_pd = convolution_forward::primitive_desc(fwd_desc, o.eng);
+  memory user_src = o.user(o.src, memory::format_tag::nhwc), user_wei = o.user(o.wei, memory::format_tag::hwio),
+         user_dst = o.user(o.dst, memory::format_tag::nhwc);
+  std::vector<std::pair<reorder, std::pair<memory, memory>>> in_reorders, out_reorders;
+  primitive prim;
+  std::unordered_map<int, memory> args;
+  if (d == Direction::forward) {
+    memory src = o.prepare(user_src, fwd_pd.src_desc(), in_reorders), wei = o.prepare(user_wei, fwd_pd.weights_desc(), in_reorders);
+    memory dst = fwd_pd.dst_desc() == user_dst.get_desc() ? user_dst : memory(fwd_pd.dst_desc(), o.eng);
+    if (dst != user_dst) out_reorders.push_back({reorder(dst, user_dst), {dst, user_dst}});
+    prim = convolution_forward(fwd_pd);
+    args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  } else if (d == Direction::backward_data) {
+    auto bd = convolution_backward_data::desc(algorithm::convolution_direct, o.any(o.src), o.any(o.wei), o.any(o.dst),
+                                              o.strides, o.dil, o.pad_l, o.pad_r);
+    auto pd = convolution_backward_data::primitive_desc(bd, o.eng, fwd_pd);
+    memory ddst = o.prepare(user_dst, pd.diff_dst_desc(), in_reorders), wei = o.prepare(user_wei, pd.weights_desc(), in_reorders);
+    memory dsrc = pd.diff_src_desc() == user_src.get_desc() ? user_src : memory(pd.diff_src_desc(), o.eng);
+    if (dsrc != user_src) out_reorders.push_back({reorder(dsrc, user_src), {dsrc, user_src}});
+    prim = convolution_backward_data(pd);
+    args = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
+  } else {
+    auto bw = convolution_backward_weights::desc(algorithm::convolution_direct, o.any(o.src), o.any(o.wei), o.any(o.dst),
+                                                 o.strides, o.dil, o.pad_l, o.pad_r);
+    auto pd = convolution_backward_weights::primitive_desc(bw, o.eng, fwd_pd);
+    memory src = o.prepare(user_src, pd.src_desc(), in_reorders), ddst = o.prepare(user_dst, pd.diff_dst_desc(), in_reorders);
+    memory dwei = pd.diff_weights_desc() == user_wei.get_desc() ? user_wei : memory(pd.diff_weights_desc(), o.eng);
+    if (dwei != user_wei) out_reorders.push_back({reorder(dwei, user_wei), {dwei, user_wei}});
+    prim = convolution_backward_weights(pd);
+    args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
+  }
+  for (auto& [r, mems] : in_reorders) r.execute(o.s, mems.first, mems.second);
+  o.s.wait();
+  for (auto _ : state) {
+    if (with_reorders)
+      for (auto& [r, mems] : in_reorders) r.execute(o.s, mems.first, mems.second);
+    prim.execute(o.s, args);
+    if (with_reorders)
+      for (auto& [r, mems] : out_reorders) r.execute(o.s, mems.first, mems.second);
+    o.s.wait();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(c.flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---------------------------------------------------------------------------------------------- sgemm
+
+void BM_PolytileSgemm(benchmark::State& state) {
+  int64_t n = state.range(0);
+  Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in{{"A", random_f32({n, n}, 1)}, {"B", random_f32({n, n}, 2)}};
+  auto compiled = cpu::compile(p, types_of(in), options());
+  for (auto _ : state) benchmark::DoNotOptimize(compiled->run(in));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_OpenBlasSgemm(benchmark::State& state) {
+  int64_t n = state.range(0);
+  openblas_set_num_threads(threads());
+  Buffer a = random_f32({n, n}, 1), b = random_f32({n, n}, 2), c(DType::f32, {n, n});
+  for (auto _ : state)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n), static_cast<int>(n), 1.0f,
+                static_cast<const float*>(a.data()), static_cast<int>(n), static_cast<const float*>(b.data()),
+                static_cast<int>(n), 0.0f, static_cast<float*>(c.data()), static_cast<int>(n));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---------------------------------------------------------------------------------------------- pooling, softmax
+
+void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes) {
+  Program p = parse_program(text);
+  if (gradient) {
+    ProgramTypes t = infer_types(p, types_of(in));
+    Program g = ad::vjp(p).program;
+    for (const auto& o : p.outputs) in["D" + o] = random_f32(t.tensors.at(o).shape, 9);
+    p = g;
+  }
+  auto compiled = cpu::compile(p, types_of(in), options());
+  for (auto _ : state) benchmark::DoNotOptimize(compiled->run(in));
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+const char* kMaxPool =
+    "function (I[N, H, W, C]) -> (O) {\n"
+    "  O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2;\n}\n";
+const char* kSoftmax =
+    "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
+    "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n";
+
+// ---------------------------------------------------------------------------------------------- compile time
+
+void BM_CompileConvForwardAndBackward(benchmark::State& state) {
+  const Conv& c = kConvs[0];
+  double parse = 0, autodiff = 0, passes = 0, schedule = 0, llvm_ir = 0, jit = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    Program fwd = parse_program(c.tile());
+    auto t1 = std::chrono::steady_clock::now();
+    Program grad = ad::vjp(fwd, [] {
+                     ad::Options o;
+                     o.reduce_and_defract = false;
+                     return o;
+                   }()).program;
+    auto t2 = std::chrono::steady_clock::now();
+    parse += std::chrono::duration<double>(t1 - t0).count();
+    autodiff += std::chrono::duration<double>(t2 - t1).count();
+    std::map<std::string, TensorType> types{{"I", {DType::f32, {c.n, c.h, c.w, c.ci}}},
+                                            {"K", {DType::f32, {c.kh, c.kw, c.ci, c.co}}},
+                                            {"DO", {DType::f32, {c.n, c.oh(), c.ow(), c.co}}}};
+    cpu::CompileOptions o = options();
+    o.threads = 1000 + static_cast<int>(state.iterations());  // a fresh cache key: really compile
+    auto fwd_types = types;
+    fwd_types.erase("DO");
+    for (auto [p, t] : {std::make_pair(&fwd, &fwd_types), std::make_pair(&grad, &types)}) {
+      auto compiled = cpu::compile(*p, *t, o);
+      passes += compiled->times().passes;
+      schedule += compiled->times().schedule;
+      llvm_ir += compiled->times().llvm_ir;
+      jit += compiled->times().optimize_and_jit;
+    }
+  }
+  double n = static_cast<double>(state.iterations());
+  state.counters["parse_ms"] = parse / n * 1e3;
+  state.counters["autodiff_ms"] = autodiff / n * 1e3;
+  state.counters["reduce_defract_ms"] = passes / n * 1e3;
+  state.counters["schedule_ms"] = schedule / n * 1e3;
+  state.counters["llvm_ir_ms"] = llvm_ir / n * 1e3;
+  state.counters["optimize_jit_ms"] = jit / n * 1e3;
+}
+
+void register_all() {
+  for (const Conv& c : kConvs)
+    for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
+      std::string base = std::string("conv/") + c.name + "/" + direction_name(d);
+      benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnConv, c, d, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, c, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  for (const Conv& c : {kConvs[5], kConvs[4]}) {
+    std::string base = std::string("defract/") + c.name + "/bwd_data";
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (int64_t n : {256, 512, 1024, 2048}) {
+    std::string base = "sgemm/" + std::to_string(n);
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
+  double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
+  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+  TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
+  double sm_bytes = 4.0 * 4096 * 1000 * 2;
+  benchmark::RegisterBenchmark("softmax/fwd/polytile", BM_Polytile, kSoftmax, sm_in, false, sm_bytes)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("softmax/bwd/polytile", BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd", BM_CompileConvForwardAndBackward)->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // OpenBLAS reads OPENBLAS_CORETYPE when it loads and misdetects this CPU without it: re-run ourselves
+  // with it set, so the peer runs its AVX-512 kernels (../shared/NOTES.md).
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
+    execv("/proc/self/exe", argv);
+  }
+  std::cerr << "OpenBLAS core type: " << std::getenv("OPENBLAS_CORETYPE") << ", threads: " << threads() << "\n";
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

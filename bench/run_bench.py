@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Runs build/polytile_bench, writes bench/results.json, prints polytile/peer ratios as a table, and plots
+them to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
+
+Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS]
+A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract);
+the ratio is polytile's rate over the peer's (above 1: polytile is faster).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(here)
+
+
+def rate(b):
+    for key in ("GFLOP/s", "GB/s"):
+        if key in b:
+            return b[key], key
+    return 1.0 / b["real_time"], "1/time"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--filter", default=".")
+    ap.add_argument("--min-time", default="0.2")
+    ap.add_argument("--binary", default=os.path.join(root, "build", "polytile_bench"))
+    args = ap.parse_args()
+    out = os.path.join(here, "results.json")
+    subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
+                    "--benchmark_out=" + out, "--benchmark_out_format=json"], check=True)
+    with open(out) as f:
+        benches = json.load(f)["benchmarks"]
+    by_name = {}
+    for b in benches:
+        name = b["name"].replace("/real_time", "")
+        by_name[name] = b
+    rows = []
+    for name, b in sorted(by_name.items()):
+        parts = name.split("/")
+        if "polytile" not in parts:
+            continue
+        i = parts.index("polytile")
+        case = "/".join(parts[:i] + parts[i + 1:])
+        mine, unit = rate(b)
+        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract"):
+            other = by_name.get("/".join(parts[:i] + [peer] + parts[i + 1:]))
+            if other:
+                theirs, _ = rate(other)
+                rows.append((case, peer, mine, theirs, unit, mine / theirs))
+        if not any(r[0] == case for r in rows):
+            rows.append((case, "-", mine, float("nan"), unit, float("nan")))
+    print("| case | peer | polytile | peer | unit | polytile/peer |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for case, peer, mine, theirs, unit, ratio in rows:
+        print(f"| {case} | {peer} | {mine:.1f} | {theirs:.1f} | {unit} | {ratio:.2f} |")
+    for b in benches:
+        if b["name"].startswith("compile/"):
+            stages = {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}
+            print(f"\ncompile time per stage (ms), {b['name']}: {stages}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing (apt-get install python3-matplotlib): no plot", file=sys.stderr)
+        return
+    paired = [r for r in rows if r[1] != "-"]
+    if paired:
+        fig, ax = plt.subplots(figsize=(10, 0.3 * len(paired) + 1.5))
+        labels = [f"{c} vs {p}" for c, p, *_ in paired]
+        ax.barh(labels, [r[5] for r in paired])
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.axvline(0.5, color="red", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("polytile / peer (higher is better; dashed: 0.5x target)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(here, "ratios.png"), dpi=100)
+        print("plot: bench/ratios.png")
+
+
+if __name__ == "__main__":
+    main()
