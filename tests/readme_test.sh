@@ -26,4 +26,4 @@ while IFS= read -r line; do
   n=$((n + 1))
 done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^(\./setup\.sh && )?build/polytile ')
 echo "checked $blocks C++ examples, ran $n README commands"
-[ "$blocks" -ge 3 ] && [ "$n" -ge 17 ]
+[ "$blocks" -ge 4 ] && [ "$n" -ge 21 ]

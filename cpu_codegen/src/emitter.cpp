@@ -107,13 +107,14 @@ class NestEmitter {
       case K::mul: return b_.CreateMul(aff(a.args[0]), aff(a.args[1]));
       case K::floordiv: return floor_div(aff(a.args[0]), aff(a.args[1]));
       case K::mod: return floor_mod(aff(a.args[0]), aff(a.args[1]));
-      case K::min: {
-        Value *x = aff(a.args[0]), *y = aff(a.args[1]);
-        return b_.CreateSelect(b_.CreateICmpSLT(x, y), x, y);
-      }
-      case K::max: {
-        Value *x = aff(a.args[0]), *y = aff(a.args[1]);
-        return b_.CreateSelect(b_.CreateICmpSGT(x, y), x, y);
+      case K::min:
+      case K::max: {  // isl's min and max take two or more arguments
+        Value* r = aff(a.args[0]);
+        for (size_t i = 1; i < a.args.size(); ++i) {
+          Value* y = aff(a.args[i]);
+          r = b_.CreateSelect(a.kind == K::min ? b_.CreateICmpSLT(r, y) : b_.CreateICmpSGT(r, y), r, y);
+        }
+        return r;
       }
       case K::neg: return b_.CreateNeg(aff(a.args[0]));
       case K::select: return b_.CreateSelect(cond(a.args[0]), aff(a.args[1]), aff(a.args[2]));

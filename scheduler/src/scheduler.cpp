@@ -49,8 +49,12 @@ std::string Aff::str() const {
     case Kind::mul: return "(" + a(0) + " * " + a(1) + ")";
     case Kind::floordiv: return "floord(" + a(0) + ", " + a(1) + ")";
     case Kind::mod: return "mod(" + a(0) + ", " + a(1) + ")";
-    case Kind::min: return "min(" + a(0) + ", " + a(1) + ")";
-    case Kind::max: return "max(" + a(0) + ", " + a(1) + ")";
+    case Kind::min:
+    case Kind::max: {
+      std::string s = kind == Kind::min ? "min(" : "max(";
+      for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + a(i);
+      return s + ")";
+    }
     case Kind::neg: return "-" + a(0);
     case Kind::select: return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")";
     case Kind::eq: return "(" + a(0) + " == " + a(1) + ")";
@@ -112,6 +116,14 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 class AstTranslator {
  public:
   std::map<std::string, int> iterators;
+  // isl names the loop of schedule dimension k "c<k>"; only the dimensions over output variables may
+  // run in parallel under a "parallel" mark: the first `parallel_dims` of the band, and, when the band
+  // is tiled, the first `parallel_dims` of the point band (which starts at dimension `point_start`).
+  int parallel_dims = 0;
+  int point_start = -1;
+  bool parallel_dim(int k) const {
+    return k < parallel_dims || (point_start >= 0 && k >= point_start && k < point_start + parallel_dims);
+  }
 
   Aff expr(isl_ast_expr* e) {
     Aff a;
@@ -214,7 +226,9 @@ class AstTranslator {
         isl_ast_expr_free(init);
         isl_ast_expr_free(cond);
         isl_ast_expr_free(inc);
-        out.parallel = parallel_mark;
+        out.parallel = parallel_mark && name.size() > 1 && name[0] == 'c' &&
+                       std::all_of(name.begin() + 1, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+                       parallel_dim(std::stoi(name.substr(1)));
         isl_ast_node* body = isl_ast_node_for_get_body(n);
         out.body.push_back(node(body, false));
         isl_ast_node_free(body);
@@ -271,8 +285,9 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
   int64_t outer = std::clamp<int64_t>(l1_elems / (2 * std::max<int64_t>(1, inner)), 1, 64);
   int64_t reduction = std::clamp<int64_t>(l2_elems / (4 * std::max<int64_t>(1, inner)), 8, 256);
   for (size_t k = 0; k < n; ++k) {
-    int64_t want = k + 1 == n ? inner : k < parallel_members ? outer : reduction;
-    sizes[k] = std::min(extents[k], want);
+    int64_t want = std::max<int64_t>(1, k + 1 == n ? inner : k < parallel_members ? outer : reduction);
+    int64_t tiles = (extents[k] + want - 1) / want;
+    sizes[k] = (extents[k] + tiles - 1) / tiles;  // balanced: equal tiles, no sliver at the end
   }
   return sizes;
 }
@@ -288,6 +303,7 @@ struct NestBuilder {
              bool innermost_last = false) {
     isl::union_set domain(ctx.get(), domain_text);
     isl::schedule sched = isl::schedule::from_domain(domain);
+    bool tiled_band = false;
     if (!vars.empty()) {
       std::vector<std::string> perm;
       for (size_t k : order) perm.push_back(vars[k]);
@@ -298,14 +314,17 @@ struct NestBuilder {
       // Extents of the band members, for the cost model.
       isl::space band_space = isl::manage(isl_space_set_alloc(ctx.get().get(), 0, static_cast<unsigned>(perm.size())));
       isl::set box = domain.apply(band_map).extract_set(band_space);
-      std::vector<int64_t> extents;
+      std::vector<int64_t> extents, lows;
       for (size_t k = 0; k < perm.size(); ++k) {
         isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
-        extents.push_back(lo.is_int() && hi.is_int() ? hi.get_num_si() - lo.get_num_si() + 1 : 1);
+        bool known = lo.is_int() && hi.is_int();
+        extents.push_back(known ? hi.get_num_si() - lo.get_num_si() + 1 : 1);
+        lows.push_back(known ? lo.get_num_si() : 0);
       }
       int64_t points = 1;
       for (int64_t e : extents) points = points > (int64_t{1} << 40) / std::max<int64_t>(e, 1) ? points : points * e;
       bool tile = tiled && perm.size() >= 2 && points > 64 * 64 * 64;
+      tiled_band = tile;
       if (tile) {
         std::vector<int64_t> sizes = tile_sizes(extents, parallel, target, element_bytes);
         isl_multi_val* raw = isl_multi_val_zero(band_space.copy());
@@ -318,7 +337,8 @@ struct NestBuilder {
         // a 4 x 32 output block) ran at half the speed of this order with LLVM 16's vectorizer.
         std::vector<std::string> tiles, point;
         for (size_t k = 0; k < perm.size(); ++k) {
-          tiles.push_back("floor(" + perm[k] + "/" + std::to_string(sizes[k]) + ")");
+          std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
+          tiles.push_back("floor(" + shifted + "/" + std::to_string(sizes[k]) + ")");
           point.push_back(perm[k]);
         }
         (void)innermost_last;
@@ -344,6 +364,8 @@ struct NestBuilder {
     nest.ast = c;
     free(c);
     AstTranslator tr;
+    tr.parallel_dims = static_cast<int>(parallel);
+    tr.point_start = tiled_band ? static_cast<int>(vars.size()) : -1;
     nest.root = tr.node(ast, false);
     nest.iterators = static_cast<int>(tr.iterators.size());
     isl_ast_node_free(ast);
@@ -354,7 +376,7 @@ struct NestBuilder {
       bool simple = r.kind == LoopNode::Kind::loop && r.lower.kind == Aff::Kind::constant &&
                     (c.kind == Aff::Kind::le || c.kind == Aff::Kind::lt) && c.args[0].kind == Aff::Kind::iterator &&
                     c.args[1].kind == Aff::Kind::constant;
-      nest.parallel_outer = simple;
+      nest.parallel_outer = simple && r.parallel;
       if (simple) {
         nest.outer_lo = r.lower.value;
         nest.outer_hi = c.args[1].value - (c.kind == Aff::Kind::lt ? 1 : 0);
@@ -420,10 +442,27 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         std::set<std::string> in_output;
         for (const auto& p : c.output_indices)
           for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
+        // The innermost variable: the one with the most unit-stride accesses (reads and the write), so the
+        // inner loop streams contiguous memory and vectorizes; ties go to the output's last index.
         std::string innermost;
-        if (!c.output_indices.empty()) {
-          const auto& last = c.output_indices.back().index_terms();
-          if (last.size() == 1 && last.begin()->second == Rational(1)) innermost = last.begin()->first;
+        {
+          std::map<std::string, int> unit;
+          auto score = [&unit](const std::vector<Polynomial>& idx, int weight) {
+            if (idx.empty()) return;
+            const auto& terms = idx.back().index_terms();
+            for (const auto& [v, coeff] : terms)
+              if (coeff == Rational(1) || coeff == Rational(-1)) unit[v] += weight;
+            for (size_t k = 0; k + 1 < idx.size(); ++k)
+              for (const auto& [v, coeff] : idx[k].index_terms()) unit[v] -= 1;  // strided elsewhere
+          };
+          score(c.output_indices, 3);
+          for (const auto& a : c.inputs) score(a.indices, 2);
+          int best = 0;
+          for (const auto& v : update.variables)
+            if (unit[v] > best) {
+              best = unit[v];
+              innermost = v;
+            }
         }
         bool has_reduction = false;
         for (const auto& v : update.variables) has_reduction |= !in_output.count(v);
@@ -432,7 +471,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
           if (in_output.count(update.variables[k]) && update.variables[k] != innermost) order.push_back(k);
         size_t n_out = order.size();
         for (size_t k = 0; k < update.variables.size(); ++k)
-          if (!in_output.count(update.variables[k])) order.push_back(k);
+          if (!in_output.count(update.variables[k]) && update.variables[k] != innermost) order.push_back(k);
         for (size_t k = 0; k < update.variables.size(); ++k)
           if (update.variables[k] == innermost) order.push_back(k);
         bool parallel = n_out > 0 && poly::writes_each_output_once(c, types);
