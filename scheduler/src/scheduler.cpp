@@ -469,6 +469,19 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         if (!has_reduction) innermost.clear();
         for (size_t k = 0; k < update.variables.size(); ++k)
           if (in_output.count(update.variables[k]) && update.variables[k] != innermost) order.push_back(k);
+        // The outermost (parallel) loop gets the output variable with the most values, so the threads
+        // have enough iterations to share.
+        auto extent = [&a](const std::string& v) {
+          for (const auto& b : a.bounds)
+            if (b.name == v) return b.max - b.min + 1;
+          return int64_t{1};
+        };
+        if (!order.empty()) {
+          auto widest = std::max_element(order.begin(), order.end(), [&](size_t x, size_t y) {
+            return extent(update.variables[x]) < extent(update.variables[y]);
+          });
+          if (extent(update.variables[order.front()]) < 4 * target.threads) std::rotate(order.begin(), widest, widest + 1);
+        }
         size_t n_out = order.size();
         for (size_t k = 0; k < update.variables.size(); ++k)
           if (!in_output.count(update.variables[k]) && update.variables[k] != innermost) order.push_back(k);
