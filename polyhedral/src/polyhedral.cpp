@@ -9,6 +9,8 @@
 #include <isl/cpp.h>
 #include <isl/point.h>
 
+#include "polytile/isl_support.h"
+
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -19,21 +21,7 @@
 namespace polytile::poly {
 namespace {
 
-// Owns an isl_ctx; isl objects must be destroyed before it, so it is declared first in every scope.
-class IslContext {
- public:
-  IslContext() : raw_(isl_ctx_alloc()) {
-    POLYTILE_CHECK(raw_ != nullptr, "isl_ctx_alloc failed");
-    isl_options_set_on_error(raw_, ISL_ON_ERROR_CONTINUE);
-  }
-  ~IslContext() { isl_ctx_free(raw_); }
-  IslContext(const IslContext&) = delete;
-  IslContext& operator=(const IslContext&) = delete;
-  isl::ctx get() const { return isl::ctx(raw_); }
-
- private:
-  isl_ctx* raw_;
-};
+using isl_support::IslContext;
 
 const std::set<std::string>& isl_keywords() {
   static const std::set<std::string> words = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max",
@@ -188,9 +176,7 @@ isl::map simplify(isl::map m) { return isl::manage(isl_map_remove_redundancies(m
 
 template <typename T>
 std::string isl_text(const T& x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
+  return isl_support::text(x);
 }
 
 template <typename F>

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "polytile/error.h"
+#include "polytile/isl_support.h"
 #include "polytile/polyhedral.h"
 
 namespace polytile::sched {
@@ -82,29 +83,9 @@ std::string Schedule::ast() const {
 
 namespace {
 
-class IslContext {
- public:
-  IslContext() : raw_(isl_ctx_alloc()) {
-    POLYTILE_CHECK(raw_ != nullptr, "isl_ctx_alloc failed");
-    isl_options_set_on_error(raw_, ISL_ON_ERROR_CONTINUE);
-    isl_options_set_ast_build_atomic_upper_bound(raw_, 1);
-    isl_options_set_ast_build_detect_min_max(raw_, 1);
-  }
-  ~IslContext() { isl_ctx_free(raw_); }
-  IslContext(const IslContext&) = delete;
-  IslContext& operator=(const IslContext&) = delete;
-  isl::ctx get() const { return isl::ctx(raw_); }
+using isl_support::IslContext;
+using isl_support::text;
 
- private:
-  isl_ctx* raw_;
-};
-
-template <typename T>
-std::string text(const T& x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
-}
 
 std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
   std::string s;
