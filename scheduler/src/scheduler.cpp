@@ -97,14 +97,10 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 class AstTranslator {
  public:
   std::map<std::string, int> iterators;
-  // isl names the loop of schedule dimension k "c<k>"; only the dimensions over output variables may
-  // run in parallel under a "parallel" mark: the first `parallel_dims` of the band, and, when the band
-  // is tiled, the first `parallel_dims` of the point band (which starts at dimension `point_start`).
-  int parallel_dims = 0;
-  int point_start = -1;
-  bool parallel_dim(int k) const {
-    return k < parallel_dims || (point_start >= 0 && k >= point_start && k < point_start + parallel_dims);
-  }
+  // isl names the loop of schedule dimension k "c<k>"; only the dimensions over output variables (the
+  // scheduler lists them) may run in parallel under a "parallel" mark.
+  std::set<int> parallel_dims;
+  bool parallel_dim(int k) const { return parallel_dims.count(k) != 0; }
 
   Aff expr(isl_ast_expr* e) {
     Aff a;
@@ -281,10 +277,10 @@ struct NestBuilder {
   // band order; the first `parallel` band members are marked parallel.
   void build(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
              const std::vector<size_t>& order, size_t parallel, size_t element_bytes, bool tiled = false,
-             bool innermost_last = false) {
+             bool innermost_last = false, bool reduction_outer = false) {
     isl::union_set domain(ctx.get(), domain_text);
     isl::schedule sched = isl::schedule::from_domain(domain);
-    bool tiled_band = false;
+    std::set<int> safe;  // schedule dimensions whose loops may run in parallel
     if (!vars.empty()) {
       std::vector<std::string> perm;
       for (size_t k : order) perm.push_back(vars[k]);
@@ -305,24 +301,35 @@ struct NestBuilder {
       int64_t points = 1;
       for (int64_t e : extents) points = points > (int64_t{1} << 40) / std::max<int64_t>(e, 1) ? points : points * e;
       bool tile = tiled && perm.size() >= 2 && points > 64 * 64 * 64;
-      tiled_band = tile;
       if (tile) {
         std::vector<int64_t> sizes = tile_sizes(extents, parallel, target, element_bytes);
-        isl_multi_val* raw = isl_multi_val_zero(band_space.copy());
-        for (size_t k = 0; k < sizes.size(); ++k)
-          raw = isl_multi_val_set_val(raw, static_cast<int>(k), isl_val_int_from_si(ctx.get().get(), sizes[k]));
-        isl::multi_val mv = isl::manage(raw);
-        (void)mv;
-        // Tile and point loops keep the band order (parallel outputs, reductions, contiguous innermost).
-        // Measured on 1024^3 sgemm: reordering the point loops for register blocking (reductions outside
-        // a 4 x 32 output block) ran at half the speed of this order with LLVM 16's vectorizer.
-        std::vector<std::string> tiles, point;
-        for (size_t k = 0; k < perm.size(); ++k) {
+        auto tile_of = [&](size_t k, int64_t size) {
           std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
-          tiles.push_back("floor(" + shifted + "/" + std::to_string(sizes[k]) + ")");
-          point.push_back(perm[k]);
+          return "floor(" + shifted + "/" + std::to_string(size) + ")";
+        };
+        std::vector<std::string> tiles, point;
+        if (reduction_outer) {
+          // The output block is small next to the inputs (a weight gradient): split the leading output
+          // variable across the threads, and inside a split run the reductions outermost so each input
+          // element is read once per split while the output block stays in cache.
+          int64_t chunk = (extents[0] + target.threads - 1) / std::max(1, target.threads);
+          tiles.push_back(tile_of(0, std::max<int64_t>(1, chunk)));
+          size_t n_red = perm.size() - parallel - (innermost_last ? 1 : 0);
+          for (size_t k = parallel; k < parallel + n_red; ++k) point.push_back(perm[k]);
+          for (size_t k = 0; k < parallel; ++k) point.push_back(perm[k]);
+          if (innermost_last) point.push_back(perm.back());
+          safe.insert(0);
+          for (size_t k = 0; k < parallel; ++k) safe.insert(static_cast<int>(1 + n_red + k));
+        } else {
+          // Tile and point loops keep the band order (parallel outputs, reductions, contiguous innermost).
+          // Measured on 1024^3 sgemm: reordering the point loops for register blocking (reductions outside
+          // a 4 x 32 output block) ran at half the speed of this order with LLVM 16's vectorizer.
+          for (size_t k = 0; k < perm.size(); ++k) {
+            tiles.push_back(tile_of(k, sizes[k]));
+            point.push_back(perm[k]);
+          }
+          for (size_t k = 0; k < parallel; ++k) safe.insert(static_cast<int>(perm.size() + k));
         }
-        (void)innermost_last;
         std::string tuple_text = "{ S[" + join(vars) + "] -> ";
         isl::union_map tile_map(ctx.get(), tuple_text + "[" + join(tiles) + "] }");
         isl::union_map point_map(ctx.get(), tuple_text + "[" + join(point) + "] }");
@@ -332,6 +339,8 @@ struct NestBuilder {
         root = root.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(tile_map.copy())));
         root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
       }
+      if (!tile || !reduction_outer)
+        for (size_t k = 0; k < parallel; ++k) safe.insert(static_cast<int>(k));
       if (parallel > 0) root = root.insert_mark(isl::id(ctx.get(), "parallel"));
       sched = root.schedule();
       nest.parallel_outer = parallel > 0;
@@ -345,8 +354,7 @@ struct NestBuilder {
     nest.ast = c;
     free(c);
     AstTranslator tr;
-    tr.parallel_dims = static_cast<int>(parallel);
-    tr.point_start = tiled_band ? static_cast<int>(vars.size()) : -1;
+    tr.parallel_dims = safe;
     nest.root = tr.node(ast, false);
     nest.iterators = static_cast<int>(tr.iterators.size());
     isl_ast_node_free(ast);
@@ -476,8 +484,11 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         // The band map names dims positionally (isl may print fixed dims as "n = 0" in the tuple).
         std::vector<std::string> positional;
         for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
+        int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
+        for (int64_t d : t.shape) out_bytes *= d;
+        bool reduction_outer = parallel && n_out < order.size() - (innermost.empty() ? 0 : 1) && out_bytes * 4 <= target.l2_bytes;
         nb.build(update, dom, positional, order, parallel ? n_out : 0, dtype_bytes(t.dtype), /*tiled=*/parallel,
-                 !innermost.empty());
+                 !innermost.empty(), reduction_outer);
         out.nests.push_back(std::move(update));
       }
 
