@@ -2,12 +2,14 @@
 // TBB runtime that runs the nests in order, splitting provably parallel outer loops across threads.
 #include "polytile/cpu.h"
 
+#include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -62,11 +64,16 @@ void check(llvm::Error e, const std::string& what) {
   if (e) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(std::move(e)));
 }
 
+// glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
+// vectorizer then keeps transcendental loops vector instead of calling libm per element.
+bool have_libmvec = false;
+
 void initialize_llvm() {
   static std::once_flag once;
   std::call_once(once, [] {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
+    have_libmvec = !llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
   });
 }
 
@@ -80,6 +87,9 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
   llvm::ModuleAnalysisManager mam;
+  llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
+  if (have_libmvec) tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86, tm.getTargetTriple());
+  fam.registerPass([&tlii] { return llvm::TargetLibraryAnalysis(tlii); });
   pb.registerModuleAnalyses(mam);
   pb.registerCGSCCAnalyses(cgam);
   pb.registerFunctionAnalyses(fam);
