@@ -215,6 +215,18 @@ TEST(CpuTest, ParallelEqualsSerialAndIrIsDeterministic) {
   EXPECT_NE(c1->schedule().tree().find("mark: \"tile\""), std::string::npos) << c1->schedule().tree();
 }
 
+TEST(CpuTest, ElementwiseChainsFuseWithoutChangingRounding) {
+  // C is materialized as f32 0.1 by the interpreter; the fused chain must round it the same way.
+  Program p = parse_program("function (X[N], Y[M, N]) -> (O, P) { C = 0.1; T = X * C; U = T * T - Y; O = U + 1; P = T * 2; }");
+  TensorMap in = inputs_for({{"X", {5}}, {"Y", {3, 5}}}, DType::f64, 4);
+  std::map<std::string, TensorType> types{{"X", {DType::f64, {5}}}, {"Y", {DType::f64, {3, 5}}}};
+  auto compiled = compile(p, types);
+  // C folds into T; U into O; T is read twice (U and P), so it stays.
+  EXPECT_EQ(compiled->program().statements.size(), 3u) << print(compiled->program());
+  TensorMap got = compiled->run(in), want = interpret(p, in);
+  for (const char* o : {"O", "P"}) EXPECT_EQ(got.at(o).to_doubles(), want.at(o).to_doubles()) << o;
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});

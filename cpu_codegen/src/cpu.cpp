@@ -107,6 +107,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   auto t0 = std::chrono::steady_clock::now();
   ProgramTypes types = infer_types(source, inputs);
   impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types}) : source;
+  impl->program = sched::fuse_elementwise(impl->program, infer_types(impl->program, inputs));
   impl->types = infer_types(impl->program, inputs);
   impl->times.passes = seconds_since(t0);
 

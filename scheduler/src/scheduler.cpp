@@ -379,6 +379,68 @@ size_t dtype_bytes(DType t) { return t == DType::f64 ? 8 : t == DType::boolean ?
 
 }  // namespace
 
+namespace {
+
+Expr substitute_tensor(const Expr& e, const std::string& name, const Expr& value) {
+  switch (e.kind()) {
+    case Expr::Kind::tensor: return e.name() == name ? value : e;
+    case Expr::Kind::literal:
+    case Expr::Kind::dim: return e;
+    case Expr::Kind::unary: return Expr::unary(e.unary_op(), substitute_tensor(e.args()[0], name, value));
+    case Expr::Kind::binary:
+      return Expr::binary(e.binary_op(), substitute_tensor(e.args()[0], name, value), substitute_tensor(e.args()[1], name, value));
+    case Expr::Kind::call: {
+      std::vector<Expr> args;
+      for (const auto& a : e.args()) args.push_back(substitute_tensor(a, name, value));
+      return Expr::call(e.intrinsic(), std::move(args), e.intrinsic() == Intrinsic::cast ? e.cast_type() : DType::f32);
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
+  Program p = program;
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    // Readers of every tensor: (statement index, leaf count).
+    std::map<std::string, std::vector<size_t>> readers;
+    for (size_t i = 0; i < p.statements.size(); ++i) {
+      std::vector<std::string> used;
+      if (const auto* c = std::get_if<Contraction>(&p.statements[i])) {
+        for (const auto& a : c->inputs) used.push_back(a.tensor);
+        if (c->init) used.push_back(*c->init);
+        for (const auto& t : used) readers[t].push_back(i);
+        continue;
+      }
+      // Count every occurrence: a producer read twice by one consumer would be computed twice.
+      std::vector<Expr> stack{std::get<Elementwise>(p.statements[i]).expr};
+      while (!stack.empty()) {
+        Expr x = stack.back();
+        stack.pop_back();
+        if (x.kind() == Expr::Kind::tensor) readers[x.name()].push_back(i);
+        for (const auto& a : x.args()) stack.push_back(a);
+      }
+    }
+    for (size_t i = 0; i < p.statements.size() && !changed; ++i) {
+      const auto* producer = std::get_if<Elementwise>(&p.statements[i]);
+      if (!producer) continue;
+      const std::string& name = producer->output;
+      if (std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end()) continue;
+      const auto& r = readers[name];
+      if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
+      auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
+      Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
+      consumer.expr = substitute_tensor(consumer.expr, name, value);
+      p.statements.erase(p.statements.begin() + static_cast<long>(i));
+      changed = true;
+    }
+  }
+  return p;
+}
+
 Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {
   Schedule out;
   NestBuilder nb{target, {}};

@@ -73,6 +73,12 @@ struct Schedule {
   std::string ast() const;
 };
 
+// Elementwise fusion: an elementwise statement read only by one later elementwise statement (and not a
+// program output) is substituted into it, wrapped in a cast to its own dtype so that every value rounds
+// exactly as the materialized tensor did; the chain then runs as one loop nest with no temporary.
+// Broadcasting commutes with elementwise operations, so the substitution is exact for any shapes.
+Program fuse_elementwise(const Program& program, const ProgramTypes& types);
+
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).
 Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = host_target());
