@@ -4,6 +4,8 @@
 // of the generated LLVM IR, and run-time errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -225,6 +227,60 @@ TEST(CpuTest, ElementwiseChainsFuseWithoutChangingRounding) {
   EXPECT_EQ(compiled->program().statements.size(), 3u) << print(compiled->program());
   TensorMap got = compiled->run(in), want = interpret(p, in);
   for (const char* o : {"O", "P"}) EXPECT_EQ(got.at(o).to_doubles(), want.at(o).to_doubles()) << o;
+}
+
+// Semantic mutants: the examples with one integer literal changed (strides, offsets, dims, constraint
+// bounds). Whatever the interpreter makes of a mutant -- values or a UserError -- the CPU backend must
+// make the same.
+TEST(CpuTest, MutatedExamplesAgreeWithTheInterpreter) {
+  const uint64_t seed = 777;
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<std::string, Shapes>> corpus;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".tile") continue;
+    std::ifstream f(entry.path());
+    std::string first, rest;
+    std::getline(f, first);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    corpus.emplace_back(ss.str(), shapes_from_args(first.substr(first.find(':') + 1)));
+  }
+  std::sort(corpus.begin(), corpus.end());
+  int compared = 0, errors = 0;
+  for (int iter = 0; iter < 120; ++iter) {
+    auto [text, shapes] = corpus[rng() % corpus.size()];
+    std::vector<size_t> digits;
+    for (size_t i = 0; i < text.size(); ++i)
+      if (std::isdigit(static_cast<unsigned char>(text[i])) && (i == 0 || !std::isalnum(static_cast<unsigned char>(text[i - 1])) ) &&
+          (i + 1 == text.size() || !std::isalnum(static_cast<unsigned char>(text[i + 1]))))
+        digits.push_back(i);
+    if (digits.empty()) continue;
+    text[digits[rng() % digits.size()]] = static_cast<char>('0' + rng() % 6);
+    Program p;
+    try {
+      p = parse_program(text, "mutant.tile");
+    } catch (const UserError&) {
+      continue;
+    }
+    TensorMap in = inputs_for(shapes, DType::f64, seed + iter);
+    std::string what = "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + "\n" + text;
+    bool interp_ok = true;
+    try {
+      interpret(p, in);
+    } catch (const UserError&) {
+      interp_ok = false;
+    }
+    if (!interp_ok) {
+      EXPECT_THROW(run(p, in), UserError) << what;
+      ++errors;
+      continue;
+    }
+    expect_same(p, in, what);
+    ++compared;
+  }
+  std::cout << compared << " mutants compared, " << errors << " rejected by both\n";
+  EXPECT_GT(compared, 50);
 }
 
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
