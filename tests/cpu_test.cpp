@@ -194,6 +194,12 @@ TEST(CpuTest, AggregationsNaNAndUnwrittenElements) {
   expect_same(parse_program("function (A[N, M], D[N]) -> (O) { O[i : N] = <(A[i, j]) default D; }"),
               {{"A", a}, {"D", Buffer::from_values(DType::f64, {3}, {2, -1, 7})}}, "min with default");
   expect_same(parse_program("function (A[N, M]) -> (O) { O[i : N] = >(A[i, j]), j < N - N; }"), {{"A", a}}, "empty");
+  // cond under max/min/product: an element whose points all miss stays unwritten (0), as in the interpreter.
+  Buffer x = Buffer::from_values(DType::f64, {3}, {1, 2, 3}), y = Buffer::from_values(DType::f64, {3}, {2, 2, 5});
+  Buffer z = Buffer::from_values(DType::f64, {3}, {10, 20, 30});
+  for (const char* agg : {">", "<", "*"})
+    expect_same(parse_program(std::string("function (A[N], B[N], C[N]) -> (O) { O[i : N] = ") + agg + "(A[i] == B[j] ? C[j]); }"),
+                {{"A", x}, {"B", y}, {"C", z}}, std::string("cond ") + agg);
   Buffer b = Buffer::from_values(DType::i32, {4}, {3, -1, 3, 2});
   expect_same(parse_program("function (B[N]) -> (O, P, Q) { O[] = >(B[i]); P[] = +(B[i] == B[j]); Q[i : N] = *(B[i]); }"),
               {{"B", b}}, "integers and booleans");

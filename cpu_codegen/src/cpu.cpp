@@ -18,6 +18,7 @@
 #include <tbb/parallel_for.h>
 
 #include <chrono>
+#include <set>
 #include <mutex>
 
 #include "emitter.h"
@@ -99,6 +100,48 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
   mpm.run(m, mam);
 }
 
+// A cond contraction aggregating with max, min or product leaves an element at the aggregation's identity
+// when every point misses, where the interpreter leaves it unwritten (0). Rewrite such a contraction O into
+// O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
+Program lower_cond_misses(const Program& p) {
+  Program out = p;
+  out.statements.clear();
+  std::set<std::string> names;
+  for (const auto& in : p.inputs) names.insert(in.name);
+  for (const auto& st : p.statements) names.insert(statement_output(st));
+  auto fresh = [&names](const std::string& base) {
+    std::string n = base;
+    while (names.count(n)) n += "_";
+    names.insert(n);
+    return n;
+  };
+  for (const auto& st : p.statements) {
+    const auto* c = std::get_if<Contraction>(&st);
+    bool needs = c && c->combination == CombinationOp::cond && !c->init &&
+                 (c->aggregation == AggregationOp::max || c->aggregation == AggregationOp::min ||
+                  c->aggregation == AggregationOp::product);
+    if (!needs) {
+      out.statements.push_back(st);
+      continue;
+    }
+    Contraction raw = *c;
+    raw.output = fresh(c->output + "_raw");
+    const std::string& third = c->inputs[2].tensor;
+    Expr t = Expr::tensor(third), one = Expr::literal(1, true);
+    std::string ones = fresh("ONES_" + third);
+    Contraction hits = *c;
+    hits.output = fresh(c->output + "_hits");
+    hits.aggregation = AggregationOp::sum;
+    hits.inputs[2].tensor = ones;
+    out.statements.push_back(Elementwise{ones, Expr::call(Intrinsic::select, {Expr::binary(BinaryOp::eq, t, t), one, one})});
+    out.statements.push_back(raw);
+    out.statements.push_back(hits);
+    Expr missed = Expr::binary(BinaryOp::eq, Expr::tensor(hits.output), Expr::literal(0, true));
+    out.statements.push_back(Elementwise{c->output, Expr::call(Intrinsic::select, {missed, Expr::literal(0, true), Expr::tensor(raw.output)})});
+  }
+  return out;
+}
+
 std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
                                               const CompileOptions& options) {
   auto impl = std::make_unique<CompiledProgram::Impl>();
@@ -107,6 +150,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   auto t0 = std::chrono::steady_clock::now();
   ProgramTypes types = infer_types(source, inputs);
   impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types}) : source;
+  impl->program = lower_cond_misses(impl->program);
   impl->program = sched::fuse_elementwise(impl->program, infer_types(impl->program, inputs));
   impl->types = infer_types(impl->program, inputs);
   impl->times.passes = seconds_since(t0);

@@ -568,6 +568,11 @@ class NestEmitter {
       case CombinationOp::eq: value = {compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t)), DType::boolean}; break;
       case CombinationOp::cond: {
         Value* hit = compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t));
+        if (c.aggregation != AggregationOp::assign) {
+          // A miss contributes the aggregation's identity: branch-free, so the loop can vectorize.
+          value = {b_.CreateSelect(hit, convert(in[2], out.dtype), identity(c.aggregation, out.dtype).v), out.dtype};
+          break;
+        }
         auto* then_bb = llvm::BasicBlock::Create(ctx_, "cond.hit", fn_);
         skip = llvm::BasicBlock::Create(ctx_, "cond.skip", fn_);
         b_.CreateCondBr(hit, then_bb, skip);
