@@ -289,6 +289,26 @@ TEST(CpuTest, MutatedExamplesAgreeWithTheInterpreter) {
   EXPECT_GT(compared, 50);
 }
 
+// A weight gradient: the output block is small next to the reduction, so the scheduler splits an output
+// variable across threads and runs the reductions outside the output loops (the tiled path).
+TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  ad::Options o;
+  o.wrt = {"K"};
+  Program grad = ad::vjp(conv, o).program;
+  TensorMap in = inputs_for({{"I", {2, 32, 32, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {2, 30, 30, 8}}}, DType::f64, 12);
+  CompileOptions two;
+  two.threads = 2;
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  auto compiled = compile(grad, types, two);
+  EXPECT_NE(compiled->schedule().tree().find("mark: \"tile\""), std::string::npos) << compiled->schedule().tree();
+  EXPECT_TRUE(compiled->schedule().nests.back().parallel_outer);
+  expect_same(grad, in, "weight gradient", two);
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});
