@@ -118,11 +118,19 @@ struct OneDnnConv {
     for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>((i % 13) * 0.01 - 0.06);
     return m;
   }
-  // The primitive's memory for a user buffer, with the reorder into it (when the layouts differ).
-  memory prepare(memory& user_mem, const memory::desc& want, std::vector<std::pair<dnnl::reorder, std::pair<memory, memory>>>& reorders) {
+  using Reorders = std::vector<std::pair<dnnl::reorder, std::pair<memory, memory>>>;
+  // The primitive's memory for a user input, with the reorder into it (when the layouts differ).
+  memory prepare(memory& user_mem, const memory::desc& want, Reorders& reorders) {
     if (user_mem.get_desc() == want) return user_mem;
     memory m(want, eng);
     reorders.push_back({dnnl::reorder(user_mem, m), {user_mem, m}});
+    return m;
+  }
+  // The primitive's memory for a result, with the reorder back to the user's layout.
+  memory result(memory& user_mem, const memory::desc& have, Reorders& reorders) {
+    if (user_mem.get_desc() == have) return user_mem;
+    memory m(have, eng);
+    reorders.push_back({dnnl::reorder(m, user_mem), {m, user_mem}});
     return m;
   }
 };
@@ -135,13 +143,12 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
   auto fwd_pd = convolution_forward::primitive_desc(fwd_desc, o.eng);
   memory user_src = o.user(o.src, memory::format_tag::nhwc), user_wei = o.user(o.wei, memory::format_tag::hwio),
          user_dst = o.user(o.dst, memory::format_tag::nhwc);
-  std::vector<std::pair<reorder, std::pair<memory, memory>>> in_reorders, out_reorders;
+  OneDnnConv::Reorders in_reorders, out_reorders;
   primitive prim;
   std::unordered_map<int, memory> args;
   if (d == Direction::forward) {
     memory src = o.prepare(user_src, fwd_pd.src_desc(), in_reorders), wei = o.prepare(user_wei, fwd_pd.weights_desc(), in_reorders);
-    memory dst = fwd_pd.dst_desc() == user_dst.get_desc() ? user_dst : memory(fwd_pd.dst_desc(), o.eng);
-    if (dst != user_dst) out_reorders.push_back({reorder(dst, user_dst), {dst, user_dst}});
+    memory dst = o.result(user_dst, fwd_pd.dst_desc(), out_reorders);
     prim = convolution_forward(fwd_pd);
     args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
   } else if (d == Direction::backward_data) {
@@ -149,8 +156,7 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
                                               o.strides, o.dil, o.pad_l, o.pad_r);
     auto pd = convolution_backward_data::primitive_desc(bd, o.eng, fwd_pd);
     memory ddst = o.prepare(user_dst, pd.diff_dst_desc(), in_reorders), wei = o.prepare(user_wei, pd.weights_desc(), in_reorders);
-    memory dsrc = pd.diff_src_desc() == user_src.get_desc() ? user_src : memory(pd.diff_src_desc(), o.eng);
-    if (dsrc != user_src) out_reorders.push_back({reorder(dsrc, user_src), {dsrc, user_src}});
+    memory dsrc = o.result(user_src, pd.diff_src_desc(), out_reorders);
     prim = convolution_backward_data(pd);
     args = {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
   } else {
@@ -158,8 +164,7 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
                                                  o.strides, o.dil, o.pad_l, o.pad_r);
     auto pd = convolution_backward_weights::primitive_desc(bw, o.eng, fwd_pd);
     memory src = o.prepare(user_src, pd.src_desc(), in_reorders), ddst = o.prepare(user_dst, pd.diff_dst_desc(), in_reorders);
-    memory dwei = pd.diff_weights_desc() == user_wei.get_desc() ? user_wei : memory(pd.diff_weights_desc(), o.eng);
-    if (dwei != user_wei) out_reorders.push_back({reorder(dwei, user_wei), {dwei, user_wei}});
+    memory dwei = o.result(user_wei, pd.diff_weights_desc(), out_reorders);
     prim = convolution_backward_weights(pd);
     args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
   }

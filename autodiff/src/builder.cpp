@@ -210,6 +210,13 @@ void Builder::keep_bounds(const TensorAccess& a, std::vector<Constraint>& extra,
   comb = CombinationOp::mul;
 }
 
+void Builder::rename(Statement& st, const std::string& name) {
+  std::string old = statement_output(st);
+  if (old == name) return;
+  std::visit([&](auto& s) { s.output = name; }, st);
+  shapes[name] = shapes[old];
+}
+
 void Builder::bind_name(const std::string& value, const std::string& name) {
   Statement* def = nullptr;
   bool referenced = false;
@@ -220,8 +227,7 @@ void Builder::bind_name(const std::string& value, const std::string& name) {
   }
   bool is_output = std::find(program.outputs.begin(), program.outputs.end(), value) != program.outputs.end();
   if (def && !referenced && !is_output) {
-    std::visit([&](auto& s) { s.output = name; }, *def);
-    shapes[name] = shapes[value];
+    rename(*def, name);
     return;
   }
   add(Elementwise{name, Expr::call(Intrinsic::ident, {Expr::tensor(value)})});

@@ -53,6 +53,9 @@ class Builder {
   void keep_bounds(const TensorAccess& a, std::vector<Constraint>& extra, std::vector<TensorAccess>& body,
                    CombinationOp& comb);
 
+  // Renames the output of the last statement (a no-op when it already has that name).
+  void rename_last(const std::string& name) { rename(program.statements.back(), name); }
+
   // Gives `value`'s statement the output name `name` when `value` is a statement output that no other
   // statement reads; otherwise appends name = ident(value).
   void bind_name(const std::string& value, const std::string& name);
@@ -61,6 +64,7 @@ class Builder {
   void eliminate_dead_code();
 
  private:
+  void rename(Statement& st, const std::string& name);
   std::set<std::string> names_;
 };
 

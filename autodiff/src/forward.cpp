@@ -48,7 +48,7 @@ class ForwardMode {
       auto it = tangent_.find(o);
       if (it == tangent_.end()) {
         b_.zeros(o, {}, name + "_zeros");
-        rename_last(name);
+        b_.rename_last(name);
       } else if (made_.count(it->second)) {
         b_.bind_name(it->second, name);
       } else {
@@ -66,13 +66,7 @@ class ForwardMode {
   }
 
  private:
-  void rename_last(const std::string& name) {
-    Statement& st = b_.program.statements.back();
-    std::string old = statement_output(st);
-    if (old == name) return;
-    std::visit([&](auto& s) { s.output = name; }, st);
-    b_.shapes[name] = b_.shapes[old];
-  }
+
 
   bool has(const std::string& t) const { return tangent_.count(t) != 0; }
 

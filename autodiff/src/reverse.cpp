@@ -73,7 +73,7 @@ class ReverseMode {
       std::string name = reserved[w];
       if (c == contributions_.end() || options_.stop_gradient.count(w)) {
         b_.zeros(w, prefix_, name + "_zeros");
-        rename_last(name);
+        b_.rename_last(name);
       } else {
         finalize(c->second, name);
       }
@@ -136,12 +136,7 @@ class ReverseMode {
     }
   }
 
-  void rename_last(const std::string& name) {
-    Statement& st = b_.program.statements.back();
-    std::string old = statement_output(st);
-    std::visit([&](auto& s) { s.output = name; }, st);
-    b_.shapes[name] = b_.shapes[old];
-  }
+
 
   std::string made(const std::string& name) {
     contributions_made_.insert(name);

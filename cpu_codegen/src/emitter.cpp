@@ -492,34 +492,33 @@ class NestEmitter {
   }
 
   Value* accumulate(AggregationOp op, Value* acc, Value* v, DType t) {
-    llvm::FastMathFlags reassoc;
-    reassoc.setAllowReassoc();
-    reassoc.setAllowContract();
+    // Float sums and products may be reassociated (and contracted to FMA) so reductions vectorize.
+    auto reassociable = [](Value* r) {
+      llvm::FastMathFlags flags;
+      flags.setAllowReassoc();
+      flags.setAllowContract();
+      llvm::cast<llvm::Instruction>(r)->setFastMathFlags(flags);
+      return r;
+    };
+    bool boolean = t == DType::boolean;
     switch (op) {
       case AggregationOp::sum:
-        if (is_float(t)) {
-          auto* r = b_.CreateFAdd(acc, v);
-          llvm::cast<llvm::Instruction>(r)->setFastMathFlags(reassoc);
-          return r;
-        }
-        return t == DType::boolean ? b_.CreateOr(acc, v) : b_.CreateAdd(acc, v);
+        if (is_float(t)) return reassociable(b_.CreateFAdd(acc, v));
+        return boolean ? b_.CreateOr(acc, v) : b_.CreateAdd(acc, v);
       case AggregationOp::product:
-        if (is_float(t)) {
-          auto* r = b_.CreateFMul(acc, v);
-          llvm::cast<llvm::Instruction>(r)->setFastMathFlags(reassoc);
-          return r;
-        }
-        return t == DType::boolean ? b_.CreateAnd(acc, v) : b_.CreateMul(acc, v);
+        if (is_float(t)) return reassociable(b_.CreateFMul(acc, v));
+        return boolean ? b_.CreateAnd(acc, v) : b_.CreateMul(acc, v);
       case AggregationOp::max:
         if (is_float(t)) return nan_accumulate(true, acc, v);
-        return t == DType::boolean ? b_.CreateOr(acc, v) : intrinsic(llvm::Intrinsic::smax, {acc, v});
+        return boolean ? b_.CreateOr(acc, v) : intrinsic(llvm::Intrinsic::smax, {acc, v});
       case AggregationOp::min:
         if (is_float(t)) return nan_accumulate(false, acc, v);
-        return t == DType::boolean ? b_.CreateAnd(acc, v) : intrinsic(llvm::Intrinsic::smin, {acc, v});
+        return boolean ? b_.CreateAnd(acc, v) : intrinsic(llvm::Intrinsic::smin, {acc, v});
       case AggregationOp::assign: return v;
     }
     return v;
   }
+
 
   void statement(const std::vector<sched::Aff>& args) {
     std::vector<Value*> vals;

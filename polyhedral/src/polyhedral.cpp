@@ -174,10 +174,7 @@ std::string point_text(const std::vector<std::string>& vars, const std::vector<i
 isl::set simplify(isl::set s) { return isl::manage(isl_set_remove_redundancies(s.release())).coalesce(); }
 isl::map simplify(isl::map m) { return isl::manage(isl_map_remove_redundancies(m.release())).coalesce(); }
 
-template <typename T>
-std::string isl_text(const T& x) {
-  return isl_support::text(x);
-}
+using isl_support::text;
 
 template <typename F>
 auto with_isl_errors(const std::string& what, F&& f) -> decltype(f()) {
@@ -197,11 +194,11 @@ ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
     ContractionAnalysis a;
     a.output = c.output;
     isl::set domain = simplify(isl::set(ctx.get(), domain_text(cc)));
-    a.domain = isl_text(domain);
+    a.domain = text(domain);
     isl::map write = simplify(isl::map(ctx.get(), access_text(cc, 0)).intersect_domain(domain));
-    a.write = isl_text(write);
+    a.write = text(write);
     for (size_t i = 1; i < cc.accesses.size(); ++i)
-      a.reads.push_back(isl_text(simplify(isl::map(ctx.get(), access_text(cc, i)).intersect_domain(domain))));
+      a.reads.push_back(text(simplify(isl::map(ctx.get(), access_text(cc, i)).intersect_domain(domain))));
     a.empty = domain.is_empty();
     if (a.empty) return a;
     for (size_t k = 0; k < cc.vars.size(); ++k) {

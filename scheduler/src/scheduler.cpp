@@ -30,13 +30,8 @@ Target host_target() {
   if (l1 > 0) t.l1_bytes = l1;
   if (l2 > 0) t.l2_bytes = l2;
   t.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-#if defined(__AVX512F__)
-  t.vector_bits = 512;
-#elif defined(__AVX2__)
-  t.vector_bits = 256;
-#else
-  t.vector_bits = 512;  // the JIT targets the host CPU, whatever this file was compiled for
-#endif
+  // The JIT targets the running CPU, not the one this file was compiled for: ask at run time.
+  t.vector_bits = __builtin_cpu_supports("avx512f") ? 512 : __builtin_cpu_supports("avx2") ? 256 : 128;
   return t;
 }
 
@@ -379,27 +374,6 @@ size_t dtype_bytes(DType t) { return t == DType::f64 ? 8 : t == DType::boolean ?
 
 }  // namespace
 
-namespace {
-
-Expr substitute_tensor(const Expr& e, const std::string& name, const Expr& value) {
-  switch (e.kind()) {
-    case Expr::Kind::tensor: return e.name() == name ? value : e;
-    case Expr::Kind::literal:
-    case Expr::Kind::dim: return e;
-    case Expr::Kind::unary: return Expr::unary(e.unary_op(), substitute_tensor(e.args()[0], name, value));
-    case Expr::Kind::binary:
-      return Expr::binary(e.binary_op(), substitute_tensor(e.args()[0], name, value), substitute_tensor(e.args()[1], name, value));
-    case Expr::Kind::call: {
-      std::vector<Expr> args;
-      for (const auto& a : e.args()) args.push_back(substitute_tensor(a, name, value));
-      return Expr::call(e.intrinsic(), std::move(args), e.intrinsic() == Intrinsic::cast ? e.cast_type() : DType::f32);
-    }
-  }
-  return e;
-}
-
-}  // namespace
-
 Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
   Program p = program;
   bool changed = true;
@@ -433,7 +407,10 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
       if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
       auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
       Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
-      consumer.expr = substitute_tensor(consumer.expr, name, value);
+      consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+        if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
+        return std::nullopt;
+      });
       p.statements.erase(p.statements.begin() + static_cast<long>(i));
       changed = true;
     }

@@ -383,31 +383,6 @@ std::vector<Node*> node_deps(const Node& n) {
   return out;
 }
 
-// Replaces tensor leaves (by key) with expressions, and renames dim leaves.
-Expr rewrite(const Expr& e, const std::function<std::optional<Expr>(const std::string&)>& tensor,
-             const std::map<std::string, std::string>& dims) {
-  switch (e.kind()) {
-    case Expr::Kind::tensor: {
-      auto r = tensor(e.name());
-      return r ? *r : e;
-    }
-    case Expr::Kind::dim: {
-      auto it = dims.find(e.name());
-      return it == dims.end() ? e : Expr::dim(it->second);
-    }
-    case Expr::Kind::literal: return e;
-    case Expr::Kind::unary: return Expr::unary(e.unary_op(), rewrite(e.args()[0], tensor, dims));
-    case Expr::Kind::binary:
-      return Expr::binary(e.binary_op(), rewrite(e.args()[0], tensor, dims), rewrite(e.args()[1], tensor, dims));
-    case Expr::Kind::call: {
-      std::vector<Expr> args;
-      for (const auto& a : e.args()) args.push_back(rewrite(a, tensor, dims));
-      return Expr::call(e.intrinsic(), std::move(args), e.intrinsic() == Intrinsic::cast ? e.cast_type() : DType::f32);
-    }
-  }
-  POLYTILE_CHECK(false, "bad expr kind");
-}
-
 std::string fresh_name(const std::string& prefix, int& counter, const std::set<std::string>& taken) {
   for (;;) {
     std::string n = prefix + std::to_string(counter++);
@@ -529,14 +504,17 @@ Program make_program(const std::string& name, const std::vector<Tensor>& inputs,
   std::map<std::string, Node*> by_key;
   for (Node* n : order) by_key[n->key] = n;
   std::function<Expr(Node*)> expand = [&](Node* n) -> Expr {
-    return rewrite(
-        n->expr,
-        [&](const std::string& key) -> std::optional<Expr> {
-          Node* d = by_key.at(key);
-          if (materialized(d)) return Expr::tensor(names.at(d));
-          return expand(d);
-        },
-        dim_rename);
+    // Tensor leaves (node keys) become names or inlined expressions; dim placeholders get their names.
+    return n->expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+      if (leaf.kind() == Expr::Kind::dim) {
+        auto it = dim_rename.find(leaf.name());
+        if (it == dim_rename.end()) return std::nullopt;
+        return Expr::dim(it->second);
+      }
+      Node* d = by_key.at(leaf.name());
+      if (materialized(d)) return Expr::tensor(names.at(d));
+      return expand(d);
+    });
   };
 
   for (Node* n : order) {

@@ -652,20 +652,19 @@ void Expr::collect_tensors(std::vector<std::string>& out) const {
   for (const auto& a : args()) a.collect_tensors(out);
 }
 
-Expr Expr::rename_tensors(const std::map<std::string, std::string>& renames) const {
+Expr Expr::replace_leaves(const std::function<std::optional<Expr>(const Expr& leaf)>& fn) const {
   switch (kind()) {
-    case Kind::tensor: {
-      auto it = renames.find(name());
-      return it == renames.end() ? *this : tensor(it->second);
+    case Kind::tensor:
+    case Kind::dim: {
+      std::optional<Expr> r = fn(*this);
+      return r ? *r : *this;
     }
-    case Kind::literal:
-    case Kind::dim: return *this;
-    case Kind::unary: return unary(unary_op(), args()[0].rename_tensors(renames));
-    case Kind::binary:
-      return binary(binary_op(), args()[0].rename_tensors(renames), args()[1].rename_tensors(renames));
+    case Kind::literal: return *this;
+    case Kind::unary: return unary(unary_op(), args()[0].replace_leaves(fn));
+    case Kind::binary: return binary(binary_op(), args()[0].replace_leaves(fn), args()[1].replace_leaves(fn));
     case Kind::call: {
       std::vector<Expr> a;
-      for (const auto& x : args()) a.push_back(x.rename_tensors(renames));
+      for (const auto& x : args()) a.push_back(x.replace_leaves(fn));
       return call(intrinsic(), std::move(a), node_->cast_to);
     }
   }

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -196,7 +197,8 @@ class Expr {
   const std::vector<Expr>& args() const;  // unary: 1, binary: 2, call: arity
 
   void collect_tensors(std::vector<std::string>& out) const;
-  Expr rename_tensors(const std::map<std::string, std::string>& renames) const;
+  // A copy with every tensor and dim leaf replaced by fn(leaf); leaves for which fn returns nullopt stay.
+  Expr replace_leaves(const std::function<std::optional<Expr>(const Expr& leaf)>& fn) const;
   std::string str() const;
 
  private:
