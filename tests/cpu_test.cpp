@@ -309,6 +309,79 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   expect_same(grad, in, "weight gradient", two);
 }
 
+// Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
+// widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
+// and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd
+// sizes, and every example and generated contraction.
+TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
+  const char* convs[] = {
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }",
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H/3, W/3, CO] = +(I[n, 3*y + 2*j, 3*x + 2*i, ci] * K[j, i, ci, co]); }",
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, (H + 1)/2, (W + 1)/2, CO] = +(I[n, 2*y + j - 1, 2*x + i - 1, ci] * K[j, i, ci, co]); }",
+  };
+  int microkernels = 0, predicated = 0;
+  auto count = [&](const Program& p, const TensorMap& in, const CompileOptions& o) {
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+    for (const auto& nest : compile(p, types, o)->schedule().nests) {
+      microkernels += nest.microkernel.has_value();
+      predicated += nest.ast.find("Fp(") != std::string::npos;
+    }
+  };
+  for (int bits : {512, 256, 128}) {
+    CompileOptions o;
+    o.target.vector_bits = bits;
+    o.target.microkernel_min_points = 0;
+    o.threads = 2;
+    for (const char* text : convs) {
+      Program fwd = parse_program(text);
+      TensorMap in = inputs_for({{"I", {2, 11, 10, 5}}, {"K", {3, 3, 5, 19}}}, DType::f64, 31);
+      expect_same(fwd, in, std::string("forward ") + text, o);
+      count(fwd, in, o);
+      ProgramTypes pt = infer_types(fwd, {{"I", {DType::f64, {2, 11, 10, 5}}}, {"K", {DType::f64, {3, 3, 5, 19}}}});
+      in["DO"] = testing::random_buffer(pt.tensors.at("O").shape, 32);
+      for (const char* wrt : {"I", "K"}) {
+        ad::Options ao;
+        ao.wrt = {wrt};
+        Program grad = ad::vjp(fwd, ao).program;
+        expect_same(grad, in, std::string("gradient wrt ") + wrt + " of " + text, o);
+        count(grad, in, o);
+      }
+    }
+    Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+    for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}}) {
+      for (DType t : {DType::f32, DType::f64}) {
+        TensorMap in = inputs_for({{"A", {m, k}}, {"B", {k, n}}}, t, 40);
+        expect_same(mm, in, "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n), o);
+        count(mm, in, o);
+      }
+    }
+  }
+  std::cout << microkernels << " micro-kernel nests, " << predicated << " with predicated blocks\n";
+  EXPECT_GE(microkernels, 36);
+  EXPECT_GE(predicated, 20);
+  // Everything else, with micro-kernels wherever they apply.
+  CompileOptions o;
+  o.target.microkernel_min_points = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".tile") continue;
+    std::ifstream f(entry.path());
+    std::string first;
+    std::getline(f, first);
+    Program p = parse_file(entry.path().string());
+    for (DType t : {DType::f32, DType::f64})
+      expect_same(p, inputs_for(shapes_from_args(first.substr(first.find(':') + 1)), t, 8), entry.path().filename().string(), o);
+  }
+  std::mt19937_64 rng(616161);
+  for (int iter = 0; iter < 150; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    expect_same(parse_program(cs.text), inputs_for(cs.shapes, DType::f64, 77 + iter), "generated " + std::to_string(iter), o);
+  }
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});

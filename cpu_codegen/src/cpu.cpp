@@ -152,6 +152,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types}) : source;
   impl->program = lower_cond_misses(impl->program);
   impl->program = sched::fuse_elementwise(impl->program, infer_types(impl->program, inputs));
+  impl->program = sched::prepare_layouts(impl->program, infer_types(impl->program, inputs), options.target);
   impl->types = infer_types(impl->program, inputs);
   impl->times.passes = seconds_since(t0);
 
@@ -204,7 +205,8 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
   std::string key = print(p);
   for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
   key += "|" + o.target.name + "/" + std::to_string(o.target.vector_bits) + "/" + std::to_string(o.target.l1_bytes) + "/" +
-         std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.threads) + "/" + std::to_string(o.reduce_and_defract);
+         std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
+         std::to_string(o.target.microkernel_min_points) + "/" + std::to_string(o.threads) + "/" + std::to_string(o.reduce_and_defract);
   return key;
 }
 

@@ -59,6 +59,11 @@ class NestEmitter {
     auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
     b_.SetInsertPoint(entry);
     for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
+    if (nest_.microkernel) {  // the accumulators: one alloca per register, promoted to SSA by the optimizer
+      const auto& mk = *nest_.microkernel;
+      auto* vty = llvm::FixedVectorType::get(value_type(types_.tensors.at(nest_.tensor).dtype), static_cast<unsigned>(mk.lanes));
+      for (int k = 0; k < mk.rows * mk.chunks; ++k) acc_.push_back(b_.CreateAlloca(vty, nullptr, "acc" + std::to_string(k)));
+    }
     node(nest_.root, true);
     b_.CreateRetVoid();
 
@@ -154,20 +159,29 @@ class NestEmitter {
   void node(const sched::LoopNode& n, bool outermost) {
     using K = sched::LoopNode::Kind;
     switch (n.kind) {
-      case K::block:
-        for (const auto& c : n.body) node(c, false);
+      case K::block:  // the root block of a parallel nest holds loops over the split dimension
+        for (const auto& c : n.body) node(c, outermost);
         return;
       case K::guard: {
         auto* then_bb = llvm::BasicBlock::Create(ctx_, "then", fn_);
+        auto* else_bb = n.otherwise.empty() ? nullptr : llvm::BasicBlock::Create(ctx_, "else", fn_);
         auto* cont_bb = llvm::BasicBlock::Create(ctx_, "endif", fn_);
-        b_.CreateCondBr(cond(n.condition), then_bb, cont_bb);
+        b_.CreateCondBr(cond(n.condition), then_bb, else_bb ? else_bb : cont_bb);
         b_.SetInsertPoint(then_bb);
         for (const auto& c : n.body) node(c, false);
         b_.CreateBr(cont_bb);
+        if (else_bb) {
+          b_.SetInsertPoint(else_bb);
+          for (const auto& c : n.otherwise) node(c, false);
+          b_.CreateBr(cont_bb);
+        }
         b_.SetInsertPoint(cont_bb);
         return;
       }
-      case K::statement: statement(n.args); return;
+      case K::statement:
+        if (n.statement == sched::LoopNode::Statement::plain) statement(n.args);
+        else microkernel_statement(n);
+        return;
       case K::loop: break;
     }
     bool split = outermost && n.parallel;
@@ -592,6 +606,126 @@ class NestEmitter {
     }
   }
 
+  // ------------------------------------------------------------------ micro-kernels
+  // An integer index polynomial times its denominator, at the given variable values.
+  std::pair<Value*, int64_t> scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
+    Polynomial q = p.bind_dims(types_.dims);
+    int64_t den = q.constant().den();
+    for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
+    Value* s = b_.getInt64((q.constant() * Rational(den)).num());
+    for (const auto& [v, c] : q.index_terms())
+      s = b_.CreateAdd(s, b_.CreateMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
+    return {s, den};
+  }
+
+  Value* in_range(Value* x, int64_t hi) {  // 0 <= x < hi
+    return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
+  }
+
+  // The valid-point rule of the interpreter: every access in bounds and every constraint holds (the
+  // micro-kernel's index polynomials are integral).
+  Value* valid(const std::map<std::string, Value*>& vars, bool output_only, size_t skip_last_output) {
+    const Contraction& c = nest_.contraction;
+    Value* ok = b_.getTrue();
+    auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx, size_t skip) {
+      const auto& shape = types_.tensors.at(tensor).shape;
+      for (size_t k = 0; k + skip < idx.size(); ++k) ok = b_.CreateAnd(ok, in_range(poly(idx[k], vars), shape[k]));
+    };
+    access(c.output, c.output_indices, skip_last_output);
+    if (output_only) return ok;
+    for (const auto& a : c.inputs) access(a.tensor, a.indices, 0);
+    for (const auto& k : c.constraints) {
+      auto [x, den] = scaled_poly(k.poly, vars);
+      ok = b_.CreateAnd(ok, in_range(x, k.bound.evaluate(types_.dims) * den));
+    }
+    return ok;
+  }
+
+  // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
+  void microkernel_statement(const sched::LoopNode& n) {
+    using St = sched::LoopNode::Statement;
+    const auto& mk = *nest_.microkernel;
+    const Contraction& c = nest_.contraction;
+    const DType t = types_.tensors.at(nest_.tensor).dtype;
+    const auto& names = nest_.variables;
+    std::vector<Value*> vals;
+    for (const auto& a : n.args) vals.push_back(aff(a));
+    const size_t no = mk.others.size();
+    std::map<std::string, Value*> vars;
+    for (size_t k = 0; k < no; ++k) vars[names[mk.others[k]]] = vals[k];
+    if (n.statement == St::fma)
+      for (size_t k = 0; k < mk.reductions.size(); ++k) vars[names[mk.reductions[k]]] = vals[no + 2 + k];
+    const int64_t lanes = mk.lanes, vl = lanes * mk.chunks;
+    Value* b0 = b_.CreateAdd(b_.getInt64(mk.block_lo), b_.CreateMul(vals[no], b_.getInt64(mk.rows)));
+    Value* v0 = b_.CreateAdd(b_.getInt64(mk.vector_lo), b_.CreateMul(vals[no + 1], b_.getInt64(vl)));
+    auto* ety = value_type(t);
+    auto* vty = llvm::FixedVectorType::get(ety, static_cast<unsigned>(lanes));
+    const llvm::Align align(t == DType::f64 ? 8 : 4);
+    // Lanes of chunk k inside the vector variable's range (predicated blocks only).
+    std::vector<Value*> lane_mask;
+    if (n.predicated) {
+      std::vector<llvm::Constant*> iota;
+      for (int64_t l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
+      Value* steps = llvm::ConstantVector::get(iota);
+      for (int k = 0; k < mk.chunks; ++k) {
+        Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAdd(v0, b_.getInt64(k * lanes)));
+        lane_mask.push_back(b_.CreateICmpSLE(b_.CreateAdd(first, steps), b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt64(mk.vector_hi))));
+      }
+    }
+    auto address = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+      std::vector<Value*> at;
+      for (const auto& p : idx) at.push_back(poly(p, vars));
+      return b_.CreateGEP(storage_type(types_.tensors.at(tensor).dtype), buffer(tensor), flat_index(tensor, at));
+    };
+    auto uses_vector = [&](const TensorAccess& a) {
+      return std::any_of(a.indices.begin(), a.indices.end(),
+                         [&](const Polynomial& p) { return p.coefficient(names[mk.vector]) != Rational(0); });
+    };
+    for (int d = 0; d < mk.rows; ++d) {
+      vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
+      vars[names[mk.vector]] = v0;
+      Value* row = nullptr;
+      if (n.predicated) row = n.statement == St::fma ? valid(vars, false, 0) : valid(vars, true, 1);
+      std::vector<Value*> scalars(c.inputs.size(), nullptr);
+      if (n.statement == St::fma) {
+        for (size_t i = 0; i < c.inputs.size(); ++i) {
+          if (uses_vector(c.inputs[i])) continue;
+          Value* addr = address(c.inputs[i].tensor, c.inputs[i].indices);
+          if (row) addr = b_.CreateSelect(row, addr, buffer(c.inputs[i].tensor));  // an invalid row reads element 0
+          scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAlignedLoad(ety, addr, align));
+        }
+      }
+      for (int k = 0; k < mk.chunks; ++k) {
+        vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * lanes));
+        llvm::AllocaInst* acc = acc_[static_cast<size_t>(d * mk.chunks + k)];
+        Value* mask = row ? b_.CreateAnd(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), lane_mask[static_cast<size_t>(k)]) : nullptr;
+        auto vload = [&](Value* addr) -> Value* {
+          if (!mask) return b_.CreateAlignedLoad(vty, addr, align);
+          return b_.CreateMaskedLoad(vty, addr, align, mask, llvm::Constant::getNullValue(vty));
+        };
+        switch (n.statement) {
+          case St::load: b_.CreateStore(vload(address(c.output, c.output_indices)), acc); break;
+          case St::store: {
+            Value* value = b_.CreateLoad(vty, acc);
+            Value* addr = address(c.output, c.output_indices);
+            if (mask) b_.CreateMaskedStore(value, addr, align, mask);
+            else b_.CreateAlignedStore(value, addr, align);
+            break;
+          }
+          case St::fma: {
+            Value* x[2];
+            for (size_t i = 0; i < 2; ++i) x[i] = scalars[i] ? scalars[i] : vload(address(c.inputs[i].tensor, c.inputs[i].indices));
+            Value* old = b_.CreateLoad(vty, acc);
+            Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
+            b_.CreateStore(row ? b_.CreateSelect(row, sum, old) : sum, acc);
+            break;
+          }
+          case St::plain: break;
+        }
+      }
+    }
+  }
+
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
@@ -602,6 +736,7 @@ class NestEmitter {
   Value* lo_ = nullptr;
   Value* hi_ = nullptr;
   std::vector<llvm::AllocaInst*> iters_;
+  std::vector<llvm::AllocaInst*> acc_;  // micro-kernel accumulators, row-major (row, chunk)
   std::map<std::string, Value*> ptrs_;
 };
 

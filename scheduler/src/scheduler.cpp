@@ -21,6 +21,7 @@
 #include "polytile/error.h"
 #include "polytile/isl_support.h"
 #include "polytile/polyhedral.h"
+#include "plan.h"
 
 namespace polytile::sched {
 
@@ -184,8 +185,8 @@ class AstTranslator {
         std::string name = isl_id_get_name(id);
         isl_id_free(id);
         isl_ast_expr_free(it);
-        int index = static_cast<int>(iterators.size());
-        iterators[name] = index;
+        // Sibling loops may reuse a name (c0 for each piece of a split dimension): one iterator per name.
+        int index = iterators.emplace(name, static_cast<int>(iterators.size())).first->second;
         out.iterator = index;
         isl_ast_expr* init = isl_ast_node_for_get_init(n);
         isl_ast_expr* cond = isl_ast_node_for_get_cond(n);
@@ -214,12 +215,31 @@ class AstTranslator {
         isl_ast_node* then = isl_ast_node_if_get_then_node(n);
         out.body.push_back(node(then, false));
         isl_ast_node_free(then);
-        POLYTILE_CHECK(!isl_ast_node_if_has_else_node(n), "unexpected else branch");
+        if (isl_ast_node_if_has_else_node(n)) {
+          isl_ast_node* other = isl_ast_node_if_get_else_node(n);
+          out.otherwise.push_back(node(other, false));
+          isl_ast_node_free(other);
+        }
         return out;
       }
       case isl_ast_node_user: {
         out.kind = LoopNode::Kind::statement;
         isl_ast_expr* call = isl_ast_node_user_get_expr(n);
+        {
+          isl_ast_expr* callee = isl_ast_expr_get_op_arg(call, 0);
+          isl_id* id = isl_ast_expr_get_id(callee);
+          std::string name = isl_id_get_name(id);
+          isl_id_free(id);
+          isl_ast_expr_free(callee);
+          using St = LoopNode::Statement;
+          static const std::map<std::string, St> kinds{{"S", St::plain}, {"L", St::load}, {"Lp", St::load},
+                                                       {"F", St::fma},   {"Fp", St::fma}, {"T", St::store},
+                                                       {"Tp", St::store}};
+          auto kind = kinds.find(name);
+          POLYTILE_CHECK(kind != kinds.end(), "unknown statement ", name, " in the isl AST");
+          out.statement = kind->second;
+          out.predicated = name.size() == 2;
+        }
         int args = isl_ast_expr_get_op_n_arg(call);
         for (int i = 1; i < args; ++i) {
           isl_ast_expr* arg = isl_ast_expr_get_op_arg(call, i);
@@ -340,6 +360,43 @@ struct NestBuilder {
       sched = root.schedule();
       nest.parallel_outer = parallel > 0;
     }
+    generate(nest, sched, safe);
+  }
+
+  // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
+  // a block of such loops (isl splits the outermost dimension when statements cover different parts).
+  static void finish_parallel(Nest& nest) {
+    if (!nest.parallel_outer) return;
+    std::vector<LoopNode*> loops;
+    if (nest.root.kind == LoopNode::Kind::block) {
+      for (auto& child : nest.root.body) loops.push_back(&child);
+    } else {
+      loops.push_back(&nest.root);
+    }
+    bool simple = !loops.empty();
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (LoopNode* r : loops) {
+      const Aff& c = r->condition;
+      bool ok = r->kind == LoopNode::Kind::loop && r->parallel && r->lower.kind == Aff::Kind::constant &&
+                (c.kind == Aff::Kind::le || c.kind == Aff::Kind::lt) && c.args[0].kind == Aff::Kind::iterator &&
+                c.args[1].kind == Aff::Kind::constant;
+      simple = simple && ok;
+      if (!ok) continue;
+      lo = std::min(lo, r->lower.value);
+      hi = std::max(hi, c.args[1].value - (c.kind == Aff::Kind::lt ? 1 : 0));
+    }
+    nest.parallel_outer = simple;
+    if (simple) {
+      nest.outer_lo = lo;
+      nest.outer_hi = hi;
+    } else {
+      for (LoopNode* r : loops) r->parallel = false;
+      nest.root.parallel = false;
+    }
+  }
+
+  // Generates the AST of `sched` into the nest; `safe`: schedule dims whose loops may run in parallel.
+  void generate(Nest& nest, const isl::schedule& sched, const std::set<int>& safe) {
     nest.tree = text(sched);
     isl_ast_build* build = isl_ast_build_alloc(ctx.get().get());
     isl_ast_node* ast = isl_ast_build_node_from_schedule(build, sched.copy());
@@ -353,20 +410,215 @@ struct NestBuilder {
     nest.root = tr.node(ast, false);
     nest.iterators = static_cast<int>(tr.iterators.size());
     isl_ast_node_free(ast);
-    // The runtime splits the outer loop's range: it must be a loop with constant bounds.
-    if (nest.parallel_outer) {
-      const LoopNode& r = nest.root;
-      const Aff& c = r.condition;
-      bool simple = r.kind == LoopNode::Kind::loop && r.lower.kind == Aff::Kind::constant &&
-                    (c.kind == Aff::Kind::le || c.kind == Aff::Kind::lt) && c.args[0].kind == Aff::Kind::iterator &&
-                    c.args[1].kind == Aff::Kind::constant;
-      nest.parallel_outer = simple && r.parallel;
-      if (simple) {
-        nest.outer_lo = r.lower.value;
-        nest.outer_hi = c.args[1].value - (c.kind == Aff::Kind::lt ? 1 : 0);
-        nest.root.parallel = true;
-      }
+    finish_parallel(nest);
+  }
+
+  // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
+  bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
+                       const std::string& domain_text, const std::vector<std::string>& positional, bool weight_mode) {
+    int64_t points = 1;
+    for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
+    if (points < target.microkernel_min_points) return false;
+    std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
+    if (!plan) return false;
+    auto index = [&nest](const std::string& v) {
+      return static_cast<size_t>(std::find(nest.variables.begin(), nest.variables.end(), v) - nest.variables.begin());
+    };
+    std::vector<std::pair<int64_t, int64_t>> range(nest.variables.size());
+    for (const auto& b : a.bounds) range[index(b.name)] = {b.min, b.max};
+    Microkernel mk;
+    mk.block = index(plan->block);
+    mk.vector = index(plan->vector);
+    mk.rows = plan->rows;
+    mk.chunks = plan->chunks;
+    mk.lanes = plan->lanes;
+    mk.block_lo = range[mk.block].first;
+    mk.vector_lo = range[mk.vector].first;
+    mk.vector_hi = range[mk.vector].second;
+    std::set<std::string> in_output;
+    for (const auto& p : c.output_indices)
+      for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
+    for (size_t k = 0; k < nest.variables.size(); ++k) {
+      if (k == mk.block || k == mk.vector) continue;
+      (in_output.count(nest.variables[k]) ? mk.others : mk.reductions).push_back(k);
     }
+    // The vector variable must range over the same interval at every other point: then a lane is valid
+    // exactly when its row is, and only the last block column can be partial.
+    isl::set domain(ctx.get(), domain_text);
+    isl::set free_v = isl::manage(isl_set_eliminate(domain.copy(), isl_dim_set, static_cast<unsigned>(mk.vector), 1));
+    std::string tuple = "S[" + join(positional) + "]";
+    free_v = free_v.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(mk.vector_lo) + " <= " +
+                                                       positional[mk.vector] + " <= " + std::to_string(mk.vector_hi) + " }"));
+    if (!free_v.is_equal(domain)) return false;
+    bool vector_uses_block = false;
+    for (const auto& in : c.inputs) {
+      bool has_v = false, has_b = false;
+      for (const auto& p : in.indices) {
+        has_v |= p.coefficient(plan->vector) != Rational(0);
+        has_b |= p.coefficient(plan->block) != Rational(0);
+      }
+      vector_uses_block |= has_v && has_b;
+    }
+    nest.microkernel = mk;
+    build_microkernel(nest, domain_text, positional, range, true, weight_mode,
+                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, vector_uses_block);
+    return true;
+  }
+
+  // The micro-kernel nest of an update (see Microkernel in scheduler.h). Statement domains: F (fast
+  // blocks: every row has the same reduction points, every lane in range) and Fp (the other blocks, over
+  // the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp and T/Tp over (others,
+  // Bb, Bv, reduction tiles). Tree: [outer band] -> [reduction tiles] -> [block band] ->
+  // sequence(L | F -> [reductions] | T).
+  void build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
+                         const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
+                         size_t element_bytes, bool vector_input_uses_block) {
+    const Microkernel& mk = *nest.microkernel;
+    const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
+    auto s = [](int64_t v) { return std::to_string(v); };
+    auto shifted = [&s](const std::string& v, int64_t lo) { return lo == 0 ? v : "(" + v + " - (" + s(lo) + "))"; };
+    std::vector<std::string> others, reds, tiles;
+    for (size_t k : mk.others) others.push_back(vars[k]);
+    for (size_t k : mk.reductions) reds.push_back(vars[k]);
+    for (size_t k = 0; k < reds.size(); ++k) tiles.push_back("t" + s(static_cast<int64_t>(k)));
+    auto cat = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    const std::vector<std::string> block_dims = cat(others, {"bb", "bv"});
+    const std::string f_tuple = "[" + join(cat(block_dims, reds)) + "]";
+    const std::string l_tuple = "[" + join(cat(block_dims, tiles)) + "]";
+    const std::string s_tuple = "S[" + join(vars) + "]";
+    auto set = [this](const std::string& t) { return isl::set(ctx.get(), t); };
+    auto map = [this](const std::string& t) { return isl::map(ctx.get(), t); };
+    auto named = [](isl::set x, const char* name) { return isl::manage(isl_set_set_tuple_name(x.release(), name)); };
+
+    isl::set domain = set(domain_text);
+    const std::string bb_expr = "floor(" + shifted(vars[mk.block], mk.block_lo) + "/" + s(R) + ")";
+    const std::string bv_expr = "floor(" + shifted(vars[mk.vector], mk.vector_lo) + "/" + s(VL) + ")";
+    isl::set hull = domain.apply(map("{ " + s_tuple + " -> F[" + join(cat(cat(others, {bb_expr, bv_expr}), reds)) + "] }"));
+    // Rows that differ from row 0 of their block: X = (block dims, reductions, row).
+    std::vector<std::string> at_row;
+    for (size_t k = 0; k < vars.size(); ++k) {
+      if (k == mk.block) at_row.push_back(s(mk.block_lo) + " + " + s(R) + "*bb + dd");
+      else if (k == mk.vector) at_row.push_back(s(mk.vector_lo) + " + " + s(VL) + "*bv");
+      else at_row.push_back(vars[k]);
+    }
+    const std::vector<std::string> x_vars = cat(cat(block_dims, reds), {"dd"});
+    isl::set rows = domain.apply(map("{ X[" + join(x_vars) + "] -> S[" + join(at_row) + "] : 0 <= dd < " + s(R) + " }").reverse());
+    std::vector<std::string> x_row0 = x_vars;
+    x_row0.back() = "e";
+    isl::set row0 = rows.apply(map("{ X[" + join(x_vars) + "] -> X[" + join(x_row0) + "] : dd = 0 and 0 <= e < " + s(R) + " }"));
+    isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
+    isl::set blocks = hull.apply(map("{ F" + f_tuple + " -> B[" + join(block_dims) + "] }"));
+    isl::set bad = differ.apply(map("{ X[" + join(x_vars) + "] -> B[" + join(block_dims) + "] }"))
+                       .unite(set("{ B[" + join(block_dims) + "] : " + s(mk.vector_lo) + " + " + s(VL) + "*bv + " + s(VL - 1) +
+                                  " > " + s(mk.vector_hi) + " }"))
+                       .intersect(blocks);
+    isl::set good = blocks.subtract(bad).coalesce();
+    isl::set fast = hull.intersect(good.apply(map("{ B[" + join(block_dims) + "] -> F" + f_tuple + " }"))).coalesce();
+    isl::set slow = hull.subtract(fast).coalesce();
+
+    // Cost model. Reduction tiles: regular nests keep a block column's vector operand for one tile in
+    // half of L1 (it is reused by every block of the column); weight-gradient nests keep one tile of both
+    // inputs, for all blocks, in a quarter of L2. Filled innermost reduction variable first.
+    const int64_t eb = static_cast<int64_t>(element_bytes);
+    const int64_t n_bb = (range[mk.block].second - mk.block_lo + R) / R;
+    const int64_t n_bv = (mk.vector_hi - mk.vector_lo + VL) / VL;
+    int64_t point_bytes = weight_mode ? eb * ((vector_input_uses_block ? R * n_bb : 1) * VL * n_bv + R * n_bb)
+                                      : eb * VL * (vector_input_uses_block ? R : 1);
+    int64_t budget = std::max<int64_t>(1, (weight_mode ? target.l2_bytes / 4 : target.l1_bytes / 2) / point_bytes);
+    std::vector<int64_t> tile(reds.size()), red_lo(reds.size());
+    int64_t tile_points = 1;
+    for (size_t k = reds.size(); k-- > 0;) {
+      const auto& [lo, hi] = range[mk.reductions[k]];
+      int64_t e = hi - lo + 1;
+      int64_t want = std::clamp<int64_t>(budget / tile_points, 1, e);
+      int64_t n = (e + want - 1) / want;
+      tile[k] = (e + n - 1) / n;
+      red_lo[k] = lo;
+      tile_points *= tile[k];
+    }
+    std::vector<std::string> tile_exprs;
+    for (size_t k = 0; k < reds.size(); ++k)
+      tile_exprs.push_back("floor(" + shifted(reds[k], red_lo[k]) + "/" + s(tile[k]) + ")");
+    isl::map to_tiles = map("{ F" + f_tuple + " -> L[" + join(cat(block_dims, tile_exprs)) + "] }");
+    isl::set load = fast.apply(to_tiles), load_p = slow.apply(to_tiles);
+
+    // Outer and block bands over (others, Bb, Bv).
+    std::vector<std::string> outer, inner;
+    std::set<int> safe;
+    if (weight_mode) {
+      // A small output: split its widest block dimension across the threads; every thread then runs the
+      // reduction tiles outermost over all of its blocks.
+      std::vector<int64_t> counts;
+      for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
+      counts.push_back(n_bb);
+      counts.push_back(n_bv);
+      size_t widest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+      int64_t chunk = (counts[widest] + target.threads - 1) / std::max(1, target.threads);
+      int64_t lo = widest < mk.others.size() ? range[mk.others[widest]].first : 0;
+      outer.push_back("floor(" + shifted(block_dims[widest], lo) + "/" + s(chunk) + ")");
+      inner = cat(others, {"bv", "bb"});
+    } else {
+      // One block column (Bv) at a time; the rows of a tile of Bb blocks share it while their broadcast
+      // operand stays in half of L2. The parallel dimension is the first with enough values.
+      int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
+      int64_t tb = std::clamp<int64_t>(target.l2_bytes / 2 / row_bytes, 1, n_bb);
+      int64_t want = 2 * target.threads;
+      size_t lead = others.size();
+      for (size_t k = 0; k < others.size() && lead == others.size(); ++k)
+        if (range[mk.others[k]].second - range[mk.others[k]].first + 1 >= want) lead = k;
+      std::string bb_tile;
+      if (lead == others.size() && n_bv < want) tb = std::min(tb, std::max<int64_t>(1, n_bb / want));
+      bb_tile = "floor(bb/" + s(tb) + ")";
+      outer = cat(others, {"bv", bb_tile});
+      if (lead == others.size()) {
+        // No other output variable is wide enough: lead with the block columns, or the row tiles.
+        size_t first = n_bv >= want || n_bv >= (n_bb + tb - 1) / tb ? others.size() : others.size() + 1;
+        std::rotate(outer.begin(), outer.begin() + static_cast<long>(first), outer.begin() + static_cast<long>(first) + 1);
+      } else {
+        std::rotate(outer.begin(), outer.begin() + static_cast<long>(lead), outer.begin() + static_cast<long>(lead) + 1);
+      }
+      inner = {"bb"};
+    }
+    safe.insert(0);
+
+    auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
+      std::string t = "{ ";
+      for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple + " -> [" + join(f_exprs) + "]; ";
+      for (const char* name : {"L", "Lp", "T", "Tp"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
+      t.resize(t.size() - 2);
+      return isl::union_map(ctx.get(), t + " }");
+    };
+    auto band = [](isl::schedule_node node, const isl::union_map& m) {
+      return node.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy())));
+    };
+    isl::union_set all = isl::union_set(named(fast, "F"))
+                             .unite(isl::union_set(named(slow, "Fp")))
+                             .unite(isl::union_set(named(load, "L")))
+                             .unite(isl::union_set(named(load_p, "Lp")))
+                             .unite(isl::union_set(named(load, "T")))
+                             .unite(isl::union_set(named(load_p, "Tp")));
+    isl::schedule sched = isl::schedule::from_domain(all);
+    isl::schedule_node node = sched.root().child(0);
+    node = band(node, union_map(outer, outer));
+    if (parallel) node = node.insert_mark(isl::id(ctx.get(), "parallel")).child(0);
+    node = node.insert_mark(isl::id(ctx.get(), weight_mode ? "tile_split" : "tile")).child(0).child(0);
+    node = band(node, union_map(tile_exprs, tiles));
+    node = node.insert_mark(isl::id(ctx.get(), "reduction_tile")).child(0).child(0);
+    node = band(node, union_map(inner, inner));
+    node = node.insert_mark(isl::id(ctx.get(), "point")).child(0).child(0);
+    isl::union_set_list filters(ctx.get(), 3);
+    filters = filters.add(isl::union_set(ctx.get(), "{ L" + l_tuple + "; Lp" + l_tuple + " }"))
+                  .add(isl::union_set(ctx.get(), "{ F" + f_tuple + "; Fp" + f_tuple + " }"))
+                  .add(isl::union_set(ctx.get(), "{ T" + l_tuple + "; Tp" + l_tuple + " }"));
+    node = node.insert_sequence(filters);
+    node = node.insert_mark(isl::id(ctx.get(), "vector_" + s(R) + "x" + s(mk.chunks) + "x" + s(mk.lanes))).child(0);
+    node = node.child(1).child(0);
+    node = band(node, isl::union_map(ctx.get(), "{ F" + f_tuple + " -> [" + join(reds) + "]; Fp" + f_tuple + " -> [" + join(reds) + "] }"));
+    nest.parallel_outer = parallel;
+    generate(nest, node.schedule(), parallel ? safe : std::set<int>{});
   }
 };
 
@@ -526,6 +778,10 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
         for (int64_t d : t.shape) out_bytes *= d;
         bool reduction_outer = parallel && n_out < order.size() - (innermost.empty() ? 0 : 1) && out_bytes * 4 <= target.l2_bytes;
+        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes * 4 <= target.l2_bytes)) {
+          out.nests.push_back(std::move(update));
+          continue;  // a sum: no finalize nest
+        }
         nb.build(update, dom, positional, order, parallel ? n_out : 0, dtype_bytes(t.dtype), /*tiled=*/parallel,
                  !innermost.empty(), reduction_outer);
         out.nests.push_back(std::move(update));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct Target {
   int64_t l1_bytes = 48 * 1024; // per core data cache
   int64_t l2_bytes = 2 * 1024 * 1024;
   int threads = 2;
+  int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
+  // Update nests with at least this many points use register-blocked micro-kernels when eligible.
+  int64_t microkernel_min_points = int64_t{1} << 15;
 };
 Target host_target();  // sizes read from the running machine
 
@@ -38,16 +42,37 @@ struct Aff {
 
 struct LoopNode {
   enum class Kind { block, loop, guard, statement };
+  // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
+  enum class Statement { plain, load, fma, store };
   Kind kind = Kind::block;
+  Statement statement = Statement::plain;
+  bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
   // loop: for (it = lower; condition; it += step)
   int iterator = -1;
   Aff lower, condition;
   int64_t step = 1;
   bool parallel = false;
-  // guard: if (condition) body
+  // guard: if (condition) body else otherwise
   std::vector<LoopNode> body;  // block children, loop body, guard body
+  std::vector<LoopNode> otherwise;
   // statement: the values of the statement's domain variables
   std::vector<Aff> args;
+};
+
+// A register-blocked update: the output is computed in blocks of `rows` consecutive values of the block
+// variable b times `chunks` vectors of `lanes` consecutive values of the vector variable v (contiguous in
+// the output). A block's accumulators are loaded into registers (statement `load`), every reduction point
+// of the block adds rows x chunks fused multiply-adds -- an input without v is broadcast, an input with v
+// contiguous is loaded as vectors -- (`fma`), and the accumulators are stored (`store`). Blocks in which
+// every row has the same reduction points and every lane is in range run unpredicated; the others
+// (borders, partial blocks) guard each row by the validity of its point and mask lanes past v's range.
+// Statement arguments: load/store (others..., Bb, Bv, reduction tiles...), fma (others..., Bb, Bv,
+// reductions...), with b = block_lo + rows * Bb + row and v = vector_lo + chunks * lanes * Bv + lane.
+struct Microkernel {
+  size_t block = 0, vector = 0;           // indices into Nest::variables
+  std::vector<size_t> others, reductions; // the other output variables, the reduction variables
+  int rows = 1, chunks = 1, lanes = 1;
+  int64_t block_lo = 0, vector_lo = 0, vector_hi = 0;
 };
 
 // One loop nest and the statement its instances execute.
@@ -61,8 +86,11 @@ struct Nest {
   std::vector<std::string> variables; // the statement's domain variables (statement args, in order)
   LoopNode root;
   int iterators = 0;
-  bool parallel_outer = false;        // root is a loop whose iterations may run concurrently
-  int64_t outer_lo = 0, outer_hi = 0; // inclusive range of that loop's iterator
+  // The root is a loop (or a block of loops) over the outermost schedule dimension whose iterations may
+  // run concurrently; the runtime splits [outer_lo, outer_hi] (inclusive) across threads.
+  bool parallel_outer = false;
+  int64_t outer_lo = 0, outer_hi = 0;
+  std::optional<Microkernel> microkernel;  // update nests only
   std::string tree;                   // isl schedule tree with marks
   std::string ast;                    // isl's C rendering of the loops
 };
@@ -78,6 +106,12 @@ struct Schedule {
 // exactly as the materialized tensor did; the chain then runs as one loop nest with no temporary.
 // Broadcasting commutes with elementwise operations, so the substitution is exact for any shapes.
 Program fuse_elementwise(const Program& program, const ProgramTypes& types);
+
+// Layout: an input that a contraction reads with its vector variable (the output variable contiguous in
+// the output) in a non-contiguous dim, and that is small next to the contraction's work (a convolution's
+// weights in the data gradient), is read from a transposed copy with that dim last -- one assign
+// contraction -- so the update can run as a register-blocked micro-kernel.
+Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = host_target());
 
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).

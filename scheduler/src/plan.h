@@ -1,0 +1,29 @@
+// Private: which contractions run as register-blocked micro-kernels, and with which variables and block
+// shape (see Microkernel in scheduler.h). Pure decisions from the contraction's polynomials, dtypes and
+// variable ranges; the isl checks (injective write, vector variable independent of the reduction) are made
+// by the scheduler.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "polytile/polyhedral.h"
+#include "polytile/scheduler.h"
+
+namespace polytile::sched {
+
+struct MicroPlan {
+  std::string vector, block;  // variable names
+  int rows = 1, chunks = 1, lanes = 1;
+  int transpose_input = -1;   // input to read from a copy with the vector variable's dim last
+};
+
+// nullopt when the contraction is not a float sum of products whose output is contiguous along a
+// variable that every input reads either contiguously or not at all (or, with allow_transpose, through
+// one small operand whose dims are distinct plain variables).
+std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTypes& types,
+                                          const std::vector<poly::VariableBounds>& bounds, const Target& target,
+                                          bool allow_transpose);
+
+}  // namespace polytile::sched
