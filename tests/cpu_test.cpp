@@ -299,14 +299,18 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   o.wrt = {"K"};
   Program grad = ad::vjp(conv, o).program;
   TensorMap in = inputs_for({{"I", {2, 32, 32, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {2, 30, 30, 8}}}, DType::f64, 12);
-  CompileOptions two;
-  two.threads = 2;
   std::map<std::string, TensorType> types;
   for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
-  auto compiled = compile(grad, types, two);
-  EXPECT_NE(compiled->schedule().tree().find("mark: \"tile\""), std::string::npos) << compiled->schedule().tree();
-  EXPECT_TRUE(compiled->schedule().nests.back().parallel_outer);
-  expect_same(grad, in, "weight gradient", two);
+  for (bool microkernel : {false, true}) {  // the loop-nest path and the register-blocked one
+    CompileOptions two;
+    two.threads = 2;
+    two.target.microkernel_min_points = microkernel ? 0 : INT64_MAX;
+    auto compiled = compile(grad, types, two);
+    EXPECT_NE(compiled->schedule().tree().find("mark: \"tile"), std::string::npos) << compiled->schedule().tree();
+    EXPECT_TRUE(compiled->schedule().nests.back().parallel_outer);
+    EXPECT_EQ(compiled->schedule().nests.back().microkernel.has_value(), microkernel);
+    expect_same(grad, in, "weight gradient", two);
+  }
 }
 
 // Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector

@@ -622,19 +622,24 @@ class NestEmitter {
     return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
   }
 
-  // The valid-point rule of the interpreter: every access in bounds and every constraint holds (the
-  // micro-kernel's index polynomials are integral).
-  Value* valid(const std::map<std::string, Value*>& vars, bool output_only, size_t skip_last_output) {
+  // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
+  // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
+  // block variable can differ between rows: the others hold at every point of the block's domain, which
+  // is the union of its rows' valid points.
+  Value* valid(const std::map<std::string, Value*>& vars, bool output_only) {
     const Contraction& c = nest_.contraction;
+    const std::string& b = nest_.variables[nest_.microkernel->block];
     Value* ok = b_.getTrue();
-    auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx, size_t skip) {
+    auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
       const auto& shape = types_.tensors.at(tensor).shape;
-      for (size_t k = 0; k + skip < idx.size(); ++k) ok = b_.CreateAnd(ok, in_range(poly(idx[k], vars), shape[k]));
+      for (size_t k = 0; k < idx.size(); ++k)
+        if (idx[k].coefficient(b) != Rational(0)) ok = b_.CreateAnd(ok, in_range(poly(idx[k], vars), shape[k]));
     };
-    access(c.output, c.output_indices, skip_last_output);
+    access(c.output, c.output_indices);
     if (output_only) return ok;
-    for (const auto& a : c.inputs) access(a.tensor, a.indices, 0);
+    for (const auto& a : c.inputs) access(a.tensor, a.indices);
     for (const auto& k : c.constraints) {
+      if (k.poly.coefficient(b) == Rational(0)) continue;
       auto [x, den] = scaled_poly(k.poly, vars);
       ok = b_.CreateAnd(ok, in_range(x, k.bound.evaluate(types_.dims) * den));
     }
@@ -685,7 +690,7 @@ class NestEmitter {
       vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
       vars[names[mk.vector]] = v0;
       Value* row = nullptr;
-      if (n.predicated) row = n.statement == St::fma ? valid(vars, false, 0) : valid(vars, true, 1);
+      if (n.predicated) row = valid(vars, n.statement != St::fma);
       std::vector<Value*> scalars(c.inputs.size(), nullptr);
       if (n.statement == St::fma) {
         for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -704,6 +709,7 @@ class NestEmitter {
           return b_.CreateMaskedLoad(vty, addr, align, mask, llvm::Constant::getNullValue(vty));
         };
         switch (n.statement) {
+          case St::zero: b_.CreateStore(llvm::Constant::getNullValue(vty), acc); break;
           case St::load: b_.CreateStore(vload(address(c.output, c.output_indices)), acc); break;
           case St::store: {
             Value* value = b_.CreateLoad(vty, acc);

@@ -25,16 +25,16 @@ bool contiguous_in(const std::vector<Polynomial>& idx, const std::string& v) {
   return true;
 }
 
-// Every index is a distinct variable with coefficient 1 and no constant: a transposed copy is a
-// permutation of the dims.
-bool plain_variables(const std::vector<Polynomial>& idx) {
-  std::set<std::string> seen;
+// v in exactly one index, with coefficient 1: in a copy with that dim moved last, v is contiguous.
+bool transposable(const std::vector<Polynomial>& idx, const std::string& v) {
+  int dims = 0;
   for (const auto& p : idx) {
-    if (p.constant() != Rational(0) || p.index_terms().size() != 1) return false;
-    const auto& [v, c] = *p.index_terms().begin();
-    if (c != Rational(1) || !seen.insert(v).second) return false;
+    Rational c = p.coefficient(v);
+    if (c == Rational(0)) continue;
+    if (c != Rational(1)) return false;
+    ++dims;
   }
-  return true;
+  return dims == 1;
 }
 
 std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map<std::string, int64_t>& dims) {
@@ -88,7 +88,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
       }
       int64_t elements = 1;
       for (int64_t d : types.tensors.at(c.inputs[k].tensor).shape) elements *= d;
-      if (allow_transpose && transpose < 0 && plain_variables(in[k]) && elements * 16 <= points) {
+      if (allow_transpose && transpose < 0 && transposable(in[k], v) && elements * 16 <= points) {
         transpose = static_cast<int>(k);
         vector_input = true;
         continue;
@@ -107,9 +107,23 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   const int64_t lanes = plan.lanes;
   plan.chunks = static_cast<int>(std::clamp<int64_t>((extent[plan.vector] + lanes - 1) / lanes, 1, 4));
   const int max_rows = std::clamp((target.vector_registers - 1 - plan.chunks) / plan.chunks, 1, 14);
-  // The block variable: rows should read distinct broadcast values and share the vector operand; among
-  // equals the one whose blocks waste the fewest rows, then the later (more contiguous) variable.
+  // The block variable and the rows per block, by a small throughput model. A reduction step of a block
+  // costs rows x chunks FMAs (two per cycle), rows + chunks loads (two per cycle) and loop overhead; a
+  // predicated block (a border of a variable coupled to the reduction through an index or constraint,
+  // or a partial last block) adds a select per FMA and, at borders, a validity test per row. Rows should read distinct broadcast values and share the
+  // vector operand; ties go to the later (more contiguous) variable.
+  std::vector<std::vector<Polynomial>> coupling = in;
+  for (const auto& k : c.constraints) coupling.push_back({k.poly.bind_dims(types.dims)});
+  auto coupled = [&](const std::string& b) {
+    for (const auto& idx : coupling)
+      for (const auto& p : idx)
+        if (p.coefficient(b) != Rational(0))
+          for (const auto& r : reductions)
+            if (p.coefficient(r) != Rational(0)) return true;
+    return false;
+  };
   double best = -1;
+  const double chunks = plan.chunks;
   for (const auto& b : outputs) {
     if (b == plan.vector) continue;
     int score = 0;
@@ -118,14 +132,30 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
       if (!is_vector && uses(in[k], b)) score += 2;
       if (is_vector && !uses(in[k], b)) score += 1;
     }
-    int64_t e = extent[b];
-    int64_t rows = std::min<int64_t>(max_rows, e);
-    double used = static_cast<double>(e) / static_cast<double>(rows * ((e + rows - 1) / rows));
-    double key = score + 0.9 * used * static_cast<double>(rows) / max_rows;
-    if (key >= best) {
-      best = key;
-      plan.block = b;
-      plan.rows = static_cast<int>(rows);
+    const int64_t e = extent[b];
+    const bool border = coupled(b);
+    // Distance between consecutive rows of the output.
+    int64_t stride = 0, inner = 1;
+    const auto& shape = types.tensors.at(c.output).shape;
+    for (size_t k = out.size(); k-- > 0;) {
+      stride += std::abs(out[k].coefficient(b).num()) * inner;
+      inner *= shape[k];
+    }
+    const bool far = stride * element_bytes > target.l1_bytes;
+    for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
+      int64_t blocks = (e + rows - 1) / rows;
+      int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));
+      double fast = static_cast<double>(rows) * chunks / 2 + 0.5 * (static_cast<double>(rows) + chunks) + 2;
+      double slow = fast + static_cast<double>(rows) * chunks / 2 + (border ? static_cast<double>(rows) : 0.0);
+      double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
+      double efficiency = static_cast<double>(e) * chunks / 2 / cost;
+      if (far) efficiency *= 0.85;  // rows in distant pages: more streams for the prefetchers and the TLB
+      double key = score + 0.99 * efficiency;
+      if (key >= best - 1e-9) {
+        best = key;
+        plan.block = b;
+        plan.rows = static_cast<int>(rows);
+      }
     }
   }
   return plan;

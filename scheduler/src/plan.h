@@ -21,7 +21,7 @@ struct MicroPlan {
 
 // nullopt when the contraction is not a float sum of products whose output is contiguous along a
 // variable that every input reads either contiguously or not at all (or, with allow_transpose, through
-// one small operand whose dims are distinct plain variables).
+// one small operand that has v, with coefficient 1, in one dim).
 std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTypes& types,
                                           const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                           bool allow_transpose);

@@ -232,7 +232,8 @@ class AstTranslator {
           isl_id_free(id);
           isl_ast_expr_free(callee);
           using St = LoopNode::Statement;
-          static const std::map<std::string, St> kinds{{"S", St::plain}, {"L", St::load}, {"Lp", St::load},
+          static const std::map<std::string, St> kinds{{"S", St::plain}, {"Z", St::zero}, {"Zp", St::zero},
+                                                       {"L", St::load},  {"Lp", St::load},
                                                        {"F", St::fma},   {"Fp", St::fma}, {"T", St::store},
                                                        {"Tp", St::store}};
           auto kind = kinds.find(name);
@@ -284,9 +285,22 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
   return sizes;
 }
 
+// An integral polynomial (dims bound) as isl affine text over positional variable names.
+std::string affine_text(const Polynomial& p, const std::vector<std::string>& vars, const std::vector<std::string>& positional) {
+  std::string t = std::to_string(p.constant().num());
+  for (const auto& [v, c] : p.index_terms()) {
+    size_t k = static_cast<size_t>(std::find(vars.begin(), vars.end(), v) - vars.begin());
+    int64_t n = c.num();
+    t += (n < 0 ? " - " : " + ") + std::to_string(n < 0 ? -n : n) + "*" + positional.at(k);
+  }
+  return t;
+}
+
 struct NestBuilder {
   const Target& target;
   IslContext ctx;
+  isl::set blocks_;         // the last micro-kernel's blocks, B[others, Bb, Bv]
+  isl::map block_rows_;     // from a block to the points of S its rows and in-range lanes store
 
   // Builds schedule tree, AST and loop IR for one statement domain. `order` permutes the variables into
   // band order; the first `parallel` band members are marked parallel.
@@ -415,7 +429,8 @@ struct NestBuilder {
 
   // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
-                       const std::string& domain_text, const std::vector<std::string>& positional, bool weight_mode) {
+                       const std::string& domain_text, const std::vector<std::string>& positional, int64_t out_bytes,
+                       std::string* uncovered) {
     int64_t points = 1;
     for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
     if (points < target.microkernel_min_points) return false;
@@ -459,9 +474,25 @@ struct NestBuilder {
       }
       vector_uses_block |= has_v && has_b;
     }
+    // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
+    int64_t reduction_points = 1;
+    for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
+    bool weight_mode = out_bytes * 2 <= target.l2_bytes && reduction_points >= 2048;
     nest.microkernel = mk;
     build_microkernel(nest, domain_text, positional, range, true, weight_mode,
-                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, vector_uses_block);
+                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, vector_uses_block, uncovered != nullptr);
+    if (uncovered) {
+      // Output elements that no block stores: those still need the init nest.
+      std::vector<std::string> polys;
+      for (const auto& p : c.output_indices) polys.push_back(affine_text(p.bind_dims(types.dims), nest.variables, positional));
+      std::vector<std::string> dims;
+      const auto& shape = types.tensors.at(c.output).shape;
+      for (size_t k = 0; k < shape.size(); ++k) dims.push_back("i" + std::to_string(k));
+      isl::set box(ctx.get(), box_text("S", dims, shape));
+      isl::set stored = blocks_.apply(block_rows_)
+                            .apply(isl::map(ctx.get(), "{ S[" + join(positional) + "] -> S[" + join(polys) + "] }"));
+      *uncovered = text(box.subtract(stored).coalesce());
+    }
     return true;
   }
 
@@ -472,7 +503,7 @@ struct NestBuilder {
   // sequence(L | F -> [reductions] | T).
   void build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
                          const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                         size_t element_bytes, bool vector_input_uses_block) {
+                         size_t element_bytes, bool vector_input_uses_block, bool zero_init) {
     const Microkernel& mk = *nest.microkernel;
     const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
     auto s = [](int64_t v) { return std::to_string(v); };
@@ -519,15 +550,16 @@ struct NestBuilder {
     isl::set fast = hull.intersect(good.apply(map("{ B[" + join(block_dims) + "] -> F" + f_tuple + " }"))).coalesce();
     isl::set slow = hull.subtract(fast).coalesce();
 
-    // Cost model. Reduction tiles: regular nests keep a block column's vector operand for one tile in
-    // half of L1 (it is reused by every block of the column); weight-gradient nests keep one tile of both
-    // inputs, for all blocks, in a quarter of L2. Filled innermost reduction variable first.
+    // Cost model. Reduction tiles keep the vector operand of one tile (a block column's, or all columns'
+    // in a weight-gradient nest) in half of L1; it is reused by every block row. Filled innermost reduction
+    // variable first.
     const int64_t eb = static_cast<int64_t>(element_bytes);
     const int64_t n_bb = (range[mk.block].second - mk.block_lo + R) / R;
     const int64_t n_bv = (mk.vector_hi - mk.vector_lo + VL) / VL;
-    int64_t point_bytes = weight_mode ? eb * ((vector_input_uses_block ? R * n_bb : 1) * VL * n_bv + R * n_bb)
-                                      : eb * VL * (vector_input_uses_block ? R : 1);
-    int64_t budget = std::max<int64_t>(1, (weight_mode ? target.l2_bytes / 4 : target.l1_bytes / 2) / point_bytes);
+    // The vector operand of a tile is read by every block row, from L1 when it fits (from L2 it caps the
+    // FMA rate: a step of rows x chunks FMAs loads chunks vectors).
+    int64_t point_bytes = eb * VL * (vector_input_uses_block ? R : 1) * (weight_mode ? n_bv : 1);
+    int64_t budget = std::max<int64_t>(1, target.l1_bytes / 2 / point_bytes);
     std::vector<int64_t> tile(reds.size()), red_lo(reds.size());
     int64_t tile_points = 1;
     for (size_t k = reds.size(); k-- > 0;) {
@@ -544,6 +576,35 @@ struct NestBuilder {
       tile_exprs.push_back("floor(" + shifted(reds[k], red_lo[k]) + "/" + s(tile[k]) + ")");
     isl::map to_tiles = map("{ F" + f_tuple + " -> L[" + join(cat(block_dims, tile_exprs)) + "] }");
     isl::set load = fast.apply(to_tiles), load_p = slow.apply(to_tiles);
+    // A block's first reduction tile (lexicographically) starts from zero accumulators.
+    std::vector<std::string> earlier_tiles, lexless;
+    for (size_t k = 0; k < tiles.size(); ++k) earlier_tiles.push_back("s" + s(static_cast<int64_t>(k)));
+    for (size_t k = 0; k < tiles.size(); ++k) {
+      std::string term;
+      for (size_t j = 0; j < k; ++j) term += earlier_tiles[j] + " = " + tiles[j] + " and ";
+      lexless.push_back("(" + term + earlier_tiles[k] + " < " + tiles[k] + ")");
+    }
+    isl::map later = map("{ L[" + join(cat(block_dims, earlier_tiles)) + "] -> L[" + join(cat(block_dims, tiles)) + "] : " +
+                         join(lexless, " or ") + " }");
+    const isl::set store = load, store_p = load_p;
+    isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
+    if (zero_init) {
+      load = load.subtract(zero);
+      load_p = load_p.subtract(zero_p);
+    } else {
+      zero = isl::set::empty(zero.get_space());
+      zero_p = isl::set::empty(zero_p.get_space());
+    }
+    // For the init nest: the blocks, and their rows and in-range lanes as points of S.
+    blocks_ = blocks;
+    {
+      std::vector<std::string> at_lane = at_row;
+      at_lane[mk.vector] = s(mk.vector_lo) + " + " + s(VL) + "*bv + l";
+      const std::string y_tuple = "Y[" + join(cat(block_dims, {"dd", "l"})) + "]";
+      block_rows_ = map("{ B[" + join(block_dims) + "] -> " + y_tuple + " : 0 <= dd < " + s(R) + " and 0 <= l < " + s(VL) +
+                        " and " + s(mk.vector_lo) + " + " + s(VL) + "*bv + l <= " + s(mk.vector_hi) + " }")
+                        .apply_range(map("{ " + y_tuple + " -> S[" + join(at_lane) + "] }"));
+    }
 
     // Outer and block bands over (others, Bb, Bv).
     std::vector<std::string> outer, inner;
@@ -565,21 +626,21 @@ struct NestBuilder {
       // operand stays in half of L2. The parallel dimension is the first with enough values.
       int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
       int64_t tb = std::clamp<int64_t>(target.l2_bytes / 2 / row_bytes, 1, n_bb);
-      int64_t want = 2 * target.threads;
-      size_t lead = others.size();
-      for (size_t k = 0; k < others.size() && lead == others.size(); ++k)
-        if (range[mk.others[k]].second - range[mk.others[k]].first + 1 >= want) lead = k;
-      std::string bb_tile;
-      if (lead == others.size() && n_bv < want) tb = std::min(tb, std::max<int64_t>(1, n_bb / want));
-      bb_tile = "floor(bb/" + s(tb) + ")";
-      outer = cat(others, {"bv", bb_tile});
-      if (lead == others.size()) {
-        // No other output variable is wide enough: lead with the block columns, or the row tiles.
-        size_t first = n_bv >= want || n_bv >= (n_bb + tb - 1) / tb ? others.size() : others.size() + 1;
-        std::rotate(outer.begin(), outer.begin() + static_cast<long>(first), outer.begin() + static_cast<long>(first) + 1);
-      } else {
-        std::rotate(outer.begin(), outer.begin() + static_cast<long>(lead), outer.begin() + static_cast<long>(lead) + 1);
+      const int64_t want = 2 * target.threads;
+      std::vector<int64_t> counts;
+      for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
+      counts.push_back(n_bv);
+      counts.push_back((n_bb + tb - 1) / tb);
+      size_t lead = 0;
+      while (lead < counts.size() && counts[lead] < want) ++lead;
+      if (lead == counts.size()) {
+        // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
+        tb = std::max<int64_t>(1, std::min(tb, n_bb / want));
+        counts.back() = (n_bb + tb - 1) / tb;
+        lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
       }
+      outer = cat(others, {"bv", "floor(bb/" + s(tb) + ")"});
+      std::rotate(outer.begin(), outer.begin() + static_cast<long>(lead), outer.begin() + static_cast<long>(lead) + 1);
       inner = {"bb"};
     }
     safe.insert(0);
@@ -587,7 +648,7 @@ struct NestBuilder {
     auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
       std::string t = "{ ";
       for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple + " -> [" + join(f_exprs) + "]; ";
-      for (const char* name : {"L", "Lp", "T", "Tp"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
+      for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
       t.resize(t.size() - 2);
       return isl::union_map(ctx.get(), t + " }");
     };
@@ -598,8 +659,10 @@ struct NestBuilder {
                              .unite(isl::union_set(named(slow, "Fp")))
                              .unite(isl::union_set(named(load, "L")))
                              .unite(isl::union_set(named(load_p, "Lp")))
-                             .unite(isl::union_set(named(load, "T")))
-                             .unite(isl::union_set(named(load_p, "Tp")));
+                             .unite(isl::union_set(named(zero, "Z")))
+                             .unite(isl::union_set(named(zero_p, "Zp")))
+                             .unite(isl::union_set(named(store, "T")))
+                             .unite(isl::union_set(named(store_p, "Tp")));
     isl::schedule sched = isl::schedule::from_domain(all);
     isl::schedule_node node = sched.root().child(0);
     node = band(node, union_map(outer, outer));
@@ -610,7 +673,7 @@ struct NestBuilder {
     node = band(node, union_map(inner, inner));
     node = node.insert_mark(isl::id(ctx.get(), "point")).child(0).child(0);
     isl::union_set_list filters(ctx.get(), 3);
-    filters = filters.add(isl::union_set(ctx.get(), "{ L" + l_tuple + "; Lp" + l_tuple + " }"))
+    filters = filters.add(isl::union_set(ctx.get(), "{ Z" + l_tuple + "; Zp" + l_tuple + "; L" + l_tuple + "; Lp" + l_tuple + " }"))
                   .add(isl::union_set(ctx.get(), "{ F" + f_tuple + "; Fp" + f_tuple + " }"))
                   .add(isl::union_set(ctx.get(), "{ T" + l_tuple + "; Tp" + l_tuple + " }"));
     node = node.insert_sequence(filters);
@@ -672,7 +735,7 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
 
 Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {
   Schedule out;
-  NestBuilder nb{target, {}};
+  NestBuilder nb{target, {}, {}, {}};
   try {
     for (const auto& st : program.statements) {
       if (const auto* e = std::get_if<Elementwise>(&st)) {
@@ -705,6 +768,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       init.contraction = c;
       init.variables = out_vars;
       nb.build(init, box_text("S", out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
+      const size_t init_index = out.nests.size();
       out.nests.push_back(std::move(init));
 
       if (!a.empty) {
@@ -778,7 +842,16 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
         for (int64_t d : t.shape) out_bytes *= d;
         bool reduction_outer = parallel && n_out < order.size() - (innermost.empty() ? 0 : 1) && out_bytes * 4 <= target.l2_bytes;
-        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes * 4 <= target.l2_bytes)) {
+        std::string uncovered;
+        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes, c.init ? nullptr : &uncovered)) {
+          if (!c.init) {  // the init nest shrinks to the elements no block stores, or disappears
+            Nest& init_nest = out.nests[init_index];
+            if (isl::set(nb.ctx.get(), uncovered).is_empty()) {
+              out.nests.erase(out.nests.begin() + static_cast<long>(init_index));
+            } else {
+              nb.build(init_nest, uncovered, out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
+            }
+          }
           out.nests.push_back(std::move(update));
           continue;  // a sum: no finalize nest
         }

@@ -43,7 +43,7 @@ struct Aff {
 struct LoopNode {
   enum class Kind { block, loop, guard, statement };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
-  enum class Statement { plain, load, fma, store };
+  enum class Statement { plain, zero, load, fma, store };
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
@@ -63,7 +63,9 @@ struct LoopNode {
 // variable b times `chunks` vectors of `lanes` consecutive values of the vector variable v (contiguous in
 // the output). A block's accumulators are loaded into registers (statement `load`), every reduction point
 // of the block adds rows x chunks fused multiply-adds -- an input without v is broadcast, an input with v
-// contiguous is loaded as vectors -- (`fma`), and the accumulators are stored (`store`). Blocks in which
+// contiguous is loaded as vectors -- (`fma`), and the accumulators are stored (`store`). Without a default
+// tensor, a block's first reduction tile starts from zero accumulators (`zero`) instead of loading, and the
+// init nest only covers the output elements no block stores. Blocks in which
 // every row has the same reduction points and every lane is in range run unpredicated; the others
 // (borders, partial blocks) guard each row by the validity of its point and mask lanes past v's range.
 // Statement arguments: load/store (others..., Bb, Bv, reduction tiles...), fma (others..., Bb, Bv,
