@@ -228,6 +228,12 @@ std::shared_ptr<const CompiledProgram> compile(const Program& program, const std
 }
 
 TensorMap CompiledProgram::run(const TensorMap& inputs) const {
+  TensorMap outputs;
+  run(inputs, outputs);
+  return outputs;
+}
+
+void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const {
   const Impl& m = *impl_;
   for (const auto& [name, t] : m.inputs) {
     auto it = inputs.find(name);
@@ -235,6 +241,8 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
     if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
       user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
   }
+  // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are.
+  std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());
   TensorMap env;
   std::vector<char*> ptrs(m.buffers.size());
   for (size_t i = 0; i < m.buffers.size(); ++i) {
@@ -245,6 +253,11 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
       continue;
     }
     const TensorType& t = m.types.tensors.at(name);
+    auto reuse = outputs.find(name);
+    if (is_output.count(name) && reuse != outputs.end() && reuse->second.dtype() == t.dtype && reuse->second.shape() == t.shape) {
+      ptrs[i] = static_cast<char*>(reuse->second.data());
+      continue;
+    }
     env[name] = Buffer(t.dtype, t.shape);
     ptrs[i] = static_cast<char*>(env[name].data());
   }
@@ -259,12 +272,11 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
     tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1),
                       [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });
   }
-  TensorMap out;
   for (const auto& o : m.program.outputs) {
     auto it = env.find(o);
-    out[o] = it != env.end() ? it->second : inputs.at(o);
+    if (it != env.end()) outputs[o] = std::move(it->second);
+    else if (!m.types.tensors.count(o) || m.inputs.count(o)) outputs[o] = inputs.at(o);
   }
-  return out;
 }
 
 TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options) {

@@ -559,7 +559,7 @@ struct NestBuilder {
     // The vector operand of a tile is read by every block row, from L1 when it fits (from L2 it caps the
     // FMA rate: a step of rows x chunks FMAs loads chunks vectors).
     int64_t point_bytes = eb * VL * (vector_input_uses_block ? R : 1) * (weight_mode ? n_bv : 1);
-    int64_t budget = std::max<int64_t>(1, target.l1_bytes / 2 / point_bytes);
+    int64_t budget = std::max<int64_t>(1, target.l1_bytes * 3 / 4 / point_bytes);
     std::vector<int64_t> tile(reds.size()), red_lo(reds.size());
     int64_t tile_points = 1;
     for (size_t k = reds.size(); k-- > 0;) {
@@ -623,12 +623,24 @@ struct NestBuilder {
       inner = cat(others, {"bv", "bb"});
     } else {
       // One block column (Bv) at a time; the rows of a tile of Bb blocks share it while their broadcast
-      // operand stays in half of L2. The parallel dimension is the first with enough values.
+      // operand stays in half of L2. When a column has few blocks, the other output variables are tiled
+      // too, so that at least 16 blocks (up to 32 when there are enough) reuse each reduction tile of the
+      // vector operand from L1. The parallel dimension is the first with enough values.
       int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
       int64_t tb = std::clamp<int64_t>(target.l2_bytes / 2 / row_bytes, 1, n_bb);
+      std::vector<int64_t> other_tile(others.size(), 1);
+      int64_t per_tile = tb;
+      for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
+        int64_t e = range[mk.others[k]].second - range[mk.others[k]].first + 1;
+        other_tile[k] = std::min<int64_t>(e, (32 + per_tile - 1) / per_tile);
+        per_tile *= other_tile[k];
+      }
       const int64_t want = 2 * target.threads;
       std::vector<int64_t> counts;
-      for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
+      for (size_t k = 0; k < others.size(); ++k) {
+        int64_t e = range[mk.others[k]].second - range[mk.others[k]].first + 1;
+        counts.push_back((e + other_tile[k] - 1) / other_tile[k]);
+      }
       counts.push_back(n_bv);
       counts.push_back((n_bb + tb - 1) / tb);
       size_t lead = 0;
@@ -639,9 +651,15 @@ struct NestBuilder {
         counts.back() = (n_bb + tb - 1) / tb;
         lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
       }
-      outer = cat(others, {"bv", "floor(bb/" + s(tb) + ")"});
+      for (size_t k = 0; k < others.size(); ++k)
+        outer.push_back(other_tile[k] == 1 ? others[k]
+                                           : "floor(" + shifted(others[k], range[mk.others[k]].first) + "/" + s(other_tile[k]) + ")");
+      outer.push_back("bv");
+      outer.push_back("floor(bb/" + s(tb) + ")");
       std::rotate(outer.begin(), outer.begin() + static_cast<long>(lead), outer.begin() + static_cast<long>(lead) + 1);
-      inner = {"bb"};
+      for (size_t k = 0; k < others.size(); ++k)
+        if (other_tile[k] > 1) inner.push_back(others[k]);
+      inner.push_back("bb");
     }
     safe.insert(0);
 

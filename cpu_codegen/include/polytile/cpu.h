@@ -35,6 +35,10 @@ class CompiledProgram {
   ~CompiledProgram();
   // Runs on inputs of exactly the compiled shapes and dtypes (UserError otherwise).
   TensorMap run(const TensorMap& inputs) const;
+  // The same, writing into `outputs`: an output buffer already there with the right dtype and shape is
+  // overwritten in place (no allocation, no copy: the way to run a compiled program in a loop); other
+  // outputs are allocated and added.
+  void run(const TensorMap& inputs, TensorMap& outputs) const;
   const Program& program() const;           // after the passes
   const sched::Schedule& schedule() const;
   const std::string& llvm_ir() const;       // optimized module, deterministic
