@@ -628,19 +628,9 @@ struct NestBuilder {
       // vector operand from L1. The parallel dimension is the first with enough values.
       int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
       int64_t tb = std::clamp<int64_t>(target.l2_bytes / 2 / row_bytes, 1, n_bb);
-      std::vector<int64_t> other_tile(others.size(), 1);
-      int64_t per_tile = tb;
-      for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
-        int64_t e = range[mk.others[k]].second - range[mk.others[k]].first + 1;
-        other_tile[k] = std::min<int64_t>(e, (32 + per_tile - 1) / per_tile);
-        per_tile *= other_tile[k];
-      }
       const int64_t want = 2 * target.threads;
       std::vector<int64_t> counts;
-      for (size_t k = 0; k < others.size(); ++k) {
-        int64_t e = range[mk.others[k]].second - range[mk.others[k]].first + 1;
-        counts.push_back((e + other_tile[k] - 1) / other_tile[k]);
-      }
+      for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
       counts.push_back(n_bv);
       counts.push_back((n_bb + tb - 1) / tb);
       size_t lead = 0;
@@ -650,6 +640,13 @@ struct NestBuilder {
         tb = std::max<int64_t>(1, std::min(tb, n_bb / want));
         counts.back() = (n_bb + tb - 1) / tb;
         lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+      }
+      std::vector<int64_t> other_tile(others.size(), 1);
+      int64_t per_tile = tb;
+      for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
+        if (k == lead) continue;  // the parallel dimension keeps its values
+        other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
+        per_tile *= other_tile[k];
       }
       for (size_t k = 0; k < others.size(); ++k)
         outer.push_back(other_tile[k] == 1 ? others[k]
