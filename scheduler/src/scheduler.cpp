@@ -586,11 +586,15 @@ struct NestBuilder {
     }
     isl::map later = map("{ L[" + join(cat(block_dims, earlier_tiles)) + "] -> L[" + join(cat(block_dims, tiles)) + "] : " +
                          join(lexless, " or ") + " }");
+    load = load.coalesce();
+    load_p = load_p.coalesce();
     const isl::set store = load, store_p = load_p;
     isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
     if (zero_init) {
-      load = load.subtract(zero);
-      load_p = load_p.subtract(zero_p);
+      zero = zero.coalesce();
+      zero_p = zero_p.coalesce();
+      load = load.subtract(zero).coalesce();
+      load_p = load_p.subtract(zero_p).coalesce();
     } else {
       zero = isl::set::empty(zero.get_space());
       zero_p = isl::set::empty(zero_p.get_space());
