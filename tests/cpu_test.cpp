@@ -326,12 +326,13 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
       "  O[n, y, x, co : N, (H + 1)/2, (W + 1)/2, CO] = +(I[n, 2*y + j - 1, 2*x + i - 1, ci] * K[j, i, ci, co]); }",
   };
-  int microkernels = 0, predicated = 0;
+  int microkernels = 0, predicated = 0, packed = 0;
   auto count = [&](const Program& p, const TensorMap& in, const CompileOptions& o) {
     std::map<std::string, TensorType> types;
     for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
     for (const auto& nest : compile(p, types, o)->schedule().nests) {
       microkernels += nest.microkernel.has_value();
+      packed += nest.name == "B_P.update";
       predicated += nest.ast.find("Fp(") != std::string::npos;
     }
   };
@@ -356,7 +357,8 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
       }
     }
     Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
-    for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}}) {
+    // The last shape reads B's rows 2 KiB or more apart: B is packed into panels first.
+    for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}, std::tuple{20, 9, 512}}) {
       for (DType t : {DType::f32, DType::f64}) {
         TensorMap in = inputs_for({{"A", {m, k}}, {"B", {k, n}}}, t, 40);
         expect_same(mm, in, "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n), o);
@@ -364,8 +366,9 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
       }
     }
   }
-  std::cout << microkernels << " micro-kernel nests, " << predicated << " with predicated blocks\n";
-  EXPECT_GE(microkernels, 36);
+  std::cout << microkernels << " micro-kernel nests, " << predicated << " with predicated blocks, " << packed << " packed\n";
+  EXPECT_GE(microkernels, 40);
+  EXPECT_EQ(packed, 6);  // 20x9x512 in f32 and f64 at every vector width
   EXPECT_GE(predicated, 20);
   // Everything else, with micro-kernels wherever they apply.
   CompileOptions o;

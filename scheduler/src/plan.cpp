@@ -43,6 +43,92 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
   return out;
 }
 
+std::string fresh_name(std::set<std::string>& names, std::string base) {
+  while (names.count(base)) base += "_";
+  names.insert(base);
+  return base;
+}
+
+// Packing: when consecutive reduction steps read the vector operand rows a page or more apart (a wide
+// matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace.
+// The operand is then copied into panels of chunks x lanes columns, P[vb, ..., vl] = B[..., VL*vb + vl],
+// and the contraction reads P with v = VL*vb + vl: each block column reads one contiguous panel.
+std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+                                           std::set<std::string>& names) {
+  const int64_t vl_size = int64_t{plan.chunks} * plan.lanes;
+  const std::string& v = plan.vector;
+  int vector_input = -1;
+  for (size_t k = 0; k < c.inputs.size(); ++k)
+    if (uses(c.inputs[k].indices, v)) vector_input = static_cast<int>(k);
+  if (vector_input < 0) return std::nullopt;
+  const TensorAccess& access = c.inputs[static_cast<size_t>(vector_input)];
+  const TensorType& type = types.tensors.at(access.tensor);
+  const int64_t element_bytes = type.dtype == DType::f64 ? 8 : 4;
+  std::vector<Polynomial> idx = bound(access.indices, types.dims);
+  if (idx.size() < 2 || idx.back() != Polynomial::index(v) || type.shape.back() % vl_size != 0 ||
+      type.shape.back() < 2 * vl_size)
+    return std::nullopt;
+  // The smallest distance in memory between the rows read by consecutive values of a reduction variable.
+  std::vector<std::string> vars = c.index_variables();
+  std::vector<Polynomial> out = bound(c.output_indices, types.dims);
+  int64_t nearest = INT64_MAX, elements = 1;
+  for (int64_t d : type.shape) elements *= d;
+  for (const auto& r : vars) {
+    if (uses(out, r) || !uses(idx, r)) continue;
+    int64_t stride = 0, inner = 1;
+    for (size_t k = idx.size(); k-- > 0;) {
+      stride += std::abs(idx[k].coefficient(r).num()) * inner;
+      inner *= type.shape[k];
+    }
+    nearest = std::min(nearest, stride * element_bytes);
+  }
+  if (nearest == INT64_MAX || nearest < 2048) return std::nullopt;
+
+  std::set<std::string> taken(vars.begin(), vars.end());
+  const std::string vb = fresh_name(taken, v + "_blk"), vl = fresh_name(taken, v + "_lane");
+  const std::string panel = fresh_name(names, access.tensor + "_P");
+  // P[tb, t0, ..., tl : S_last / VL, S0, ..., VL] = =(B[t0, ..., VL*tb + tl])
+  Contraction copy;
+  copy.output = panel;
+  copy.aggregation = AggregationOp::assign;
+  copy.combination = CombinationOp::none;
+  TensorAccess source{access.tensor, {}};
+  copy.output_indices.push_back(Polynomial::index("tb"));
+  copy.output_shape.push_back(DimExpr(type.shape.back() / vl_size));
+  for (size_t k = 0; k + 1 < idx.size(); ++k) {
+    Polynomial t = Polynomial::index("t" + std::to_string(k));
+    source.indices.push_back(t);
+    copy.output_indices.push_back(t);
+    copy.output_shape.push_back(DimExpr(type.shape[k]));
+  }
+  source.indices.push_back(Polynomial::index("tb") * Rational(vl_size) + Polynomial::index("tl"));
+  copy.output_indices.push_back(Polynomial::index("tl"));
+  copy.output_shape.push_back(DimExpr(vl_size));
+  copy.inputs.push_back(source);
+
+  const Polynomial split = Polynomial::index(vb) * Rational(vl_size) + Polynomial::index(vl) - Polynomial::index(v);
+  auto substitute = [&](const Polynomial& p) { return p + split * p.coefficient(v); };
+  Contraction rewritten = c;
+  for (auto& p : rewritten.output_indices) p = substitute(p);
+  for (auto& k : rewritten.constraints) k.poly = substitute(k.poly);
+  for (size_t k = 0; k < rewritten.inputs.size(); ++k) {
+    auto& in = rewritten.inputs[k];
+    if (static_cast<int>(k) != vector_input) {
+      for (auto& p : in.indices) p = substitute(p);
+      continue;
+    }
+    std::vector<Polynomial> packed{Polynomial::index(vb)};
+    for (size_t d = 0; d + 1 < in.indices.size(); ++d) packed.push_back(in.indices[d]);
+    packed.push_back(Polynomial::index(vl));
+    in.tensor = panel;
+    in.indices = packed;
+  }
+  Program p;
+  p.statements.push_back(copy);
+  p.statements.push_back(rewritten);
+  return p;
+}
+
 }  // namespace
 
 std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTypes& types,
@@ -174,6 +260,12 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
       poly::ContractionAnalysis a = poly::analyze(*c, types);
       if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
     }
+    if (plan && plan->transpose_input < 0) {
+      if (std::optional<Program> packed = pack_vector_operand(*c, types, *plan, names)) {
+        for (const auto& s : packed->statements) out.statements.push_back(s);
+        continue;
+      }
+    }
     if (!plan || plan->transpose_input < 0) {
       out.statements.push_back(st);
       continue;
@@ -189,9 +281,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
       else order.push_back(k);
     }
     order.push_back(vdim);
-    std::string name = access.tensor + "_T";
-    while (names.count(name)) name += "_";
-    names.insert(name);
+    std::string name = fresh_name(names, access.tensor + "_T");
     Contraction copy;
     copy.output = name;
     copy.aggregation = AggregationOp::assign;

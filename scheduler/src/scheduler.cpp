@@ -789,6 +789,12 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       nb.build(init, box_text("S", out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
       const size_t init_index = out.nests.size();
       out.nests.push_back(std::move(init));
+      if (c.aggregation == AggregationOp::assign && !c.init && !a.empty) {
+        // An assign that writes every element (a copy, a transpose) needs no init nest.
+        isl::set box(nb.ctx.get(), box_text("O", out_vars, t.shape));
+        isl::set image = isl::manage(isl_set_set_tuple_name(isl::map(nb.ctx.get(), a.write).range().release(), "O"));
+        if (box.is_subset(image)) out.nests.pop_back();
+      }
 
       if (!a.empty) {
         Nest update;
