@@ -47,8 +47,8 @@ void expect_same(const Program& p, const TensorMap& in, const std::string& what,
     double eps = w.dtype() == DType::f32 ? 1e-6 : w.dtype() == DType::f64 ? 1e-14 : 0;
     for (int64_t e = 0; e < w.size(); ++e) {
       double a = g.get(e), b = w.get(e);
-      if (std::isnan(b)) {
-        ASSERT_TRUE(std::isnan(a)) << what << " " << o << "[" << e << "]";
+      if (std::isnan(b) || std::isinf(b)) {
+        ASSERT_TRUE(std::isnan(b) ? std::isnan(a) : a == b) << what << " " << o << "[" << e << "] " << a << " vs " << b;
         continue;
       }
       ASSERT_NEAR(a, b, eps * static_cast<double>(scale) * std::max(1.0, std::fabs(b)))
@@ -346,6 +346,13 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
       TensorMap in = inputs_for({{"I", {2, 11, 10, 5}}, {"K", {3, 3, 5, 19}}}, DType::f64, 31);
       expect_same(fwd, in, std::string("forward ") + text, o);
       count(fwd, in, o);
+      {  // non-finite values: points outside the domain (borders, partial blocks) must not touch them
+        TensorMap odd = in;
+        odd["K"].set(7, std::numeric_limits<double>::infinity());
+        odd["I"].set(123, std::numeric_limits<double>::quiet_NaN());
+        odd["I"].set(0, -std::numeric_limits<double>::infinity());
+        expect_same(fwd, odd, std::string("forward with inf and NaN ") + text, o);
+      }
       ProgramTypes pt = infer_types(fwd, {{"I", {DType::f64, {2, 11, 10, 5}}}, {"K", {DType::f64, {3, 3, 5, 19}}}});
       in["DO"] = testing::random_buffer(pt.tensors.at("O").shape, 32);
       for (const char* wrt : {"I", "K"}) {

@@ -704,13 +704,13 @@ class NestEmitter {
         vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * lanes));
         llvm::AllocaInst* acc = acc_[static_cast<size_t>(d * mk.chunks + k)];
         Value* mask = row ? b_.CreateAnd(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), lane_mask[static_cast<size_t>(k)]) : nullptr;
-        auto vload = [&](Value* addr) -> Value* {
-          if (!mask) return b_.CreateAlignedLoad(vty, addr, align);
-          return b_.CreateMaskedLoad(vty, addr, align, mask, llvm::Constant::getNullValue(vty));
+        auto vload = [&](Value* addr, Value* m) -> Value* {
+          if (!m) return b_.CreateAlignedLoad(vty, addr, align);
+          return b_.CreateMaskedLoad(vty, addr, align, m, llvm::Constant::getNullValue(vty));
         };
         switch (n.statement) {
           case St::zero: b_.CreateStore(llvm::Constant::getNullValue(vty), acc); break;
-          case St::load: b_.CreateStore(vload(address(c.output, c.output_indices)), acc); break;
+          case St::load: b_.CreateStore(vload(address(c.output, c.output_indices), mask), acc); break;
           case St::store: {
             Value* value = b_.CreateLoad(vty, acc);
             Value* addr = address(c.output, c.output_indices);
@@ -720,7 +720,16 @@ class NestEmitter {
           }
           case St::fma: {
             Value* x[2];
-            for (size_t i = 0; i < 2; ++i) x[i] = scalars[i] ? scalars[i] : vload(address(c.inputs[i].tensor, c.inputs[i].indices));
+            // A vector operand that does not depend on the row is read once for all rows (lanes masked
+            // only); an invalid row's product is then discarded by the select below.
+            for (size_t i = 0; i < 2; ++i) {
+              const bool per_row = std::any_of(c.inputs[i].indices.begin(), c.inputs[i].indices.end(), [&](const Polynomial& p) {
+                return p.coefficient(names[mk.block]) != Rational(0);
+              });
+              x[i] = scalars[i] ? scalars[i]
+                                : vload(address(c.inputs[i].tensor, c.inputs[i].indices),
+                                        per_row || !mask ? mask : lane_mask[static_cast<size_t>(k)]);
+            }
             Value* old = b_.CreateLoad(vty, acc);
             Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
             b_.CreateStore(row ? b_.CreateSelect(row, sum, old) : sum, acc);
