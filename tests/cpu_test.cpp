@@ -396,6 +396,55 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   }
 }
 
+// Elementwise consumers fused into micro-kernel blocks (epilogues): bias + activation after a padded conv
+// (borders: predicated blocks; unstored elements: the remaining nest), broadcasts along and across the
+// vector lanes, libm functions lane by lane, integer and boolean results, and a consumer that must not be
+// fused (the contraction's output is also a program output).
+TEST(CpuTest, EpiloguesMatchTheInterpreter) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+    bool fused;
+  };
+  const Case cases[] = {
+      {"function (I[N, H, W, C], K[KH, KW, C, CO], B[CO]) -> (R) {"
+       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]); R = relu(O + B); }",
+       {{"I", {2, 9, 7, 5}}, {"K", {3, 3, 5, 21}}, {"B", {21}}}, true},
+      {"function (I[N, H, W, C], K[KH, KW, C, CO]) -> (R) {"
+       "  O[n, y, x, co : N, H/2, W/2, CO] = +(I[n, 2*y + j, 2*x + i, c] * K[j, i, c, co]); R = tanh(O) * 0.5 + exp(O / 8); }",
+       {{"I", {2, 11, 10, 3}}, {"K", {2, 2, 3, 18}}}, true},
+      {"function (A[M, K], B[K, N], S[M, 1]) -> (E, F) {"
+       "  C[i, j : M, N] = +(A[i, k] * B[k, j]); E = C * S > 0.25; D[i, j : M, N] = +(A[i, k] * B[k, j]); F = cast(D * 7, i32); }",
+       {{"A", {23, 17}}, {"B", {17, 40}}, {"S", {23, 1}}}, true},
+      // A long reduction: several reduction tiles, the consumer at the last one.
+      {"function (A[M, K], B[K, N], S[N]) -> (E) { C[i, j : M, N] = +(A[i, k] * B[k, j]); E = sigmoid(C - S); }",
+       {{"A", {9, 700}}, {"B", {700, 40}}, {"S", {40}}}, true},
+      {"function (A[M, K], B[K, N]) -> (C, E) { C[i, j : M, N] = +(A[i, k] * B[k, j]); E = C * 2; }",
+       {{"A", {23, 17}}, {"B", {17, 40}}}, false},
+  };
+  int epilogues = 0;
+  for (int bits : {512, 256, 128}) {
+    CompileOptions o;
+    o.target.vector_bits = bits;
+    o.target.microkernel_min_points = 0;
+    o.threads = 2;
+    for (const auto& cs : cases) {
+      Program p = parse_program(cs.text);
+      for (DType t : {DType::f32, DType::f64}) {
+        TensorMap in = inputs_for(cs.shapes, t, 51);
+        expect_same(p, in, cs.text, o);
+        std::map<std::string, TensorType> types;
+        for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+        int here = 0;
+        for (const auto& nest : compile(p, types, o)->schedule().nests) here += nest.epilogue.has_value();
+        EXPECT_EQ(here > 0, cs.fused) << cs.text;
+        epilogues += here;
+      }
+    }
+  }
+  EXPECT_EQ(epilogues, 3 * 2 * 5);
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});

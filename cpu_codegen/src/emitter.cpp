@@ -95,6 +95,12 @@ class NestEmitter {
     } else {
       for (const auto& a : nest_.contraction.inputs) add(a.tensor);
       if (nest_.contraction.init) add(*nest_.contraction.init);
+      if (nest_.epilogue) {
+        add(nest_.epilogue->output);
+        std::vector<std::string> leaves;
+        nest_.epilogue->expr.collect_tensors(leaves);
+        for (const auto& t : leaves) add(t);
+      }
     }
     return used;
   }
@@ -220,7 +226,10 @@ class NestEmitter {
     }
     return nullptr;
   }
-  llvm::Type* value_type(DType t) { return t == DType::boolean ? b_.getInt1Ty() : storage_type(t); }
+  // Expressions are evaluated on scalars, or on vectors of width_ lanes (a micro-kernel's epilogue).
+  llvm::Type* widen(llvm::Type* scalar) { return width_ ? llvm::FixedVectorType::get(scalar, width_) : scalar; }
+  llvm::Type* value_type(DType t) { return widen(t == DType::boolean ? b_.getInt1Ty() : storage_type(t)); }
+  Value* i32(int32_t v) { return llvm::ConstantInt::get(widen(b_.getInt32Ty()), static_cast<uint64_t>(static_cast<int64_t>(v)), true); }
 
   Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
 
@@ -251,10 +260,10 @@ class NestEmitter {
         return b_.CreateSIToFP(x.v, ty);
       }
       case DType::i32:
-        if (x.t == DType::boolean) return b_.CreateZExt(x.v, b_.getInt32Ty());
+        if (x.t == DType::boolean) return b_.CreateZExt(x.v, widen(b_.getInt32Ty()));
         {
-          Value* wide = b_.CreateIntrinsic(llvm::Intrinsic::fptosi_sat, {b_.getInt64Ty(), x.v->getType()}, {x.v});
-          return b_.CreateTrunc(wide, b_.getInt32Ty());
+          Value* wide = b_.CreateIntrinsic(llvm::Intrinsic::fptosi_sat, {widen(b_.getInt64Ty()), x.v->getType()}, {x.v});
+          return b_.CreateTrunc(wide, widen(b_.getInt32Ty()));
         }
       case DType::boolean:
         if (is_float(x.t)) return b_.CreateFCmpUNE(x.v, llvm::ConstantFP::get(x.v->getType(), 0.0));
@@ -265,19 +274,23 @@ class NestEmitter {
 
   Typed constant(double v, DType t) {
     switch (t) {
-      case DType::f32: return {llvm::ConstantFP::get(b_.getFloatTy(), v), t};
-      case DType::f64: return {llvm::ConstantFP::get(b_.getDoubleTy(), v), t};
-      case DType::i32: return {b_.getInt32(static_cast<uint32_t>(static_cast<int32_t>(v))), t};
-      case DType::boolean: return {b_.getInt1(v != 0), t};
+      case DType::f32:
+      case DType::f64: return {llvm::ConstantFP::get(value_type(t), v), t};
+      case DType::i32: return {i32(static_cast<int32_t>(v)), t};
+      case DType::boolean: return {llvm::ConstantInt::get(value_type(t), v != 0 ? 1 : 0), t};
     }
     return {nullptr, t};
   }
 
   Value* fn_call(const char* name, Typed x) {
     bool f32 = x.t == DType::f32;
-    llvm::Type* ty = x.v->getType();
+    llvm::Type* ty = x.v->getType()->getScalarType();
     llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
-    return b_.CreateCall(callee, {x.v});
+    if (!width_) return b_.CreateCall(callee, {x.v});
+    Value* out = llvm::UndefValue::get(x.v->getType());  // libm has no vector versions: lane by lane
+    for (unsigned l = 0; l < width_; ++l)
+      out = b_.CreateInsertElement(out, b_.CreateCall(callee, {b_.CreateExtractElement(x.v, l)}), l);
+    return out;
   }
 
   Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args) {
@@ -286,14 +299,14 @@ class NestEmitter {
 
   // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
   Value* int_div(Value* x, Value* y, bool mod) {
-    Value* zero = b_.getInt32(0);
-    Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), b_.getInt32(1), y);
-    Value* minus_one = b_.CreateICmpEQ(safe_y, b_.getInt32(-1));
-    safe_y = b_.CreateSelect(minus_one, b_.getInt32(1), safe_y);
+    Value* zero = i32(0);
+    Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), i32(1), y);
+    Value* minus_one = b_.CreateICmpEQ(safe_y, i32(-1));
+    safe_y = b_.CreateSelect(minus_one, i32(1), safe_y);
     Value* q = b_.CreateSDiv(x, safe_y);
     Value* r = b_.CreateSRem(x, safe_y);
     Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(safe_y, zero)));
-    Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, b_.getInt32Ty()));
+    Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, widen(b_.getInt32Ty())));
     Value* fr = b_.CreateSelect(adjust, b_.CreateAdd(r, safe_y), r);
     Value* result = mod ? fr : fq;
     Value* by_minus_one = mod ? zero : b_.CreateNeg(x);
@@ -356,6 +369,8 @@ class NestEmitter {
     const auto& ts = types_.tensors;
     switch (e.kind()) {
       case Expr::Kind::tensor: {
+        auto given = lanes_.find(e.name());
+        if (width_ && given != lanes_.end()) return given->second;
         const auto& shape = ts.at(e.name()).shape;
         size_t off = idx.size() - shape.size();
         Value* flat = b_.getInt64(0);
@@ -363,7 +378,21 @@ class NestEmitter {
           Value* i = shape[k] == 1 ? b_.getInt64(0) : idx[off + k];
           flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), i);
         }
-        return load(e.name(), flat);
+        if (!width_) return load(e.name(), flat);
+        // Vector lanes run along the last index: contiguous unless broadcast there.
+        DType t = ts.at(e.name()).dtype;
+        Value* addr = b_.CreateGEP(storage_type(t), buffer(e.name()), flat);
+        Value* v = nullptr;
+        if (shape.empty() || shape.back() == 1) {
+          v = b_.CreateVectorSplat(width_, b_.CreateLoad(storage_type(t), addr));
+        } else {
+          auto* vty = llvm::FixedVectorType::get(storage_type(t), width_);
+          llvm::Align align(t == DType::f64 ? 8 : t == DType::boolean ? 1 : 4);
+          v = mask_ ? static_cast<Value*>(b_.CreateMaskedLoad(vty, addr, align, mask_, llvm::Constant::getNullValue(vty)))
+                    : b_.CreateAlignedLoad(vty, addr, align);
+        }
+        if (t == DType::boolean) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+        return {v, t};
       }
       case Expr::Kind::literal: return constant(e.value(), DType::f64);  // exact; consumers convert
       case Expr::Kind::dim: return constant(static_cast<double>(types_.dims.at(e.name())), DType::f64);
@@ -415,10 +444,10 @@ class NestEmitter {
       switch (fn) {
         case Intrinsic::abs: return {b_.CreateIntrinsic(llvm::Intrinsic::abs, {v->getType()}, {v, b_.getFalse()}), result};
         case Intrinsic::sign:
-          return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, b_.getInt32(0)), b_.getInt32Ty()),
-                               b_.CreateZExt(b_.CreateICmpSLT(v, b_.getInt32(0)), b_.getInt32Ty())),
+          return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, i32(0)), widen(b_.getInt32Ty())),
+                               b_.CreateZExt(b_.CreateICmpSLT(v, i32(0)), widen(b_.getInt32Ty()))),
                   result};
-        case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, b_.getInt32(0)}), result};
+        case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, i32(0)}), result};
         case Intrinsic::floor:
         case Intrinsic::ceil:
         case Intrinsic::round: return x;
@@ -735,6 +764,38 @@ class NestEmitter {
             b_.CreateStore(row ? b_.CreateSelect(row, sum, old) : sum, acc);
             break;
           }
+          case St::epilogue: {
+            // The elementwise consumer, on the finished accumulators; its lanes run along v.
+            const Elementwise& e = *nest_.epilogue;
+            llvm::BasicBlock* skip = nullptr;
+            if (row) {  // rows whose output is out of range compute nothing
+              auto* then_bb = llvm::BasicBlock::Create(ctx_, "epilogue.row", fn_);
+              skip = llvm::BasicBlock::Create(ctx_, "epilogue.next", fn_);
+              b_.CreateCondBr(row, then_bb, skip);
+              b_.SetInsertPoint(then_bb);
+            }
+            std::vector<Value*> at;
+            for (const auto& p : c.output_indices) at.push_back(poly(p, vars));
+            width_ = static_cast<unsigned>(lanes);
+            mask_ = row ? lane_mask[static_cast<size_t>(k)] : nullptr;
+            lanes_[c.output] = {b_.CreateLoad(vty, acc), t};
+            const DType et = types_.tensors.at(e.output).dtype;
+            Typed value = expr(e.expr, at);
+            Value* v = convert(value, et);
+            if (et == DType::boolean) v = b_.CreateZExt(v, widen(b_.getInt8Ty()));
+            Value* addr = b_.CreateGEP(storage_type(et), buffer(e.output), flat_index(e.output, at));
+            llvm::Align ealign(et == DType::f64 ? 8 : et == DType::boolean ? 1 : 4);
+            if (mask_) b_.CreateMaskedStore(v, addr, ealign, mask_);
+            else b_.CreateAlignedStore(v, addr, ealign);
+            width_ = 0;
+            mask_ = nullptr;
+            lanes_.clear();
+            if (skip) {
+              b_.CreateBr(skip);
+              b_.SetInsertPoint(skip);
+            }
+            break;
+          }
           case St::plain: break;
         }
       }
@@ -752,6 +813,9 @@ class NestEmitter {
   Value* hi_ = nullptr;
   std::vector<llvm::AllocaInst*> iters_;
   std::vector<llvm::AllocaInst*> acc_;  // micro-kernel accumulators, row-major (row, chunk)
+  unsigned width_ = 0;                    // 0: scalar expressions; else lanes of vector expressions
+  std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
+  Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
   std::map<std::string, Value*> ptrs_;
 };
 

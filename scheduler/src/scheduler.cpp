@@ -235,7 +235,7 @@ class AstTranslator {
           static const std::map<std::string, St> kinds{{"S", St::plain}, {"Z", St::zero}, {"Zp", St::zero},
                                                        {"L", St::load},  {"Lp", St::load},
                                                        {"F", St::fma},   {"Fp", St::fma}, {"T", St::store},
-                                                       {"Tp", St::store}};
+                                                       {"Tp", St::store}, {"E", St::epilogue}, {"Ep", St::epilogue}};
           auto kind = kinds.find(name);
           POLYTILE_CHECK(kind != kinds.end(), "unknown statement ", name, " in the isl AST");
           out.statement = kind->second;
@@ -430,7 +430,7 @@ struct NestBuilder {
   // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                        const std::string& domain_text, const std::vector<std::string>& positional, int64_t out_bytes,
-                       std::string* uncovered) {
+                       std::string* uncovered, const Elementwise* epilogue) {
     int64_t points = 1;
     for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
     if (points < target.microkernel_min_points) return false;
@@ -479,6 +479,7 @@ struct NestBuilder {
     for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
     bool weight_mode = out_bytes * 2 <= target.l2_bytes && reduction_points >= 2048;
     nest.microkernel = mk;
+    if (epilogue && uncovered) nest.epilogue = *epilogue;
     build_microkernel(nest, domain_text, positional, range, true, weight_mode,
                       types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, vector_uses_block, uncovered != nullptr);
     if (uncovered) {
@@ -588,7 +589,7 @@ struct NestBuilder {
                          join(lexless, " or ") + " }");
     load = load.coalesce();
     load_p = load_p.coalesce();
-    const isl::set store = load, store_p = load_p;
+    isl::set store = load, store_p = load_p;
     isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
     if (zero_init) {
       zero = zero.coalesce();
@@ -598,6 +599,12 @@ struct NestBuilder {
     } else {
       zero = isl::set::empty(zero.get_space());
       zero_p = isl::set::empty(zero_p.get_space());
+    }
+    // A fused consumer runs at each block's last reduction tile, in place of the store.
+    isl::set last = store.subtract(store.apply(later.reverse())), last_p = store_p.subtract(store_p.apply(later.reverse()));
+    if (!nest.epilogue) {
+      last = isl::set::empty(last.get_space());
+      last_p = isl::set::empty(last_p.get_space());
     }
     // For the init nest: the blocks, and their rows and in-range lanes as points of S.
     blocks_ = blocks;
@@ -667,7 +674,7 @@ struct NestBuilder {
     auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
       std::string t = "{ ";
       for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple + " -> [" + join(f_exprs) + "]; ";
-      for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
+      for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp", "E", "Ep"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
       t.resize(t.size() - 2);
       return isl::union_map(ctx.get(), t + " }");
     };
@@ -680,8 +687,10 @@ struct NestBuilder {
                              .unite(isl::union_set(named(load_p, "Lp")))
                              .unite(isl::union_set(named(zero, "Z")))
                              .unite(isl::union_set(named(zero_p, "Zp")))
-                             .unite(isl::union_set(named(store, "T")))
-                             .unite(isl::union_set(named(store_p, "Tp")));
+                             .unite(isl::union_set(named(store.subtract(last), "T")))
+                             .unite(isl::union_set(named(store_p.subtract(last_p), "Tp")))
+                             .unite(isl::union_set(named(last, "E")))
+                             .unite(isl::union_set(named(last_p, "Ep")));
     isl::schedule sched = isl::schedule::from_domain(all);
     isl::schedule_node node = sched.root().child(0);
     node = band(node, union_map(outer, outer));
@@ -694,7 +703,7 @@ struct NestBuilder {
     isl::union_set_list filters(ctx.get(), 3);
     filters = filters.add(isl::union_set(ctx.get(), "{ Z" + l_tuple + "; Zp" + l_tuple + "; L" + l_tuple + "; Lp" + l_tuple + " }"))
                   .add(isl::union_set(ctx.get(), "{ F" + f_tuple + "; Fp" + f_tuple + " }"))
-                  .add(isl::union_set(ctx.get(), "{ T" + l_tuple + "; Tp" + l_tuple + " }"));
+                  .add(isl::union_set(ctx.get(), "{ T" + l_tuple + "; Tp" + l_tuple + "; E" + l_tuple + "; Ep" + l_tuple + " }"));
     node = node.insert_sequence(filters);
     node = node.insert_mark(isl::id(ctx.get(), "vector_" + s(R) + "x" + s(mk.chunks) + "x" + s(mk.lanes))).child(0);
     node = node.child(1).child(0);
@@ -756,20 +765,64 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
   Schedule out;
   NestBuilder nb{target, {}, {}, {}};
   try {
-    for (const auto& st : program.statements) {
+    // An elementwise statement over `domain` (its whole box unless given).
+    auto elementwise = [&](const Elementwise& e, std::string domain) {
+      const TensorType& t = types.tensors.at(e.output);
+      Nest nest;
+      nest.kind = Nest::Kind::elementwise;
+      nest.name = e.output + ".elementwise";
+      nest.tensor = e.output;
+      nest.elementwise = e;
+      for (size_t k = 0; k < t.shape.size(); ++k) nest.variables.push_back("i" + std::to_string(k));
+      std::vector<size_t> order(t.shape.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+      if (domain.empty()) domain = box_text("S", nest.variables, t.shape);
+      nb.build(nest, domain, nest.variables, order, t.shape.empty() ? 0 : 1, dtype_bytes(t.dtype));
+      out.nests.push_back(std::move(nest));
+    };
+    // Elementwise consumers that may run as a contraction's epilogue: the contraction's output has the
+    // consumer's shape, is no program output and is read by nothing else, and every other tensor the
+    // consumer reads exists before the contraction runs.
+    std::map<size_t, size_t> epilogue_of;  // contraction statement -> consumer statement
+    {
+      std::map<std::string, size_t> produced;
+      std::map<std::string, int> reads;
+      for (size_t i = 0; i < program.statements.size(); ++i) {
+        const auto& st = program.statements[i];
+        produced[statement_output(st)] = i;
+        if (const auto* c = std::get_if<Contraction>(&st)) {
+          for (const auto& a : c->inputs) ++reads[a.tensor];
+          if (c->init) ++reads[*c->init];
+        } else {
+          std::vector<std::string> leaves;
+          std::get<Elementwise>(st).expr.collect_tensors(leaves);
+          for (const auto& l : leaves) ++reads[l];
+        }
+      }
+      std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
+      for (size_t i = 0; i < program.statements.size(); ++i) {
+        const auto* e = std::get_if<Elementwise>(&program.statements[i]);
+        if (!e) continue;
+        std::vector<std::string> leaves;
+        e->expr.collect_tensors(leaves);
+        for (const auto& o : leaves) {
+          auto p = produced.find(o);
+          if (p == produced.end() || p->second >= i || !std::holds_alternative<Contraction>(program.statements[p->second])) continue;
+          if (outputs.count(o) || reads[o] != 1 || types.tensors.at(o).shape != types.tensors.at(e->output).shape) continue;
+          bool ready = std::all_of(leaves.begin(), leaves.end(), [&](const std::string& l) {
+            auto q = produced.find(l);
+            return l == o || q == produced.end() || q->second < p->second;
+          });
+          if (ready && !epilogue_of.count(p->second)) epilogue_of[p->second] = i;
+          break;
+        }
+      }
+    }
+    std::set<size_t> fused;
+    for (size_t index = 0; index < program.statements.size(); ++index) {
+      const auto& st = program.statements[index];
       if (const auto* e = std::get_if<Elementwise>(&st)) {
-        const TensorType& t = types.tensors.at(e->output);
-        Nest nest;
-        nest.kind = Nest::Kind::elementwise;
-        nest.name = e->output + ".elementwise";
-        nest.tensor = e->output;
-        nest.elementwise = *e;
-        for (size_t k = 0; k < t.shape.size(); ++k) nest.variables.push_back("i" + std::to_string(k));
-        std::vector<size_t> order(t.shape.size());
-        for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-        nb.build(nest, box_text("S", nest.variables, t.shape), nest.variables, order, t.shape.empty() ? 0 : 1,
-                 dtype_bytes(t.dtype));
-        out.nests.push_back(std::move(nest));
+        if (!fused.count(index)) elementwise(*e, "");
         continue;
       }
       const auto& c = std::get<Contraction>(st);
@@ -868,7 +921,10 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         for (int64_t d : t.shape) out_bytes *= d;
         bool reduction_outer = parallel && n_out < order.size() - (innermost.empty() ? 0 : 1) && out_bytes * 4 <= target.l2_bytes;
         std::string uncovered;
-        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes, c.init ? nullptr : &uncovered)) {
+        auto consumer = epilogue_of.find(index);
+        const Elementwise* epilogue =
+            consumer == epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program.statements[consumer->second]);
+        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes, c.init ? nullptr : &uncovered, epilogue)) {
           if (!c.init) {  // the init nest shrinks to the elements no block stores, or disappears
             Nest& init_nest = out.nests[init_index];
             if (isl::set(nb.ctx.get(), uncovered).is_empty()) {
@@ -878,6 +934,10 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
             }
           }
           out.nests.push_back(std::move(update));
+          if (epilogue) {  // the consumer runs in the blocks; elsewhere (unstored elements) as a nest
+            fused.insert(consumer->second);
+            if (!isl::set(nb.ctx.get(), uncovered).is_empty()) elementwise(*epilogue, uncovered);
+          }
           continue;  // a sum: no finalize nest
         }
         nb.build(update, dom, positional, order, parallel ? n_out : 0, dtype_bytes(t.dtype), /*tiled=*/parallel,

@@ -43,7 +43,7 @@ struct Aff {
 struct LoopNode {
   enum class Kind { block, loop, guard, statement };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
-  enum class Statement { plain, zero, load, fma, store };
+  enum class Statement { plain, zero, load, fma, store, epilogue };
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
@@ -65,7 +65,9 @@ struct LoopNode {
 // of the block adds rows x chunks fused multiply-adds -- an input without v is broadcast, an input with v
 // contiguous is loaded as vectors -- (`fma`), and the accumulators are stored (`store`). Without a default
 // tensor, a block's first reduction tile starts from zero accumulators (`zero`) instead of loading, and the
-// init nest only covers the output elements no block stores. Blocks in which
+// init nest only covers the output elements no block stores. An elementwise consumer of the output (bias,
+// activation) can be fused as an `epilogue`: at a block's last reduction tile it is computed from the
+// accumulators and stored to its own tensor; the contraction's output is then only scratch. Blocks in which
 // every row has the same reduction points and every lane is in range run unpredicated; the others
 // (borders, partial blocks) guard each row by the validity of its point and mask lanes past v's range.
 // Statement arguments: load/store (others..., Bb, Bv, reduction tiles...), fma (others..., Bb, Bv,
@@ -93,6 +95,7 @@ struct Nest {
   bool parallel_outer = false;
   int64_t outer_lo = 0, outer_hi = 0;
   std::optional<Microkernel> microkernel;  // update nests only
+  std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
   std::string tree;                   // isl schedule tree with marks
   std::string ast;                    // isl's C rendering of the loops
 };
