@@ -445,6 +445,26 @@ TEST(CpuTest, EpiloguesMatchTheInterpreter) {
   EXPECT_EQ(epilogues, 3 * 2 * 5);
 }
 
+// Tuning: every candidate is compiled and timed, the report lists them fastest first, the winner is
+// cached and computes the same values as the interpreter.
+TEST(CpuTest, TuningKeepsTheFastestCandidate) {
+  Program conv = parse_program(
+      "function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]); }");
+  TensorMap in = inputs_for({{"I", {2, 16, 16, 16}}, {"K", {3, 3, 16, 32}}}, DType::f32, 61);
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  CompileOptions o;
+  o.tune = true;
+  auto tuned = compile(conv, types, o);
+  const auto& report = tuned->tuning().candidates;
+  ASSERT_EQ(report.size(), 5u);
+  for (size_t k = 1; k < report.size(); ++k) EXPECT_LE(report[k - 1].second, report[k].second);
+  EXPECT_EQ(compile(conv, types, o).get(), tuned.get());  // cached
+  EXPECT_TRUE(compile(conv, types)->tuning().candidates.empty());
+  expect_same(conv, in, "tuned convolution", o);
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});

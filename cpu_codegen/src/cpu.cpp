@@ -36,6 +36,7 @@ struct CompiledProgram::Impl {
   sched::Schedule schedule;
   std::string ir;
   CompileTimes times;
+  TuningReport tuning;
   std::vector<std::string> buffers;  // index -> tensor
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::vector<NestFn> nests;
@@ -48,6 +49,7 @@ const Program& CompiledProgram::program() const { return impl_->program; }
 const sched::Schedule& CompiledProgram::schedule() const { return impl_->schedule; }
 const std::string& CompiledProgram::llvm_ir() const { return impl_->ir; }
 const CompileTimes& CompiledProgram::times() const { return impl_->times; }
+const TuningReport& CompiledProgram::tuning() const { return impl_->tuning; }
 
 namespace {
 
@@ -201,12 +203,70 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   return impl;
 }
 
+void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs);
+
+// Tuning (CompileOptions::tune): variants of the target, each compiled and timed on the same deterministic
+// inputs (best of three runs); the fastest wins.
+std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::map<std::string, TensorType>& inputs,
+                                             const CompileOptions& options) {
+  std::vector<std::pair<std::string, sched::Target>> variants;
+  const sched::Target base = options.target;
+  variants.emplace_back("default", base);
+  sched::Target t = base;
+  t.l1_bytes = base.l1_bytes / 2;
+  variants.emplace_back("half L1 budget", t);
+  t = base;
+  t.l1_bytes = base.l1_bytes * 2;
+  variants.emplace_back("double L1 budget", t);
+  t = base;
+  t.vector_registers = base.vector_registers * 3 / 4;
+  variants.emplace_back("fewer accumulators", t);
+  t = base;
+  t.microkernel_min_points = INT64_MAX;
+  variants.emplace_back("loop nests only", t);
+  TensorMap data;
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  for (const auto& [name, type] : inputs) {
+    Buffer b(type.dtype, type.shape);
+    for (int64_t e = 0; e < b.size(); ++e) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      b.set(e, static_cast<double>(state >> 40) / static_cast<double>(1 << 24) - 0.5);
+    }
+    data[name] = b;
+  }
+  std::unique_ptr<CompiledProgram::Impl> best;
+  TuningReport report;
+  double best_time = 0;
+  for (const auto& [what, target] : variants) {
+    CompileOptions o = options;
+    o.target = target;
+    auto impl = build(program, inputs, o);
+    TensorMap out;
+    double fastest = 1e300;
+    for (int k = 0; k < 3; ++k) {
+      auto t0 = std::chrono::steady_clock::now();
+      execute(*impl, data, out);
+      fastest = std::min(fastest, seconds_since(t0));
+    }
+    report.candidates.emplace_back(what, fastest);
+    if (!best || fastest < best_time) {
+      best = std::move(impl);
+      best_time = fastest;
+    }
+  }
+  std::stable_sort(report.candidates.begin(), report.candidates.end(),
+                   [](const auto& x, const auto& y) { return x.second < y.second; });
+  best->tuning = report;
+  return best;
+}
+
 std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o) {
   std::string key = print(p);
   for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
   key += "|" + o.target.name + "/" + std::to_string(o.target.vector_bits) + "/" + std::to_string(o.target.l1_bytes) + "/" +
          std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
-         std::to_string(o.target.microkernel_min_points) + "/" + std::to_string(o.threads) + "/" + std::to_string(o.reduce_and_defract);
+         std::to_string(o.target.microkernel_min_points) + "/" + std::to_string(o.target.vector_registers) + "/" +
+         std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract);
   return key;
 }
 
@@ -222,7 +282,7 @@ std::shared_ptr<const CompiledProgram> compile(const Program& program, const std
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  auto compiled = std::make_shared<const CompiledProgram>(build(program, inputs, options));
+  auto compiled = std::make_shared<const CompiledProgram>(options.tune ? tune(program, inputs, options) : build(program, inputs, options));
   std::lock_guard<std::mutex> lock(mutex);
   return cache.emplace(key, compiled).first->second;
 }
@@ -233,8 +293,11 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
   return outputs;
 }
 
-void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const {
-  const Impl& m = *impl_;
+void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const { execute(*impl_, inputs, outputs); }
+
+namespace {
+
+void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs) {
   for (const auto& [name, t] : m.inputs) {
     auto it = inputs.find(name);
     if (it == inputs.end()) user_error("missing input ", name);
@@ -278,6 +341,8 @@ void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const {
     else if (!m.types.tensors.count(o) || m.inputs.count(o)) outputs[o] = inputs.at(o);
   }
 }
+
+}  // namespace
 
 TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options) {
   std::map<std::string, TensorType> types;

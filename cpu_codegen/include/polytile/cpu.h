@@ -23,6 +23,15 @@ struct CompileOptions {
   sched::Target target = sched::host_target();
   bool reduce_and_defract = true;
   int threads = 0;  // 0: the target's thread count
+  // Tuning: compile a few variants of the target (cache budgets, register budget, loop nests instead of
+  // micro-kernels), time each on deterministic inputs and keep the fastest; the winner is cached per
+  // (program, shapes, target) like any compilation. The default schedule needs no tuning.
+  bool tune = false;
+};
+
+// What tuning tried: each candidate's description and best run time in seconds, the winner first.
+struct TuningReport {
+  std::vector<std::pair<std::string, double>> candidates;
 };
 
 // Seconds spent in each stage of one compilation.
@@ -43,6 +52,7 @@ class CompiledProgram {
   const sched::Schedule& schedule() const;
   const std::string& llvm_ir() const;       // optimized module, deterministic
   const CompileTimes& times() const;
+  const TuningReport& tuning() const;       // empty unless compiled with CompileOptions::tune
 
   struct Impl;
   explicit CompiledProgram(std::unique_ptr<Impl> impl);
