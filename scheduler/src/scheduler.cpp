@@ -465,14 +465,13 @@ struct NestBuilder {
     free_v = free_v.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(mk.vector_lo) + " <= " +
                                                        positional[mk.vector] + " <= " + std::to_string(mk.vector_hi) + " }"));
     if (!free_v.is_equal(domain)) return false;
-    bool vector_uses_block = false;
+    // The inputs' access functions over S, not restricted to the domain: footprints are then those of
+    // interior blocks, where every point of a tile is valid.
+    std::vector<std::string> reads;
     for (const auto& in : c.inputs) {
-      bool has_v = false, has_b = false;
-      for (const auto& p : in.indices) {
-        has_v |= p.coefficient(plan->vector) != Rational(0);
-        has_b |= p.coefficient(plan->block) != Rational(0);
-      }
-      vector_uses_block |= has_v && has_b;
+      std::vector<std::string> idx;
+      for (const auto& p : in.indices) idx.push_back(affine_text(p.bind_dims(types.dims), nest.variables, positional));
+      reads.push_back("{ S[" + join(positional) + "] -> " + in.tensor + "[" + join(idx) + "] }");
     }
     // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
     int64_t reduction_points = 1;
@@ -481,7 +480,7 @@ struct NestBuilder {
     nest.microkernel = mk;
     if (epilogue && uncovered) nest.epilogue = *epilogue;
     build_microkernel(nest, domain_text, positional, range, true, weight_mode,
-                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, vector_uses_block, uncovered != nullptr);
+                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, reads, uncovered != nullptr);
     if (uncovered) {
       // Output elements that no block stores: those still need the init nest.
       std::vector<std::string> polys;
@@ -504,7 +503,7 @@ struct NestBuilder {
   // sequence(L | F -> [reductions] | T).
   void build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
                          const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                         size_t element_bytes, bool vector_input_uses_block, bool zero_init) {
+                         size_t element_bytes, const std::vector<std::string>& reads, bool zero_init) {
     const Microkernel& mk = *nest.microkernel;
     const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
     auto s = [](int64_t v) { return std::to_string(v); };
@@ -551,27 +550,65 @@ struct NestBuilder {
     isl::set fast = hull.intersect(good.apply(map("{ B[" + join(block_dims) + "] -> F" + f_tuple + " }"))).coalesce();
     isl::set slow = hull.subtract(fast).coalesce();
 
-    // Cost model. Reduction tiles keep the vector operand of one tile (a block column's, or all columns'
-    // in a weight-gradient nest) in half of L1; it is reused by every block row. Filled innermost reduction
-    // variable first.
+    // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
+    // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
+    // bounding box of the image of the tile's points under each access function -- must fit in three
+    // quarters of L1: the vector operand is then reused from L1 by every block row. Filled innermost
+    // reduction variable first, each as large as fits (binary search), then balanced.
     const int64_t eb = static_cast<int64_t>(element_bytes);
     const int64_t n_bb = (range[mk.block].second - mk.block_lo + R) / R;
     const int64_t n_bv = (mk.vector_hi - mk.vector_lo + VL) / VL;
-    // The vector operand of a tile is read by every block row, from L1 when it fits (from L2 it caps the
-    // FMA rate: a step of rows x chunks FMAs loads chunks vectors).
-    int64_t point_bytes = eb * VL * (vector_input_uses_block ? R : 1) * (weight_mode ? n_bv : 1);
-    int64_t budget = std::max<int64_t>(1, target.l1_bytes * 3 / 4 / point_bytes);
-    std::vector<int64_t> tile(reds.size()), red_lo(reds.size());
-    int64_t tile_points = 1;
-    for (size_t k = reds.size(); k-- > 0;) {
-      const auto& [lo, hi] = range[mk.reductions[k]];
-      int64_t e = hi - lo + 1;
-      int64_t want = std::clamp<int64_t>(budget / tile_points, 1, e);
-      int64_t n = (e + want - 1) / want;
-      tile[k] = (e + n - 1) / n;
-      red_lo[k] = lo;
-      tile_points *= tile[k];
+    std::vector<int64_t> tile(reds.size(), 1), red_lo(reds.size());
+    {
+      isl::set representative = blocks.lexmin();
+      if (weight_mode) {
+        std::vector<std::string> any_column = block_dims;
+        any_column.back() = "bv2";
+        representative = representative.apply(map("{ B[" + join(block_dims) + "] -> B[" + join(any_column) + "] }")).intersect(blocks);
+      }
+      std::vector<std::string> at_lane = at_row;
+      at_lane[mk.vector] = s(mk.vector_lo) + " + " + s(VL) + "*bv + l";
+      const std::string y_tuple = "Y[" + join(cat(block_dims, {"dd", "l"})) + "]";
+      isl::set points = representative
+                            .apply(map("{ B[" + join(block_dims) + "] -> " + y_tuple + " : 0 <= dd < " + s(R) + " and 0 <= l < " + s(VL) + " }"))
+                            .apply(map("{ " + y_tuple + " -> S[" + join(at_lane) + "] }"));
+      std::vector<isl::map> accesses;
+      for (const auto& r : reads) accesses.push_back(map(r));
+      auto footprint = [&]() {
+        std::vector<std::string> in_tile;
+        for (size_t k = 0; k < reds.size(); ++k)
+          in_tile.push_back(s(red_lo[k]) + " <= " + reds[k] + " < " + s(red_lo[k] + tile[k]));
+        isl::set piece = points.intersect(set("{ " + s_tuple + " : " + join(in_tile, " and ") + " }"));
+        int64_t bytes = 0;
+        for (const auto& access : accesses) {
+          isl::set image = piece.apply(access);
+          if (image.is_empty()) continue;
+          int64_t volume = 1;
+          for (int d = 0; d < static_cast<int>(image.tuple_dim()); ++d) {
+            isl::val lo = image.dim_min_val(d), hi = image.dim_max_val(d);
+            if (lo.is_int() && hi.is_int()) volume *= hi.get_num_si() - lo.get_num_si() + 1;
+          }
+          bytes += volume * eb;
+        }
+        return bytes;
+      };
+      for (size_t k = 0; k < reds.size(); ++k) red_lo[k] = range[mk.reductions[k]].first;
+      const int64_t budget = target.l1_bytes * 3 / 4;
+      for (size_t k = reds.size(); k-- > 0;) {
+        const int64_t e = range[mk.reductions[k]].second - red_lo[k] + 1;
+        int64_t lo = 1, hi = e;
+        while (lo < hi) {
+          tile[k] = (lo + hi + 1) / 2;
+          if (footprint() <= budget) lo = tile[k];
+          else hi = tile[k] - 1;
+        }
+        int64_t n = (e + lo - 1) / lo;
+        tile[k] = (e + n - 1) / n;  // balanced: equal tiles
+        if (tile[k] < e) break;     // the outer reduction variables stay at one value per tile
+      }
     }
+    int64_t tile_points = 1;
+    for (int64_t t : tile) tile_points *= t;
     std::vector<std::string> tile_exprs;
     for (size_t k = 0; k < reds.size(); ++k)
       tile_exprs.push_back("floor(" + shifted(reds[k], red_lo[k]) + "/" + s(tile[k]) + ")");
