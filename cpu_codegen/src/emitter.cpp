@@ -497,13 +497,19 @@ class NestEmitter {
   // An index polynomial (dims bound) at the statement's variable values; exact division by its
   // denominator (the domain guarantees integrality).
   Value* poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
+    auto [s, den] = scaled_poly(p, vars);
+    return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
+  }
+
+  // The polynomial times its denominator, at the given variable values, and that denominator.
+  std::pair<Value*, int64_t> scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
     Polynomial q = p.bind_dims(types_.dims);
     int64_t den = q.constant().den();
     for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
     Value* s = b_.getInt64((q.constant() * Rational(den)).num());
     for (const auto& [v, c] : q.index_terms())
       s = b_.CreateAdd(s, b_.CreateMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
-    return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
+    return {s, den};
   }
 
   Typed identity(AggregationOp op, DType t) {
@@ -636,16 +642,6 @@ class NestEmitter {
   }
 
   // ------------------------------------------------------------------ micro-kernels
-  // An integer index polynomial times its denominator, at the given variable values.
-  std::pair<Value*, int64_t> scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
-    Polynomial q = p.bind_dims(types_.dims);
-    int64_t den = q.constant().den();
-    for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
-    Value* s = b_.getInt64((q.constant() * Rational(den)).num());
-    for (const auto& [v, c] : q.index_terms())
-      s = b_.CreateAdd(s, b_.CreateMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
-    return {s, den};
-  }
 
   Value* in_range(Value* x, int64_t hi) {  // 0 <= x < hi
     return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
