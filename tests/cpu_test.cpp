@@ -445,6 +445,56 @@ TEST(CpuTest, EpiloguesMatchTheInterpreter) {
   EXPECT_EQ(epilogues, 3 * 2 * 5);
 }
 
+// Cheap elementwise producers of a contraction's inputs are evaluated where the inputs are read (no
+// nest, no buffer): in broadcast and vector operands of micro-kernels (with predicated borders) and in
+// plain loop nests; producers read twice, expensive ones and program outputs stay materialized.
+TEST(CpuTest, InlinedProducersMatchTheInterpreter) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+    int inlined;
+  };
+  const Case cases[] = {
+      {"function (X[N, H, W, C], K[KH, KW, C, CO]) -> (O) { I = relu(X - 0.25);"
+       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]); }",
+       {{"X", {2, 9, 7, 5}}, {"K", {3, 3, 5, 21}}}, 1},
+      {"function (A[M, K], B[K, N], S[N]) -> (C) { P = A * 2 + 1; Q = max(abs(B) - 0.5, S);"
+       "  C[i, j : M, N] = +(P[i, k] * Q[k, j]); }",
+       {{"A", {23, 17}}, {"B", {17, 40}}, {"S", {40}}}, 2},
+      {"function (A[M, K], B[K, N]) -> (C, D) { P = A * 2; C[i, j : M, N] = +(P[i, k] * B[k, j]);"
+       "  D[i, j : M, N] = +(P[i, k] * B[k, j]); }",
+       {{"A", {23, 17}}, {"B", {17, 40}}}, 0},
+      {"function (A[M, K], B[K, N]) -> (C, P) { P = exp(A); C[i, j : M, N] = +(P[i, k] * B[k, j]); }",
+       {{"A", {23, 17}}, {"B", {17, 40}}}, 0},
+  };
+  for (bool microkernel : {true, false}) {
+    for (int bits : {512, 128}) {
+      CompileOptions o;
+      o.target.vector_bits = bits;
+      o.target.microkernel_min_points = microkernel ? 0 : INT64_MAX;
+      o.threads = 2;
+      for (const auto& cs : cases) {
+        Program p = parse_program(cs.text);
+        for (DType t : {DType::f32, DType::f64}) {
+          TensorMap in = inputs_for(cs.shapes, t, 71);
+          expect_same(p, in, cs.text, o);
+          std::map<std::string, TensorType> types;
+          for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+          int inlined = 0, elementwise = 0;
+          for (const auto& nest : compile(p, types, o)->schedule().nests) {
+            inlined += static_cast<int>(nest.inlined.size());
+            elementwise += nest.kind == sched::Nest::Kind::elementwise;
+          }
+          EXPECT_EQ(inlined, cs.inlined) << cs.text;
+          if (cs.inlined > 0) {
+            EXPECT_EQ(elementwise, 0) << cs.text;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Tuning: every candidate is compiled and timed, the report lists them fastest first, the winner is
 // cached and computes the same values as the interpreter.
 TEST(CpuTest, TuningKeepsTheFastestCandidate) {

@@ -38,6 +38,7 @@ struct CompiledProgram::Impl {
   CompileTimes times;
   TuningReport tuning;
   std::vector<std::string> buffers;  // index -> tensor
+  std::set<std::string> touched;     // tensors some nest reads or writes
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::vector<NestFn> nests;
   int threads = 1;
@@ -176,6 +177,8 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
     impl->buffers.push_back(statement_output(st));
   }
   emit_nests(*module, impl->schedule, impl->types, index);
+  for (const auto& nest : impl->schedule.nests)
+    for (const auto& t : nest_tensors(nest)) impl->touched.insert(t);
   impl->times.llvm_ir = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
@@ -304,7 +307,8 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
     if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
       user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
   }
-  // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are.
+  // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
+  // tensors no nest touches (inlined producers) get no memory.
   std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());
   TensorMap env;
   std::vector<char*> ptrs(m.buffers.size());
@@ -315,6 +319,7 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
       ptrs[i] = static_cast<char*>(const_cast<void*>(in->second.data()));  // read only
       continue;
     }
+    if (!m.touched.count(name) && !is_output.count(name)) continue;
     const TensorType& t = m.types.tensors.at(name);
     auto reuse = outputs.find(name);
     if (is_output.count(name) && reuse != outputs.end() && reuse->second.dtype() == t.dtype && reuse->second.shape() == t.shape) {

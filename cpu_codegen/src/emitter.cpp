@@ -83,7 +83,10 @@ class NestEmitter {
     return outer;
   }
 
-  std::vector<std::string> tensors_used() const {
+  std::vector<std::string> tensors_used() const { return nest_tensors(nest_); }
+
+ public:
+  static std::vector<std::string> nest_tensors(const sched::Nest& nest_) {
     std::vector<std::string> used{nest_.tensor};
     auto add = [&used](const std::string& t) {
       if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
@@ -93,7 +96,16 @@ class NestEmitter {
       nest_.elementwise.expr.collect_tensors(leaves);
       for (const auto& t : leaves) add(t);
     } else {
-      for (const auto& a : nest_.contraction.inputs) add(a.tensor);
+      for (const auto& a : nest_.contraction.inputs) {
+        auto in = nest_.inlined.find(a.tensor);
+        if (in == nest_.inlined.end() || nest_.kind != sched::Nest::Kind::update) {
+          add(a.tensor);
+          continue;
+        }
+        std::vector<std::string> leaves;
+        in->second.expr.collect_tensors(leaves);
+        for (const auto& t : leaves) add(t);
+      }
       if (nest_.contraction.init) add(*nest_.contraction.init);
       if (nest_.epilogue) {
         add(nest_.epilogue->output);
@@ -501,6 +513,18 @@ class NestEmitter {
     return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
   }
 
+  // A contraction input at index `idx`: loaded, or computed by its inlined elementwise producer (rounded
+  // to the producer's dtype, as the materialized tensor would be). Vector-wide when width_ is set.
+  Typed input(const std::string& tensor, const std::vector<Value*>& idx) {
+    auto in = nest_.inlined.find(tensor);
+    if (in == nest_.inlined.end()) {
+      if (!width_) return load(tensor, flat_index(tensor, idx));
+      return expr(Expr::tensor(tensor), idx);
+    }
+    DType t = types_.tensors.at(tensor).dtype;
+    return {convert(expr(in->second.expr, idx), t), t};
+  }
+
   // The polynomial times its denominator, at the given variable values, and that denominator.
   std::pair<Value*, int64_t> scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
     Polynomial q = p.bind_dims(types_.dims);
@@ -601,7 +625,7 @@ class NestEmitter {
     for (const auto& a : c.inputs) {
       std::vector<Value*> idx;
       for (const auto& p : a.indices) idx.push_back(poly(p, vars));
-      in.push_back(load(a.tensor, flat_index(a.tensor, idx)));
+      in.push_back(input(a.tensor, idx));
     }
     llvm::BasicBlock* skip = nullptr;
     Typed value{nullptr, out.dtype};
@@ -720,9 +744,12 @@ class NestEmitter {
       if (n.statement == St::fma) {
         for (size_t i = 0; i < c.inputs.size(); ++i) {
           if (uses_vector(c.inputs[i])) continue;
-          Value* addr = address(c.inputs[i].tensor, c.inputs[i].indices);
-          if (row) addr = b_.CreateSelect(row, addr, buffer(c.inputs[i].tensor));  // an invalid row reads element 0
-          scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAlignedLoad(ety, addr, align));
+          std::vector<Value*> at;
+          for (const auto& p : c.inputs[i].indices) {
+            Value* x = poly(p, vars);
+            at.push_back(row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);  // an invalid row reads element 0
+          }
+          scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
         }
       }
       for (int k = 0; k < mk.chunks; ++k) {
@@ -751,9 +778,23 @@ class NestEmitter {
               const bool per_row = std::any_of(c.inputs[i].indices.begin(), c.inputs[i].indices.end(), [&](const Polynomial& p) {
                 return p.coefficient(names[mk.block]) != Rational(0);
               });
-              x[i] = scalars[i] ? scalars[i]
-                                : vload(address(c.inputs[i].tensor, c.inputs[i].indices),
-                                        per_row || !mask ? mask : lane_mask[static_cast<size_t>(k)]);
+              Value* m = per_row || !mask ? mask : lane_mask[static_cast<size_t>(k)];
+              if (scalars[i]) {
+                x[i] = scalars[i];
+              } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
+                x[i] = vload(address(c.inputs[i].tensor, c.inputs[i].indices), m);
+              } else {  // the producer, on the lanes
+                std::vector<Value*> at;
+                for (const auto& p : c.inputs[i].indices) {
+                  Value* x = poly(p, vars);
+                  at.push_back(row && per_row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
+                }
+                width_ = static_cast<unsigned>(lanes);
+                mask_ = m;
+                x[i] = convert(input(c.inputs[i].tensor, at), t);
+                width_ = 0;
+                mask_ = nullptr;
+              }
             }
             Value* old = b_.CreateLoad(vty, acc);
             Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
@@ -816,6 +857,8 @@ class NestEmitter {
 };
 
 }  // namespace
+
+std::vector<std::string> nest_tensors(const sched::Nest& nest) { return NestEmitter::nest_tensors(nest); }
 
 void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,
                 const std::map<std::string, int>& buffer_index) {

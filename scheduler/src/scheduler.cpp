@@ -855,7 +855,58 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         }
       }
     }
+    // Elementwise producers that an update can evaluate where it reads them: read only by that
+    // contraction's inputs, not program outputs, and cheap (a few operations, no transcendental calls),
+    // since an input element is read many times.
+    std::map<size_t, std::map<std::string, size_t>> inlined_into;  // contraction -> input -> producer
+    {
+      std::map<std::string, size_t> producer;
+      std::map<std::string, std::set<size_t>> readers;
+      for (size_t i = 0; i < program.statements.size(); ++i) {
+        const auto& st = program.statements[i];
+        if (std::holds_alternative<Elementwise>(st)) producer[statement_output(st)] = i;
+        std::vector<std::string> used;
+        if (const auto* c = std::get_if<Contraction>(&st)) {
+          for (const auto& a : c->inputs) used.push_back(a.tensor);
+          if (c->init) used.push_back(*c->init);
+        } else {
+          std::get<Elementwise>(st).expr.collect_tensors(used);
+        }
+        for (const auto& t : used) readers[t].insert(i);
+      }
+      std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
+      auto cheap = [](const Expr& e) {
+        int nodes = 0;
+        bool ok = true;
+        std::vector<Expr> stack{e};
+        while (!stack.empty()) {
+          Expr x = stack.back();
+          stack.pop_back();
+          ++nodes;
+          if (x.kind() == Expr::Kind::call) {
+            Intrinsic f = x.intrinsic();
+            ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
+                  f == Intrinsic::select || f == Intrinsic::cast || f == Intrinsic::ident || f == Intrinsic::sign;
+          }
+          for (const auto& a : x.args()) stack.push_back(a);
+        }
+        return ok && nodes <= 12;
+      };
+      for (size_t i = 0; i < program.statements.size(); ++i) {
+        const auto* c = std::get_if<Contraction>(&program.statements[i]);
+        if (!c) continue;
+        for (const auto& a : c->inputs) {
+          auto p = producer.find(a.tensor);
+          if (p == producer.end() || outputs.count(a.tensor) || readers[a.tensor] != std::set<size_t>{i} ||
+              (c->init && *c->init == a.tensor) || !cheap(std::get<Elementwise>(program.statements[p->second]).expr))
+            continue;
+          inlined_into[i][a.tensor] = p->second;
+        }
+      }
+    }
     std::set<size_t> fused;
+    for (const auto& [c, inputs] : inlined_into)
+      for (const auto& [tensor, producer] : inputs) fused.insert(producer);
     for (size_t index = 0; index < program.statements.size(); ++index) {
       const auto& st = program.statements[index];
       if (const auto* e = std::get_if<Elementwise>(&st)) {
@@ -893,6 +944,9 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         update.tensor = c.output;
         update.contraction = c;
         update.variables = c.index_variables();
+        if (auto in = inlined_into.find(index); in != inlined_into.end())
+          for (const auto& [tensor, producer] : in->second)
+            update.inlined[tensor] = std::get<Elementwise>(program.statements[producer]);
         // Output variables first; they are parallel when distinct values write distinct elements.
         // Output variables outermost (parallel), then the reduction variables, except that a variable
         // that alone indexes the output's contiguous last dim goes innermost: the inner loop then runs

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -96,6 +97,9 @@ struct Nest {
   int64_t outer_lo = 0, outer_hi = 0;
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
+  // Update nests: cheap elementwise producers of inputs read by nothing else, evaluated where the input
+  // is read instead of being materialized (keyed by the input tensor).
+  std::map<std::string, Elementwise> inlined;
   std::string tree;                   // isl schedule tree with marks
   std::string ast;                    // isl's C rendering of the loops
 };
