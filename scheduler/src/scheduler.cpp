@@ -465,6 +465,15 @@ struct NestBuilder {
     free_v = free_v.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(mk.vector_lo) + " <= " +
                                                        positional[mk.vector] + " <= " + std::to_string(mk.vector_hi) + " }"));
     if (!free_v.is_equal(domain)) return false;
+    // Whether the other output variables leave the broadcast operand alone (they only pick columns).
+    bool columns_only = true;
+    for (const auto& in : c.inputs) {
+      bool has_v = false;
+      for (const auto& p : in.indices) has_v |= p.coefficient(plan->vector) != Rational(0);
+      if (has_v) continue;
+      for (size_t k : mk.others)
+        for (const auto& p : in.indices) columns_only &= p.coefficient(nest.variables[k]) == Rational(0);
+    }
     // The inputs' access functions over S, not restricted to the domain: footprints are then those of
     // interior blocks, where every point of a tile is valid.
     std::vector<std::string> reads;
@@ -480,7 +489,7 @@ struct NestBuilder {
     nest.microkernel = mk;
     if (epilogue && uncovered) nest.epilogue = *epilogue;
     build_microkernel(nest, domain_text, positional, range, true, weight_mode,
-                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, reads, uncovered != nullptr);
+                      types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, reads, uncovered != nullptr, columns_only);
     if (uncovered) {
       // Output elements that no block stores: those still need the init nest.
       std::vector<std::string> polys;
@@ -503,7 +512,7 @@ struct NestBuilder {
   // sequence(L | F -> [reductions] | T).
   void build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
                          const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                         size_t element_bytes, const std::vector<std::string>& reads, bool zero_init) {
+                         size_t element_bytes, const std::vector<std::string>& reads, bool zero_init, bool columns_only) {
     const Microkernel& mk = *nest.microkernel;
     const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
     auto s = [](int64_t v) { return std::to_string(v); };
@@ -682,19 +691,27 @@ struct NestBuilder {
       counts.push_back(n_bv);
       counts.push_back((n_bb + tb - 1) / tb);
       size_t lead = 0;
-      while (lead < counts.size() && counts[lead] < want) ++lead;
-      if (lead == counts.size()) {
-        // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
-        tb = std::max<int64_t>(1, std::min(tb, n_bb / want));
-        counts.back() = (n_bb + tb - 1) / tb;
-        lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
-      }
       std::vector<int64_t> other_tile(others.size(), 1);
-      int64_t per_tile = tb;
-      for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
-        if (k == lead) continue;  // the parallel dimension keeps its values
-        other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
-        per_tile *= other_tile[k];
+      if (columns_only && !others.empty() && n_bb >= want) {
+        // The other output variables only pick columns of the vector operand (a packed matrix's panels):
+        // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
+        tb = std::min(tb, (n_bb + want - 1) / want);
+        lead = counts.size() - 1;
+        for (size_t k = 0; k < others.size(); ++k) other_tile[k] = counts[k];
+      } else {
+        while (lead < counts.size() && counts[lead] < want) ++lead;
+        if (lead == counts.size()) {
+          // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
+          tb = std::max<int64_t>(1, std::min(tb, n_bb / want));
+          counts.back() = (n_bb + tb - 1) / tb;
+          lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+        }
+        int64_t per_tile = tb;
+        for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
+          if (k == lead) continue;  // the parallel dimension keeps its values
+          other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
+          per_tile *= other_tile[k];
+        }
       }
       for (size_t k = 0; k < others.size(); ++k)
         outer.push_back(other_tile[k] == 1 ? others[k]
