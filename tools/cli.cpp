@@ -54,7 +54,8 @@ Prints one stage of the compiler for FILE.tile:
               (needs --shape for every input)
   reduced     contractions after `reduce`: every output index a single variable
   defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
-  schedule    the isl schedule tree of every loop nest, with its tile/point/parallel marks (needs --shape)
+  schedule    the isl schedule tree of every loop nest, with its marks: parallel, tile, reduction_tile, point,
+              vector_RxVxL (a micro-kernel of R rows x V vectors of L lanes) (needs --shape)
   ast         the loops isl generates from those schedules, as C (needs --shape)
   llvm        the optimized LLVM IR the CPU backend runs (needs --shape)
 
