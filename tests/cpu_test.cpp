@@ -495,6 +495,52 @@ TEST(CpuTest, InlinedProducersMatchTheInterpreter) {
   }
 }
 
+// Vectorized row reductions: sums, maxima and minima over a contiguous reduction variable (softmax rows,
+// dot products, matrix-vector products, a scalar total) with partial last groups, inlined producers,
+// several accumulators, and NaN and infinities propagating exactly as in the interpreter.
+TEST(CpuTest, RowReductionsMatchTheInterpreter) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+  };
+  const Case cases[] = {
+      {"function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }",
+       {{"X", {7, 201}}}},
+      {"function (A[M, K], x[K]) -> (y) { y[i : M] = +(A[i, k] * x[k]); }", {{"A", {5, 77}}, {"x", {77}}}},
+      {"function (A[M, K], B[M, K]) -> (d) { d[i : M] = +(A[i, k] * B[i, k]); }", {{"A", {3, 150}}, {"B", {3, 150}}}},
+      {"function (X[N, C]) -> (L, H) { L[i : N] = <(X[i, j]); Y = abs(X) * 2; H[] = >(Y[i, j]); }", {{"X", {9, 65}}}},
+      {"function (X[B, N, C]) -> (O) { O[b, c : B, C] = +(X[b, n, c]); }", {{"X", {2, 40, 70}}}},
+      // every value below -1: a lane past the row's end must add the identity (-inf), not 0
+      {"function (X[N, C]) -> (M) { Y = -abs(X) - 1; M[i : N] = >(Y[i, j]); }", {{"X", {4, 37}}}},
+  };
+  int reductions = 0;
+  for (int bits : {512, 256, 128}) {
+    CompileOptions o;
+    o.target.vector_bits = bits;
+    o.target.microkernel_min_points = 0;
+    o.threads = 2;
+    for (const auto& cs : cases) {
+      Program p = parse_program(cs.text);
+      for (DType t : {DType::f32, DType::f64}) {
+        TensorMap in = inputs_for(cs.shapes, t, 81);
+        expect_same(p, in, cs.text, o);
+        for (auto& [name, b] : in) {  // non-finite values in the middle and at the end of rows
+          b.set(b.size() / 2, std::numeric_limits<double>::quiet_NaN());
+          b.set(b.size() - 1, std::numeric_limits<double>::infinity());
+          b.set(1, -std::numeric_limits<double>::infinity());
+        }
+        expect_same(p, in, std::string("with NaN and inf: ") + cs.text, o);
+        std::map<std::string, TensorType> types;
+        for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+        for (const auto& nest : compile(p, types, o)->schedule().nests) reductions += nest.reduction.has_value();
+      }
+    }
+  }
+  // softmax: 2, matvec, dot, min, max, negative max: 1 each; the sum over a middle axis reads n with a
+  // stride: 0.
+  EXPECT_EQ(reductions, 3 * 2 * 7);
+}
+
 // Tuning: every candidate is compiled and timed, the report lists them fastest first, the winner is
 // cached and computes the same values as the interpreter.
 TEST(CpuTest, TuningKeepsTheFastestCandidate) {

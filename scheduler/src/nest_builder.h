@@ -43,6 +43,9 @@ struct NestBuilder {
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                        const std::string& domain_text, const std::vector<std::string>& positional, int64_t out_bytes,
                        std::string* uncovered, const Elementwise* epilogue);
+  // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
+  bool try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
+                         const std::string& domain_text, const std::vector<std::string>& positional, bool parallel);
   void build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
                          const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
                          size_t element_bytes, const std::vector<std::string>& reads, bool zero_init, bool columns_only);

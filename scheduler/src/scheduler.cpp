@@ -496,8 +496,9 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
           }
           continue;  // a sum: no finalize nest
         }
-        nb.build(update, dom, positional, order, parallel ? n_out : 0, dtype_bytes(t.dtype), /*tiled=*/parallel,
-                 !innermost.empty(), reduction_outer);
+        if (!nb.try_row_reduction(update, c, types, a, dom, positional, parallel))
+          nb.build(update, dom, positional, order, parallel ? n_out : 0, dtype_bytes(t.dtype), /*tiled=*/parallel,
+                   !innermost.empty(), reduction_outer);
         out.nests.push_back(std::move(update));
       }
 

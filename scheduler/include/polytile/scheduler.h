@@ -80,6 +80,19 @@ struct Microkernel {
   int64_t block_lo = 0, vector_lo = 0, vector_hi = 0;
 };
 
+// A vectorized row reduction: a float sum, max or min over a reduction variable r that every input reads
+// contiguously (or not at all) and whose range is the same at every other point (a softmax row max, a
+// dot product). Each output element gets `accumulators` vectors of `lanes` lanes set to the identity
+// (`zero`), every step (`fma`, arguments: outputs..., other reductions..., group) folds accumulators x
+// lanes consecutive r values into them, lanes past r's range masked, and `store` reduces the lanes and
+// aggregates the result into the element. Max and min propagate NaN like the plain nests.
+struct RowReduction {
+  size_t vector = 0;                       // index of r in Nest::variables
+  std::vector<size_t> outputs, others;     // output variables, the other reduction variables
+  int accumulators = 4, lanes = 1;
+  int64_t lo = 0, hi = 0;                  // r's range
+};
+
 // One loop nest and the statement its instances execute.
 struct Nest {
   enum class Kind { init, update, finalize, elementwise };
@@ -96,6 +109,7 @@ struct Nest {
   bool parallel_outer = false;
   int64_t outer_lo = 0, outer_hi = 0;
   std::optional<Microkernel> microkernel;  // update nests only
+  std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
   // Update nests: cheap elementwise producers of inputs read by nothing else, evaluated where the input
   // is read instead of being materialized (keyed by the input tensor).

@@ -1,0 +1,118 @@
+// Vectorized row reductions (see RowReduction in scheduler.h): the eligibility checks (dtypes, contiguous
+// reads, a reduction variable whose range isl proves independent of the other variables) and the schedule
+// tree  [outputs] -> sequence(Z | F -> [other reductions, groups] | T).
+#include <isl/ast.h>
+#include <isl/ast_build.h>
+#include <isl/cpp.h>
+#include <isl/schedule_node.h>
+
+#include <algorithm>
+#include <set>
+
+#include "nest_builder.h"
+#include "polytile/error.h"
+
+namespace polytile::sched::internal {
+
+bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types,
+                                    const poly::ContractionAnalysis& a, const std::string& domain_text,
+                                    const std::vector<std::string>& positional, bool parallel) {
+  if (c.aggregation != AggregationOp::sum && c.aggregation != AggregationOp::max && c.aggregation != AggregationOp::min)
+    return false;
+  if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul) return false;
+  const DType t = types.tensors.at(c.output).dtype;
+  if (!is_float(t)) return false;
+  for (const auto& in : c.inputs)
+    if (types.tensors.at(in.tensor).dtype != t) return false;
+  int64_t points = 1;
+  for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
+  if (points < target.microkernel_min_points) return false;
+  std::set<std::string> in_output;
+  for (const auto& p : c.output_indices)
+    for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
+  const int lanes = std::max(1, target.vector_bits / (t == DType::f64 ? 64 : 32));
+  // r: the reduction variable every input reads contiguously or not at all; at least one reads it.
+  auto contiguous = [](const TensorAccess& in, const std::string& r) {
+    for (size_t k = 0; k < in.indices.size(); ++k) {
+      Rational coeff = in.indices[k].coefficient(r);
+      if (k + 1 < in.indices.size() ? coeff != Rational(0) : coeff != Rational(1) && coeff != Rational(0)) return false;
+    }
+    return true;
+  };
+  std::string r;
+  for (const auto& v : nest.variables) {
+    if (in_output.count(v)) continue;
+    bool ok = true, read = false;
+    for (const auto& in : c.inputs) {
+      ok &= contiguous(in, v);
+      read |= !in.indices.empty() && in.indices.back().coefficient(v) == Rational(1);
+    }
+    if (ok && read) r = v;  // the last such variable: the innermost of the contraction's order
+  }
+  if (r.empty()) return false;
+  RowReduction red;
+  red.lanes = lanes;
+  for (size_t k = 0; k < nest.variables.size(); ++k) {
+    const std::string& v = nest.variables[k];
+    if (v == r) red.vector = k;
+    else (in_output.count(v) ? red.outputs : red.others).push_back(k);
+  }
+  for (const auto& b : a.bounds)
+    if (b.name == r) {
+      red.lo = b.min;
+      red.hi = b.max;
+    }
+  if (red.hi - red.lo + 1 < 2 * lanes) return false;
+  // r's range must not depend on the other variables: then every lane in range is a valid point.
+  const std::string tuple = "S[" + join(positional) + "]";
+  isl::set domain(ctx.get(), domain_text);
+  isl::set free_r = isl::manage(isl_set_eliminate(domain.copy(), isl_dim_set, static_cast<unsigned>(red.vector), 1));
+  free_r = free_r.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(red.lo) + " <= " +
+                                                      positional[red.vector] + " <= " + std::to_string(red.hi) + " }"));
+  if (!free_r.is_equal(domain)) return false;
+  nest.reduction = red;
+
+  auto pick = [&positional](const std::vector<size_t>& ks) {
+    std::vector<std::string> out;
+    for (size_t k : ks) out.push_back(positional[k]);
+    return out;
+  };
+  const std::vector<std::string> outs = pick(red.outputs), others = pick(red.others);
+  const int64_t group = int64_t{red.accumulators} * lanes;
+  std::vector<std::string> f_vars = outs;
+  f_vars.insert(f_vars.end(), others.begin(), others.end());
+  std::vector<std::string> f_image = f_vars;
+  f_image.push_back("floor((" + positional[red.vector] + " - (" + std::to_string(red.lo) + "))/" + std::to_string(group) + ")");
+  f_vars.push_back("g");
+  isl::set steps = domain.apply(isl::map(ctx.get(), "{ " + tuple + " -> F[" + join(f_image) + "] }")).coalesce();
+  isl::set rows = domain.apply(isl::map(ctx.get(), "{ " + tuple + " -> Z[" + join(outs) + "] }")).coalesce();
+  isl::set stores = isl::manage(isl_set_set_tuple_name(rows.copy(), "T"));
+  const std::string z = "Z[" + join(outs) + "]", f = "F[" + join(f_vars) + "]", st = "T[" + join(outs) + "]";
+  isl::union_set all = isl::union_set(rows).unite(isl::union_set(steps)).unite(isl::union_set(stores));
+  isl::schedule sched = isl::schedule::from_domain(all);
+  isl::schedule_node node = sched.root().child(0);
+  auto band = [](isl::schedule_node n, const isl::union_map& m) {
+    return n.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy())));
+  };
+  if (!outs.empty()) {
+    node = band(node, isl::union_map(ctx.get(), "{ " + z + " -> [" + join(outs) + "]; " + f + " -> [" + join(outs) + "]; " + st +
+                                                    " -> [" + join(outs) + "] }"));
+    if (parallel) node = node.insert_mark(isl::id(ctx.get(), "parallel")).child(0);
+    node = node.child(0);
+  }
+  isl::union_set_list filters(ctx.get(), 3);
+  filters = filters.add(isl::union_set(ctx.get(), "{ " + z + " }"))
+                .add(isl::union_set(ctx.get(), "{ " + f + " }"))
+                .add(isl::union_set(ctx.get(), "{ " + st + " }"));
+  node = node.insert_sequence(filters);
+  node = node.insert_mark(isl::id(ctx.get(), "vector_reduction_" + std::to_string(red.accumulators) + "x" +
+                                                 std::to_string(lanes))).child(0);
+  std::vector<std::string> inner = others;
+  inner.push_back("g");
+  node = band(node.child(1).child(0), isl::union_map(ctx.get(), "{ " + f + " -> [" + join(inner) + "] }"));
+  nest.parallel_outer = parallel && !outs.empty();
+  generate(nest, node.schedule(), nest.parallel_outer ? std::set<int>{0} : std::set<int>{});
+  return true;
+}
+
+}  // namespace polytile::sched::internal
