@@ -21,7 +21,7 @@
 #include <set>
 #include <mutex>
 
-#include "emitter.h"
+#include "polytile/llvm_ir.h"
 #include "polytile/error.h"
 #include "polytile/passes.h"
 
@@ -176,9 +176,9 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
     index[statement_output(st)] = static_cast<int>(impl->buffers.size());
     impl->buffers.push_back(statement_output(st));
   }
-  emit_nests(*module, impl->schedule, impl->types, index);
+  llvm_ir::emit_nests(*module, impl->schedule, impl->types, index);
   for (const auto& nest : impl->schedule.nests)
-    for (const auto& t : nest_tensors(nest)) impl->touched.insert(t);
+    for (const auto& t : llvm_ir::nest_tensors(nest)) impl->touched.insert(t);
   impl->times.llvm_ir = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();

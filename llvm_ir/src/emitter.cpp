@@ -5,7 +5,9 @@
 // [lo, hi). Statement bodies follow the dtype rules of ir.h: literals and dims enter as exact f64 values
 // converted by the operation that consumes them, integer division floors (x / 0 = 0), i32 wraps,
 // max/min propagate NaN.
-#include "emitter.h"
+#include "polytile/llvm_ir.h"
+
+#include <llvm/IR/Module.h>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/IRBuilder.h>
@@ -19,7 +21,7 @@
 
 #include "polytile/error.h"
 
-namespace polytile::cpu {
+namespace polytile::llvm_ir {
 namespace {
 
 using llvm::Value;
@@ -942,4 +944,4 @@ void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const Pro
   }
 }
 
-}  // namespace polytile::cpu
+}  // namespace polytile::llvm_ir

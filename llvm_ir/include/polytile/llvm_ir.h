@@ -1,0 +1,31 @@
+// LLVM IR for scheduled loop nests: the emitter shared by the code generators (the host backend in
+// cpu_codegen/, and the PTX target to come). Every nest becomes one function
+//   void nest_<k>(ptr buffers, i64 lo, i64 hi)
+// over a table of tensor pointers, running the outermost loop's iterations in [lo, hi) when the nest is
+// parallel. Target-neutral IR: scalar and vector arithmetic, masked vector loads and stores, llvm
+// intrinsics and libm calls; the caller picks the target, optimizes and runs. Only a forward declaration
+// of llvm::Module appears here: callers link LLVM 16 themselves.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "polytile/scheduler.h"
+#include "polytile/shapes.h"
+
+namespace llvm {
+class Module;
+}
+
+namespace polytile::llvm_ir {
+
+// Adds `void nest_<k>(ptr buffers, i64 lo, i64 hi)` for every nest k of `schedule`; buffers[buffer_index[t]]
+// holds tensor t. InternalError if LLVM's verifier rejects a function.
+void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,
+                const std::map<std::string, int>& buffer_index);
+
+// The tensors a nest's code reads or writes (its buffers).
+std::vector<std::string> nest_tensors(const sched::Nest& nest);
+
+}  // namespace polytile::llvm_ir
