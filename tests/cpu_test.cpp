@@ -221,6 +221,7 @@ TEST(CpuTest, ParallelEqualsSerialAndIrIsDeterministic) {
   EXPECT_EQ(compile(p, types, one).get(), c1.get());  // cached
   EXPECT_NE(c1->schedule().tree().find("mark: \"parallel\""), std::string::npos) << c1->schedule().tree();
   EXPECT_NE(c1->schedule().tree().find("mark: \"tile\""), std::string::npos) << c1->schedule().tree();
+  EXPECT_TRUE(c1->schedule().nests.back().microkernel.has_value());  // the register-blocked path, deterministic too
 }
 
 TEST(CpuTest, ElementwiseChainsFuseWithoutChangingRounding) {
