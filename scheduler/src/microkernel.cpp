@@ -19,9 +19,10 @@ namespace polytile::sched::internal {
 using isl_support::text;
 
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
-bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
-                     const std::string& domain_text, const std::vector<std::string>& positional, int64_t out_bytes,
-                     std::string* uncovered, const Elementwise* epilogue) {
+bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
+                                  const poly::ContractionAnalysis& a, const std::string& domain_text,
+                                  const std::vector<std::string>& positional, int64_t out_bytes, std::string* uncovered,
+                                  const Elementwise* epilogue) {
   int64_t points = 1;
   for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
   if (points < target.microkernel_min_points) return false;
@@ -96,15 +97,15 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   return true;
 }
 
-
 // The micro-kernel nest of an update (see Microkernel in scheduler.h). Statement domains: F (fast
 // blocks: every row has the same reduction points, every lane in range) and Fp (the other blocks, over
 // the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp and T/Tp over (others,
-// Bb, Bv, reduction tiles). Tree: [outer band] -> [reduction tiles] -> [block band] ->
-// sequence(L | F -> [reductions] | T).
+// Bb, Bv, reduction tiles), likewise Z/Zp (first tiles) and E/Ep (last tiles, with an epilogue). Tree:
+// [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
 void NestBuilder::build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
-                       const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                       size_t element_bytes, const std::vector<std::string>& reads, bool zero_init, bool columns_only) {
+                                    const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel,
+                                    bool weight_mode, size_t element_bytes, const std::vector<std::string>& reads,
+                                    bool zero_init, bool columns_only) {
   const Microkernel& mk = *nest.microkernel;
   const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
   auto s = [](int64_t v) { return std::to_string(v); };

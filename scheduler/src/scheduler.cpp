@@ -132,8 +132,8 @@ std::string affine_text(const Polynomial& p, const std::vector<std::string>& var
 // Builds schedule tree, AST and loop IR for one statement domain. `order` permutes the variables into
 // band order; the first `parallel` band members are marked parallel.
 void NestBuilder::build(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
-           const std::vector<size_t>& order, size_t parallel, size_t element_bytes, bool tiled,
-           bool innermost_last, bool reduction_outer) {
+                        const std::vector<size_t>& order, size_t parallel, size_t element_bytes, bool tiled,
+                        bool innermost_last, bool reduction_outer) {
   isl::union_set domain(ctx.get(), domain_text);
   isl::schedule sched = isl::schedule::from_domain(domain);
   std::set<int> safe;  // schedule dimensions whose loops may run in parallel
