@@ -3,7 +3,8 @@
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake, see
 // ../shared/NOTES.md), max pool and softmax forward/backward (GB/s), compile time per stage, and the
-// defracted backward-data kernel against the same gradient compiled without reduce/defract.
+// defracted backward-data kernel against the same gradient compiled without reduce/defract, and conv + bias
+// + relu with the consumer fused into the conv against the same layer unfused.
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
 // bench/run_bench.py pairs "<case>/polytile" with "<case>/<peer>" and prints the ratios.
 #include <benchmark/benchmark.h>
@@ -95,6 +96,26 @@ void BM_PolytileConv(benchmark::State& state, Conv c, Direction d, bool defract)
   o.reduce_and_defract = defract;
   auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
+  for (auto _ : state) {
+    compiled->run(in, out);
+    benchmark::DoNotOptimize(out);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(c.flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Epilogue fusion: conv + bias + relu with the consumer fused into the conv's micro-kernel, against the
+// same layer with the conv's output also requested (so it is materialized and the consumer runs as its
+// own nest).
+void BM_PolytileConvBiasRelu(benchmark::State& state, Conv c, bool fused) {
+  std::string text = c.tile();
+  text.replace(text.find("-> (O)"), 6, fused ? "-> (R)" : "-> (O, R)");
+  text.replace(text.find("K[KH, KW, CI, CO])"), 18, "K[KH, KW, CI, CO], Bias[CO])");
+  text.insert(text.rfind('}'), "  R = relu(O + Bias);\n");
+  Program p = parse_program(text);
+  TensorMap in{{"I", random_f32({c.n, c.h, c.w, c.ci}, 1)}, {"K", random_f32({c.kh, c.kw, c.ci, c.co}, 2)},
+               {"Bias", random_f32({c.co}, 4)}};
+  auto compiled = cpu::compile(p, types_of(in), options());
+  TensorMap out;
   for (auto _ : state) {
     compiled->run(in, out);
     benchmark::DoNotOptimize(out);
@@ -291,6 +312,11 @@ void register_all() {
     std::string base = std::string("defract/") + c.name + "/bwd_data";
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, true)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (const Conv& c : {kConvs[0], kConvs[3]}) {
+    std::string base = std::string("fusion/") + c.name + "/fwd_bias_relu";
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConvBiasRelu, c, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/unfused").c_str(), BM_PolytileConvBiasRelu, c, false)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (int64_t n : {256, 512, 1024, 2048}) {
     std::string base = "sgemm/" + std::to_string(n);

@@ -3,7 +3,8 @@
 them to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
 Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS]
-A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract);
+A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
+unfused);
 the ratio is polytile's rate over the peer's (above 1: polytile is faster).
 """
 import argparse
@@ -46,7 +47,7 @@ def main():
         i = parts.index("polytile")
         case = "/".join(parts[:i] + parts[i + 1:])
         mine, unit = rate(b)
-        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract"):
+        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "unfused"):
             other = by_name.get("/".join(parts[:i] + [peer] + parts[i + 1:]))
             if other:
                 theirs, _ = rate(other)
