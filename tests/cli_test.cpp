@@ -149,6 +149,19 @@ TEST(CliTest, CheckWarnsAboutEmptyDomainsAndProvesAssign) {
   std::remove(assign.c_str());
 }
 
+// --tune: the same values (up to rounding) as the interpreter, from the fastest of the timed variants.
+TEST(CliTest, RunTunedMatchesTheInterpreter) {
+  std::string mm = kExamples + "matmul.tile";
+  std::string tuned = temp("tuned.npy"), oracle = temp("oracle.npy");
+  Result r = cli({"run", mm, "--random", "A=40x70:f64", "--random", "B=70x90:f64", "--tune", "--output", "C=" + tuned});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Result o = cli({"run", mm, "--random", "A=40x70:f64", "--random", "B=70x90:f64", "--backend", "interp", "--output", "C=" + oracle});
+  ASSERT_EQ(o.code, 0) << o.err;
+  Buffer a = read_npy(tuned), b = read_npy(oracle);
+  ASSERT_EQ(a.shape(), b.shape());
+  for (int64_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a.get(e), b.get(e), 1e-12) << e;
+}
+
 TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
   Buffer i64ish = testing::random_buffer({3}, 1);
   write_npy(temp("v.npy"), i64ish);
@@ -171,6 +184,7 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"check", mm, "--shape", "A=3xq"}, "input A: bad shape '3xq'"},
       {{"check", mm, "--bogus", "1"}, "check: unknown option --bogus"},
       {{"run", mm, "--random", "A=3x4"}, "missing input B"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "interp"}, "--tune needs the cpu backend"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=5x2"}, "dims disagree: axis 0 of input B is 5 but K = 4"},
       {{"run", mm, "--random", "A=3x4:f16", "--random", "B=4x2"}, "unknown dtype 'f16'"},
       {{"run", mm, "--input", "A=" + temp("v.npy"), "--random", "B=3x2"}, "input A is declared with rank 2 but got shape (3)"},

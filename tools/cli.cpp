@@ -64,7 +64,7 @@ Prints one stage of the compiler for FILE.tile:
 )";
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
-                    [--output NAME=FILE.npy]... [--backend interp] [--seed N] [--limit N]
+                    [--output NAME=FILE.npy]... [--backend interp] [--tune] [--seed N] [--limit N]
 
 Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
 (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
@@ -74,6 +74,7 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
   --output NAME=FILE.npy       write output NAME
   --backend NAME               cpu (default: native code through LLVM) or interp (the reference interpreter)
+  --tune                       cpu: time a few schedule variants on this machine and run the fastest
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
 )";
@@ -291,8 +292,11 @@ int cmd_run(const Args& a, std::ostream& out) {
   uint64_t seed = 1;
   int64_t limit = 64;
   std::string backend = "cpu";
+  bool tune = false;
   for (const auto& [opt, value] : a.options) {
-    if (opt == "--input") {
+    if (opt == "--tune") {
+      tune = true;
+    } else if (opt == "--input") {
       auto [name, file] = split_assign(opt, value);
       if (inputs.count(name)) user_error("input ", name, " is given twice");
       inputs[name] = read_npy(file);
@@ -313,6 +317,7 @@ int cmd_run(const Args& a, std::ostream& out) {
     }
   }
   if (backend != "interp" && backend != "cpu") user_error("unknown backend '", backend, "' (available: cpu, interp)");
+  if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -322,7 +327,9 @@ int cmd_run(const Args& a, std::ostream& out) {
     for (const auto& o : p.outputs) known |= o == name;
     if (!known) user_error("--output ", name, ": the program has no output named ", name);
   }
-  TensorMap results = backend == "cpu" ? cpu::run(p, inputs) : interpret(p, inputs);
+  cpu::CompileOptions options;
+  options.tune = tune;
+  TensorMap results = backend == "cpu" ? cpu::run(p, inputs, options) : interpret(p, inputs);
   for (const auto& o : p.outputs) {
     auto it = output_files.find(o);
     if (it != output_files.end()) {
@@ -346,8 +353,8 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose") {
-      a.options.emplace_back(s, "true");  // the one flag without a value
+    } else if (s == "--verbose" || s == "--tune") {
+      a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0) {
       std::string opt = s, value;
       // options always take a value: --opt VALUE
