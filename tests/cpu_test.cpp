@@ -57,6 +57,21 @@ void expect_same(const Program& p, const TensorMap& in, const std::string& what,
   }
 }
 
+std::map<std::string, TensorType> types_of(const TensorMap& in) {
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  return types;
+}
+
+// Register-blocked paths wherever they apply, however small the nest, for a given vector width.
+CompileOptions microkernels_forced(int vector_bits) {
+  CompileOptions o;
+  o.target.vector_bits = vector_bits;
+  o.target.microkernel_min_points = 0;
+  o.threads = 2;
+  return o;
+}
+
 Shapes shapes_from_args(const std::string& line) {
   Shapes s;
   std::stringstream ss(line);
@@ -125,8 +140,7 @@ TEST(CpuTest, GradientProgramsMatchTheInterpreter) {
     Shapes shapes = shapes_from_args(shapes_text);
     ad::Result g = ad::vjp(p);
     TensorMap in = inputs_for(shapes, DType::f64, 3);
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+    std::map<std::string, TensorType> types = types_of(in);
     ProgramTypes pt = infer_types(p, types);
     for (size_t o = 0; o < p.outputs.size(); ++o)
       in[g.program.inputs[p.inputs.size() + o].name] = testing::random_buffer(pt.tensors.at(p.outputs[o]).shape, 9 + o);
@@ -300,8 +314,7 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   o.wrt = {"K"};
   Program grad = ad::vjp(conv, o).program;
   TensorMap in = inputs_for({{"I", {2, 32, 32, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {2, 30, 30, 8}}}, DType::f64, 12);
-  std::map<std::string, TensorType> types;
-  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  std::map<std::string, TensorType> types = types_of(in);
   for (bool microkernel : {false, true}) {  // the loop-nest path and the register-blocked one
     CompileOptions two;
     two.threads = 2;
@@ -329,8 +342,7 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   };
   int microkernels = 0, predicated = 0, packed = 0;
   auto count = [&](const Program& p, const TensorMap& in, const CompileOptions& o) {
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+    std::map<std::string, TensorType> types = types_of(in);
     for (const auto& nest : compile(p, types, o)->schedule().nests) {
       microkernels += nest.microkernel.has_value();
       packed += nest.name == "B_P.update";
@@ -338,10 +350,7 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
     }
   };
   for (int bits : {512, 256, 128}) {
-    CompileOptions o;
-    o.target.vector_bits = bits;
-    o.target.microkernel_min_points = 0;
-    o.threads = 2;
+    CompileOptions o = microkernels_forced(bits);
     for (const char* text : convs) {
       Program fwd = parse_program(text);
       TensorMap in = inputs_for({{"I", {2, 11, 10, 5}}, {"K", {3, 3, 5, 19}}}, DType::f64, 31);
@@ -425,17 +434,13 @@ TEST(CpuTest, EpiloguesMatchTheInterpreter) {
   };
   int epilogues = 0;
   for (int bits : {512, 256, 128}) {
-    CompileOptions o;
-    o.target.vector_bits = bits;
-    o.target.microkernel_min_points = 0;
-    o.threads = 2;
+    CompileOptions o = microkernels_forced(bits);
     for (const auto& cs : cases) {
       Program p = parse_program(cs.text);
       for (DType t : {DType::f32, DType::f64}) {
         TensorMap in = inputs_for(cs.shapes, t, 51);
         expect_same(p, in, cs.text, o);
-        std::map<std::string, TensorType> types;
-        for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+        std::map<std::string, TensorType> types = types_of(in);
         int here = 0;
         for (const auto& nest : compile(p, types, o)->schedule().nests) here += nest.epilogue.has_value();
         EXPECT_EQ(here > 0, cs.fused) << cs.text;
@@ -479,8 +484,7 @@ TEST(CpuTest, InlinedProducersMatchTheInterpreter) {
         for (DType t : {DType::f32, DType::f64}) {
           TensorMap in = inputs_for(cs.shapes, t, 71);
           expect_same(p, in, cs.text, o);
-          std::map<std::string, TensorType> types;
-          for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+          std::map<std::string, TensorType> types = types_of(in);
           int inlined = 0, elementwise = 0;
           for (const auto& nest : compile(p, types, o)->schedule().nests) {
             inlined += static_cast<int>(nest.inlined.size());
@@ -516,10 +520,7 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   };
   int reductions = 0;
   for (int bits : {512, 256, 128}) {
-    CompileOptions o;
-    o.target.vector_bits = bits;
-    o.target.microkernel_min_points = 0;
-    o.threads = 2;
+    CompileOptions o = microkernels_forced(bits);
     for (const auto& cs : cases) {
       Program p = parse_program(cs.text);
       for (DType t : {DType::f32, DType::f64}) {
@@ -531,8 +532,7 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
           b.set(1, -std::numeric_limits<double>::infinity());
         }
         expect_same(p, in, std::string("with NaN and inf: ") + cs.text, o);
-        std::map<std::string, TensorType> types;
-        for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+        std::map<std::string, TensorType> types = types_of(in);
         for (const auto& nest : compile(p, types, o)->schedule().nests) reductions += nest.reduction.has_value();
       }
     }
@@ -549,8 +549,7 @@ TEST(CpuTest, TuningKeepsTheFastestCandidate) {
       "function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O) {"
       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]); }");
   TensorMap in = inputs_for({{"I", {2, 16, 16, 16}}, {"K", {3, 3, 16, 32}}}, DType::f32, 61);
-  std::map<std::string, TensorType> types;
-  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  std::map<std::string, TensorType> types = types_of(in);
   CompileOptions o;
   o.tune = true;
   auto tuned = compile(conv, types, o);

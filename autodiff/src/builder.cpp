@@ -6,17 +6,6 @@
 
 namespace polytile::ad {
 
-std::vector<std::string> statement_operands(const Statement& st) {
-  std::vector<std::string> used;
-  if (const auto* c = std::get_if<Contraction>(&st)) {
-    for (const auto& a : c->inputs) used.push_back(a.tensor);
-    if (c->init) used.push_back(*c->init);
-  } else {
-    std::get<Elementwise>(st).expr.collect_tensors(used);
-  }
-  return used;
-}
-
 std::vector<DimExpr> broadcast(const std::vector<DimExpr>& a, const std::vector<DimExpr>& b) {
   size_t r = std::max(a.size(), b.size());
   std::vector<DimExpr> out(r);

@@ -14,9 +14,6 @@
 
 namespace polytile::ad {
 
-// The tensors a statement reads (accesses, default tensor, expression leaves).
-std::vector<std::string> statement_operands(const Statement& st);
-
 std::vector<DimExpr> broadcast(const std::vector<DimExpr>& a, const std::vector<DimExpr>& b);
 
 class Builder {

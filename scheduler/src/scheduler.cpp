@@ -292,14 +292,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       for (size_t i = 0; i < program.statements.size(); ++i) {
         const auto& st = program.statements[i];
         produced[statement_output(st)] = i;
-        if (const auto* c = std::get_if<Contraction>(&st)) {
-          for (const auto& a : c->inputs) ++reads[a.tensor];
-          if (c->init) ++reads[*c->init];
-        } else {
-          std::vector<std::string> leaves;
-          std::get<Elementwise>(st).expr.collect_tensors(leaves);
-          for (const auto& l : leaves) ++reads[l];
-        }
+        for (const auto& t : statement_operands(st)) ++reads[t];
       }
       std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
       for (size_t i = 0; i < program.statements.size(); ++i) {
@@ -330,14 +323,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       for (size_t i = 0; i < program.statements.size(); ++i) {
         const auto& st = program.statements[i];
         if (std::holds_alternative<Elementwise>(st)) producer[statement_output(st)] = i;
-        std::vector<std::string> used;
-        if (const auto* c = std::get_if<Contraction>(&st)) {
-          for (const auto& a : c->inputs) used.push_back(a.tensor);
-          if (c->init) used.push_back(*c->init);
-        } else {
-          std::get<Elementwise>(st).expr.collect_tensors(used);
-        }
-        for (const auto& t : used) readers[t].insert(i);
+        for (const auto& t : statement_operands(st)) readers[t].insert(i);
       }
       std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
       auto cheap = [](const Expr& e) {

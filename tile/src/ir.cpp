@@ -762,6 +762,17 @@ const std::string& statement_output(const Statement& s) {
   return std::visit([](const auto& st) -> const std::string& { return st.output; }, s);
 }
 
+std::vector<std::string> statement_operands(const Statement& s) {
+  std::vector<std::string> used;
+  if (const auto* c = std::get_if<Contraction>(&s)) {
+    for (const auto& a : c->inputs) used.push_back(a.tensor);
+    if (c->init) used.push_back(*c->init);
+  } else {
+    std::get<Elementwise>(s).expr.collect_tensors(used);
+  }
+  return used;
+}
+
 std::string print(const Statement& statement) {
   if (const auto* e = std::get_if<Elementwise>(&statement)) return e->output + " = " + e->expr.str() + ";";
   const auto& c = std::get<Contraction>(statement);

@@ -249,6 +249,9 @@ struct Elementwise {
 
 using Statement = std::variant<Contraction, Elementwise>;
 const std::string& statement_output(const Statement& s);
+// The tensors a statement reads, in order and with repetition: a contraction's inputs then its default
+// tensor; an elementwise statement's leaves.
+std::vector<std::string> statement_operands(const Statement& s);
 
 struct Param {
   std::string name;
