@@ -472,6 +472,11 @@ TEST(CpuTest, InlinedProducersMatchTheInterpreter) {
        {{"A", {23, 17}}, {"B", {17, 40}}}, 0},
       {"function (A[M, K], B[K, N]) -> (C, P) { P = exp(A); C[i, j : M, N] = +(P[i, k] * B[k, j]); }",
        {{"A", {23, 17}}, {"B", {17, 40}}}, 0},
+      // Two dense layers: H is the first one's epilogue (its contraction output stays scratch), so the
+      // second must read H, not recompute it from C.
+      {"function (A[M, K], B[K, N], Bias[N], W[N, P]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]);"
+       "  H = relu(C + Bias); D[i, p : M, P] = +(H[i, j] * W[j, p]); }",
+       {{"A", {30, 20}}, {"B", {20, 48}}, {"Bias", {48}}, {"W", {48, 33}}}, 0},
   };
   for (bool microkernel : {true, false}) {
     for (int bits : {512, 128}) {

@@ -282,77 +282,76 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       nb.build(nest, domain, nest.variables, order, t.shape.empty() ? 0 : 1, dtype_bytes(t.dtype));
       out.nests.push_back(std::move(nest));
     };
+    // Fusion decisions, from one pass over who produces and who reads each tensor.
+    std::map<std::string, size_t> produced;           // tensor -> statement
+    std::map<std::string, std::set<size_t>> readers;  // tensor -> statements reading it
+    std::map<std::string, int> reads;                 // tensor -> reads, with repetition
+    for (size_t i = 0; i < program.statements.size(); ++i) {
+      const auto& st = program.statements[i];
+      produced[statement_output(st)] = i;
+      for (const auto& t : statement_operands(st)) {
+        readers[t].insert(i);
+        ++reads[t];
+      }
+    }
+    const std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
     // Elementwise consumers that may run as a contraction's epilogue: the contraction's output has the
     // consumer's shape, is no program output and is read by nothing else, and every other tensor the
     // consumer reads exists before the contraction runs.
     std::map<size_t, size_t> epilogue_of;  // contraction statement -> consumer statement
-    {
-      std::map<std::string, size_t> produced;
-      std::map<std::string, int> reads;
-      for (size_t i = 0; i < program.statements.size(); ++i) {
-        const auto& st = program.statements[i];
-        produced[statement_output(st)] = i;
-        for (const auto& t : statement_operands(st)) ++reads[t];
-      }
-      std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
-      for (size_t i = 0; i < program.statements.size(); ++i) {
-        const auto* e = std::get_if<Elementwise>(&program.statements[i]);
-        if (!e) continue;
-        std::vector<std::string> leaves;
-        e->expr.collect_tensors(leaves);
-        for (const auto& o : leaves) {
-          auto p = produced.find(o);
-          if (p == produced.end() || p->second >= i || !std::holds_alternative<Contraction>(program.statements[p->second])) continue;
-          if (outputs.count(o) || reads[o] != 1 || types.tensors.at(o).shape != types.tensors.at(e->output).shape) continue;
-          bool ready = std::all_of(leaves.begin(), leaves.end(), [&](const std::string& l) {
-            auto q = produced.find(l);
-            return l == o || q == produced.end() || q->second < p->second;
-          });
-          if (ready && !epilogue_of.count(p->second)) epilogue_of[p->second] = i;
-          break;
+    std::set<size_t> consumers;
+    for (size_t i = 0; i < program.statements.size(); ++i) {
+      const auto* e = std::get_if<Elementwise>(&program.statements[i]);
+      if (!e) continue;
+      std::vector<std::string> leaves;
+      e->expr.collect_tensors(leaves);
+      for (const auto& o : leaves) {
+        auto p = produced.find(o);
+        if (p == produced.end() || p->second >= i || !std::holds_alternative<Contraction>(program.statements[p->second])) continue;
+        if (outputs.count(o) || reads[o] != 1 || types.tensors.at(o).shape != types.tensors.at(e->output).shape) continue;
+        bool ready = std::all_of(leaves.begin(), leaves.end(), [&](const std::string& l) {
+          auto q = produced.find(l);
+          return l == o || q == produced.end() || q->second < p->second;
+        });
+        if (ready && !epilogue_of.count(p->second)) {
+          epilogue_of[p->second] = i;
+          consumers.insert(i);
         }
+        break;
       }
     }
     // Elementwise producers that an update can evaluate where it reads them: read only by that
-    // contraction's inputs, not program outputs, and cheap (a few operations, no transcendental calls),
-    // since an input element is read many times.
-    std::map<size_t, std::map<std::string, size_t>> inlined_into;  // contraction -> input -> producer
-    {
-      std::map<std::string, size_t> producer;
-      std::map<std::string, std::set<size_t>> readers;
-      for (size_t i = 0; i < program.statements.size(); ++i) {
-        const auto& st = program.statements[i];
-        if (std::holds_alternative<Elementwise>(st)) producer[statement_output(st)] = i;
-        for (const auto& t : statement_operands(st)) readers[t].insert(i);
+    // contraction's inputs, not program outputs, cheap (a few operations, no transcendental calls; an
+    // input element is read many times), and not an epilogue candidate -- an epilogue materializes its
+    // consumer while the contraction it reads stays scratch, so that consumer must be read, not recomputed.
+    auto cheap = [](const Expr& e) {
+      int nodes = 0;
+      bool ok = true;
+      std::vector<Expr> stack{e};
+      while (!stack.empty()) {
+        Expr x = stack.back();
+        stack.pop_back();
+        ++nodes;
+        if (x.kind() == Expr::Kind::call) {
+          Intrinsic f = x.intrinsic();
+          ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
+                f == Intrinsic::select || f == Intrinsic::cast || f == Intrinsic::ident || f == Intrinsic::sign;
+        }
+        for (const auto& a : x.args()) stack.push_back(a);
       }
-      std::set<std::string> outputs(program.outputs.begin(), program.outputs.end());
-      auto cheap = [](const Expr& e) {
-        int nodes = 0;
-        bool ok = true;
-        std::vector<Expr> stack{e};
-        while (!stack.empty()) {
-          Expr x = stack.back();
-          stack.pop_back();
-          ++nodes;
-          if (x.kind() == Expr::Kind::call) {
-            Intrinsic f = x.intrinsic();
-            ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
-                  f == Intrinsic::select || f == Intrinsic::cast || f == Intrinsic::ident || f == Intrinsic::sign;
-          }
-          for (const auto& a : x.args()) stack.push_back(a);
-        }
-        return ok && nodes <= 12;
-      };
-      for (size_t i = 0; i < program.statements.size(); ++i) {
-        const auto* c = std::get_if<Contraction>(&program.statements[i]);
-        if (!c) continue;
-        for (const auto& a : c->inputs) {
-          auto p = producer.find(a.tensor);
-          if (p == producer.end() || outputs.count(a.tensor) || readers[a.tensor] != std::set<size_t>{i} ||
-              (c->init && *c->init == a.tensor) || !cheap(std::get<Elementwise>(program.statements[p->second]).expr))
-            continue;
-          inlined_into[i][a.tensor] = p->second;
-        }
+      return ok && nodes <= 12;
+    };
+    std::map<size_t, std::map<std::string, size_t>> inlined_into;  // contraction -> input -> producer
+    for (size_t i = 0; i < program.statements.size(); ++i) {
+      const auto* c = std::get_if<Contraction>(&program.statements[i]);
+      if (!c) continue;
+      for (const auto& a : c->inputs) {
+        auto p = produced.find(a.tensor);
+        if (p == produced.end() || !std::holds_alternative<Elementwise>(program.statements[p->second]) ||
+            consumers.count(p->second) || outputs.count(a.tensor) || readers[a.tensor] != std::set<size_t>{i} ||
+            (c->init && *c->init == a.tensor) || !cheap(std::get<Elementwise>(program.statements[p->second]).expr))
+          continue;
+        inlined_into[i][a.tensor] = p->second;
       }
     }
     std::set<size_t> fused;
