@@ -804,10 +804,15 @@ class NestEmitter {
       for (const auto& p : idx) at.push_back(poly(p, vars));
       return b_.CreateGEP(storage_type(types_.tensors.at(tensor).dtype), buffer(tensor), flat_index(tensor, at));
     };
-    auto uses_vector = [&](const TensorAccess& a) {
-      return std::any_of(a.indices.begin(), a.indices.end(),
-                         [&](const Polynomial& p) { return p.coefficient(names[mk.vector]) != Rational(0); });
+    // Per input: read along v (a vector operand), and different for every row.
+    auto uses = [](const TensorAccess& a, const std::string& v) {
+      return std::any_of(a.indices.begin(), a.indices.end(), [&](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
     };
+    std::vector<bool> along_v, per_row;
+    for (const auto& in : c.inputs) {
+      along_v.push_back(uses(in, names[mk.vector]));
+      per_row.push_back(uses(in, names[mk.block]));
+    }
     for (int d = 0; d < mk.rows; ++d) {
       vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
       vars[names[mk.vector]] = v0;
@@ -816,7 +821,7 @@ class NestEmitter {
       std::vector<Value*> scalars(c.inputs.size(), nullptr);
       if (n.statement == St::fma) {
         for (size_t i = 0; i < c.inputs.size(); ++i) {
-          if (uses_vector(c.inputs[i])) continue;
+          if (along_v[i]) continue;
           std::vector<Value*> at;
           for (const auto& p : c.inputs[i].indices) {
             Value* x = poly(p, vars);
@@ -848,10 +853,7 @@ class NestEmitter {
             // A vector operand that does not depend on the row is read once for all rows (lanes masked
             // only); an invalid row's product is then discarded by the select below.
             for (size_t i = 0; i < 2; ++i) {
-              const bool per_row = std::any_of(c.inputs[i].indices.begin(), c.inputs[i].indices.end(), [&](const Polynomial& p) {
-                return p.coefficient(names[mk.block]) != Rational(0);
-              });
-              Value* m = per_row || !mask ? mask : lane_mask[static_cast<size_t>(k)];
+              Value* m = per_row[i] || !mask ? mask : lane_mask[static_cast<size_t>(k)];
               if (scalars[i]) {
                 x[i] = scalars[i];
               } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
@@ -860,7 +862,7 @@ class NestEmitter {
                 std::vector<Value*> at;
                 for (const auto& p : c.inputs[i].indices) {
                   Value* x = poly(p, vars);
-                  at.push_back(row && per_row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
+                  at.push_back(row && per_row[i] ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
                 }
                 width_ = static_cast<unsigned>(lanes);
                 mask_ = m;

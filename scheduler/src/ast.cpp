@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "nest_builder.h"
 #include "polytile/error.h"
@@ -158,14 +159,16 @@ class AstTranslator {
           isl_id_free(id);
           isl_ast_expr_free(callee);
           using St = LoopNode::Statement;
-          static const std::map<std::string, St> kinds{{"S", St::plain}, {"Z", St::zero}, {"Zp", St::zero},
-                                                       {"L", St::load},  {"Lp", St::load},
-                                                       {"F", St::fma},   {"Fp", St::fma}, {"T", St::store},
-                                                       {"Tp", St::store}, {"E", St::epilogue}, {"Ep", St::epilogue}};
+          // Statement names: S (plain nests); micro-kernels and row reductions: Z, L, F, T, E, with a p
+          // suffix in predicated blocks.
+          static const std::map<std::string, std::pair<St, bool>> kinds{
+              {"S", {St::plain, false}},   {"Z", {St::zero, false}},   {"Zp", {St::zero, true}},
+              {"L", {St::load, false}},    {"Lp", {St::load, true}},   {"F", {St::fma, false}},
+              {"Fp", {St::fma, true}},     {"T", {St::store, false}},  {"Tp", {St::store, true}},
+              {"E", {St::epilogue, false}}, {"Ep", {St::epilogue, true}}};
           auto kind = kinds.find(name);
           POLYTILE_CHECK(kind != kinds.end(), "unknown statement ", name, " in the isl AST");
-          out.statement = kind->second;
-          out.predicated = name.size() == 2;
+          std::tie(out.statement, out.predicated) = kind->second;
         }
         int args = isl_ast_expr_get_op_n_arg(call);
         for (int i = 1; i < args; ++i) {

@@ -23,9 +23,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
                                   const poly::ContractionAnalysis& a, const std::string& domain_text,
                                   const std::vector<std::string>& positional, int64_t out_bytes, std::string* uncovered,
                                   const Elementwise* epilogue) {
-  int64_t points = 1;
-  for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
-  if (points < target.microkernel_min_points) return false;
+  if (box_points(a.bounds) < target.microkernel_min_points) return false;
   std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
   if (!plan) return false;
   auto index = [&nest](const std::string& v) {

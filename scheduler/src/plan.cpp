@@ -131,6 +131,15 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
 
 }  // namespace
 
+int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
+  int64_t points = 1;
+  for (const auto& b : bounds) {
+    const int64_t e = b.max - b.min + 1;
+    points = points > (int64_t{1} << 50) / e ? int64_t{1} << 50 : points * e;
+  }
+  return points;
+}
+
 std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTypes& types,
                                           const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                           bool allow_transpose) {
@@ -148,11 +157,8 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   if (!std::all_of(out.begin(), out.end(), integral)) return std::nullopt;
 
   std::map<std::string, int64_t> extent;
-  int64_t points = 1;
-  for (const auto& b : bounds) {
-    extent[b.name] = b.max - b.min + 1;
-    points = points > (int64_t{1} << 50) / extent[b.name] ? points : points * extent[b.name];
-  }
+  const int64_t points = box_points(bounds);
+  for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
   std::vector<std::string> vars = c.index_variables();
   std::vector<std::string> outputs, reductions;
   for (const auto& v : vars) (uses(out, v) ? outputs : reductions).push_back(v);

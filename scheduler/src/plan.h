@@ -19,6 +19,9 @@ struct MicroPlan {
   int transpose_input = -1;   // input to read from a copy with the vector variable's dim last
 };
 
+// The number of points of the variables' bounding box (saturating at 2^50).
+int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
+
 // nullopt when the contraction is not a float sum of products whose output is contiguous along a
 // variable that every input reads either contiguously or not at all (or, with allow_transpose, through
 // one small operand that has v, with coefficient 1, in one dim).

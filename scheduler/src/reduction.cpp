@@ -10,6 +10,7 @@
 #include <set>
 
 #include "nest_builder.h"
+#include "plan.h"
 #include "polytile/error.h"
 
 namespace polytile::sched::internal {
@@ -24,9 +25,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   if (!is_float(t)) return false;
   for (const auto& in : c.inputs)
     if (types.tensors.at(in.tensor).dtype != t) return false;
-  int64_t points = 1;
-  for (const auto& b : a.bounds) points = points > (int64_t{1} << 50) / (b.max - b.min + 1) ? points : points * (b.max - b.min + 1);
-  if (points < target.microkernel_min_points) return false;
+  if (box_points(a.bounds) < target.microkernel_min_points) return false;
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);

@@ -371,12 +371,17 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       std::vector<size_t> identity(out_vars.size());
       for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
 
-      Nest init;
-      init.kind = Nest::Kind::init;
-      init.name = c.output + ".init";
-      init.tensor = c.output;
-      init.contraction = c;
-      init.variables = out_vars;
+      // The init and finalize nests run over the output's elements.
+      auto element_nest = [&](Nest::Kind kind, const char* suffix) {
+        Nest n;
+        n.kind = kind;
+        n.name = c.output + suffix;
+        n.tensor = c.output;
+        n.contraction = c;
+        n.variables = out_vars;
+        return n;
+      };
+      Nest init = element_nest(Nest::Kind::init, ".init");
       nb.build(init, box_text("S", out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
       const size_t init_index = out.nests.size();
       out.nests.push_back(std::move(init));
@@ -506,12 +511,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         std::string from = "O[";
         for (size_t pos = unwritten_text.find(from); pos != std::string::npos; pos = unwritten_text.find(from, pos))
           unwritten_text.replace(pos, from.size(), "S[");
-        Nest fin;
-        fin.kind = Nest::Kind::finalize;
-        fin.name = c.output + ".finalize";
-        fin.tensor = c.output;
-        fin.contraction = c;
-        fin.variables = out_vars;
+        Nest fin = element_nest(Nest::Kind::finalize, ".finalize");
         nb.build(fin, unwritten_text, out_vars, identity, 0, dtype_bytes(t.dtype));
         out.nests.push_back(std::move(fin));
       }
