@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libisl-dev libntl-dev libgmp-dev
   llvm-16-dev
-  libdnnl-dev libopenblas-dev libtbb-dev
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libtbb-dev
 )
 
 missing=()
@@ -26,10 +26,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 build_dir=build
-flags=(-DCMAKE_BUILD_TYPE=Release)
+flags=(-DCMAKE_BUILD_TYPE=Release -DPOLYTILE_BUILD_BENCH=ON)
 if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
-  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON)
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON -DPOLYTILE_BUILD_BENCH=ON)
 fi
 cmake -S . -B "$build_dir" -G Ninja "${flags[@]}" > /dev/null
 cmake --build "$build_dir" -j "$(nproc)"

@@ -1,8 +1,8 @@
 // polytile's CPU backend against the vendor peers, in the same run and on the same thread count:
 // conv2d NHWC f32 forward, backward-data and backward-weights against oneDNN 2.6 (layouts left `any`;
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
-// NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake, see
-// ../shared/NOTES.md), max pool and softmax forward/backward (GB/s), compile time per stage, and the
+// NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
+// 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s), compile time per stage, and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused.
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
@@ -338,7 +338,7 @@ void register_all() {
 
 int main(int argc, char** argv) {
   // OpenBLAS reads OPENBLAS_CORETYPE when it loads and misdetects this CPU without it: re-run ourselves
-  // with it set, so the peer runs its AVX-512 kernels (../shared/NOTES.md).
+  // with it set, so the peer runs its AVX-512 kernels.
   if (!std::getenv("OPENBLAS_CORETYPE")) {
     setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
     execv("/proc/self/exe", argv);

@@ -321,6 +321,11 @@ TEST(AutodiffTest, CumulativeSumSkipAndConstantIndices) {
   check_vjp("function (A[N], B[N], C[N]) -> (O) { O[i : N] = +(A[i] == B[j] ? C[j]); }", {{"A", {4}}, {"B", {4}}, {"C", {4}}});
   check_vjp("function (A[N], B[M]) -> (O) { O[i : N] = +(A[i] + B[j]); }", {{"A", {3}}, {"B", {4}}});
   check_vjp("function (A[N], B[M]) -> (O) { O[i : 2*N] = +(A[(i + j)/2] + B[j]), j < 2; }", {{"A", {3}}, {"B", {4}}});
+  // A constant index decides the validity of every point: C[5] is out of bounds, so O is all zeros and so
+  // is its gradient; C[1] is in bounds.
+  check_vjp("function (C[2], E[M]) -> (O) { O[i : M] = +(C[5] + E[i]); }", {{"C", {2}}, {"E", {3}}});
+  check_vjp("function (C[2], E[M]) -> (O) { O[i : M] = +(C[1] + E[i]); }", {{"C", {2}}, {"E", {3}}});
+  check_vjp("function (C[2], E[M]) -> (O) { O[i : M] = +(E[i] * C[5]); }", {{"C", {2}}, {"E", {3}}});
 }
 
 // ---------------------------------------------------------------------------------------------- API
@@ -449,6 +454,10 @@ TEST(AutodiffTest, ForwardEqualsReverseAndMixedEqualsReverse) {
       {"function (A[N], B[M]) -> (O) { O[i : N] = +(A[i] + B[j]), j < 2; }", {{"A", {3}}, {"B", {4}}}},
       {"function (I[N, M], D[N]) -> (O) { O[i : N] = >(I[i, j]) default D; }", {{"I", {3, 4}}, {"D", {3}}}},
       {"function (A[N], S[]) -> (O) { O = sin(A) * S + pow(A, 2); }", {{"A", {5}}, {"S", {}}}},
+      // An output read by a later statement, and a broadcast scalar operand.
+      {"function (A[N]) -> (P, O) { O = A * 2.0; P = O; }", {{"A", {4}}}},
+      {"function (A[N], B[]) -> (O) { O = A + B; }", {{"A", {4}}, {"B", {}}}},
+      {"function (A[N], B[]) -> (O, Q) { O = A - B; Q = B * 3.0; }", {{"A", {4}}, {"B", {}}}},
   };
   int k = 0;
   for (const auto& [text, shapes] : programs) {

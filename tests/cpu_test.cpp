@@ -153,6 +153,42 @@ TEST(CpuTest, GradientProgramsMatchTheInterpreter) {
   }
 }
 
+// The classes of backend disagreement an outside differential tester found: comparisons of bools (false <
+// true), exact i32 wrap-around in products and long product reductions, casts of inf, NaN and out-of-range
+// floats to i32 (trunc, then wrap modulo 2^32; inf and NaN give 0), and assign with a cond (the static
+// rule: two valid points may not target one element, whatever the condition says).
+TEST(CpuTest, BoolComparisonsI32WrapAndCastsAgreeWithTheInterpreter) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Buffer a = Buffer::from_values(DType::boolean, {4}, {0, 0, 1, 1}), b = Buffer::from_values(DType::boolean, {4}, {0, 1, 0, 1});
+  Buffer big = Buffer::from_values(DType::i32, {4}, {2147483647, -2147483647 - 1, 65537, 3});
+  Buffer f = Buffer::from_values(DType::f32, {8}, {inf, -inf, std::numeric_limits<double>::quiet_NaN(), 3e10, -3e9, 2147483648.0, -2.5, 1e38});
+  Buffer d = Buffer::from_values(DType::f64, {8}, {inf, -inf, std::numeric_limits<double>::quiet_NaN(), 3e10, -3e9, 2147483648.0, -2.5, 1e300});
+  Buffer threes = Buffer::from_values(DType::i32, {40}, std::vector<double>(40, 3));
+  struct Case {
+    const char* text;
+    TensorMap in;
+  };
+  std::vector<Case> cases = {
+      {"function (A[N], B[N]) -> (O) { O = A > B; }", {{"A", a}, {"B", b}}},
+      {"function (A[N], B[N]) -> (O) { O = A < B; }", {{"A", a}, {"B", b}}},
+      {"function (A[N], B[N]) -> (O) { O = A >= B; }", {{"A", a}, {"B", b}}},
+      {"function (A[N], B[N]) -> (O) { O = (A <= B) == (B > A); }", {{"A", a}, {"B", b}}},
+      {"function (A[N]) -> (O) { O = A * A; }", {{"A", big}}},
+      {"function (A[N]) -> (O) { O = A * A * A + A; }", {{"A", big}}},
+      {"function (A[N]) -> (O) { O[] = *(A[i]); }", {{"A", threes}}},
+      {"function (A[N]) -> (O) { O[] = +(A[i] * A[i]); }", {{"A", big}}},
+      {"function (F[N]) -> (O) { O = cast(F, i32); }", {{"F", f}}},
+      {"function (F[N]) -> (O) { O = cast(F, i32); }", {{"F", d}}},
+  };
+  for (const auto& [text, in] : cases) expect_same(parse_program(text), in, text);
+  // assign with a cond: the rule is static in both backends.
+  Program p = parse_program("function (A[N], B[N], C[N]) -> (O) { O[] = =(A[i] == B[i] ? C[i]); }");
+  Buffer x = Buffer::from_values(DType::f32, {4}, {1, 2, 3, 4}), y = Buffer::from_values(DType::f32, {4}, {9, 2, 9, 9});
+  TensorMap in{{"A", x}, {"B", y}, {"C", x}};
+  EXPECT_THROW(interpret(p, in), UserError);
+  EXPECT_THROW(run(p, in), UserError);
+}
+
 TEST(CpuTest, ElementwiseSemanticsMatchExactly) {
   Buffer i = Buffer::from_values(DType::i32, {6}, {-7, 7, 5, 0, -2147483647 - 1, 3});
   Buffer j = Buffer::from_values(DType::i32, {6}, {2, -2, 0, 3, -1, 3});

@@ -135,11 +135,21 @@ inline Case rational(std::mt19937_64& rng) {
   return {os.str(), {{"I", {n}}}, "rational"};
 }
 
+// Rational output indices with constant offsets and rational constraints, as gradients of rational
+// accesses produce: O[(a*l + b*k + c)/q : n] = +(F[l] * G[k]), l < w, k/r < m.
+inline Case rational_output(std::mt19937_64& rng) {
+  int64_t q = pick(rng, 2, 4), a = pick(rng, 1, 3), b = pick(rng, -2, 2), c = pick(rng, -3, 3), r = pick(rng, 1, 3);
+  if (b == 0) b = 1;
+  std::ostringstream os;
+  os << "function (F[L], G[K]) -> (O) {\n  O[(" << a << "*l + " << b << "*k + " << c << ")/" << q << " : " << pick(rng, 2, 9)
+     << "] = +(F[l] * G[k]), l < " << pick(rng, 1, 4) << ", k/" << r << " < " << pick(rng, 1, 3) << ";\n}\n";
+  return {os.str(), {{"F", {pick(rng, 3, 6)}}, {"G", {pick(rng, 3, 7)}}}, "rational output"};
+}
 
 // One of the above, chosen at random.
 inline Case any_case(std::mt19937_64& rng) {
-  int which = static_cast<int>(rng() % 4);
-  return which <= 1 ? conv_input_gradient(rng) : which == 2 ? transposed(rng) : rational(rng);
+  int which = static_cast<int>(rng() % 5);
+  return which <= 1 ? conv_input_gradient(rng) : which == 2 ? transposed(rng) : which == 3 ? rational(rng) : rational_output(rng);
 }
 
 }  // namespace polytile::testing::generators

@@ -154,6 +154,37 @@ TEST(InterpreterTest, UnboundedVariableIsAUserError) {
   EXPECT_NE(msg.find("index variable j of contraction O is unbounded"), std::string::npos) << msg;
 }
 
+TEST(InterpreterTest, VariablesBoundedOnlyByRowsTogetherAreBounded) {
+  // Neither i nor j is bounded by a row of its own; together i - j in [0, 4) and i + j in [0, 2) bound both.
+  Buffer a = vec({1, 10, 100, 1000});
+  Buffer o = run1("function (A[N]) -> (O) { O[] = +(A[i - j]), i + j < 2; }", {{"A", a}});
+  // (i, j) in {(0,0), (1,0), (1,1)}: A[0] + A[1] + A[0].
+  EXPECT_EQ(o.get(0), 12);
+  // The reduced form of a defracted gradient: i + j_0 and i + 2*j_0 bound i and j_0 only together.
+  Buffer b = Buffer::from_values(DType::f64, {3, 4}, {5, 1, 7, 3, 2, 8, 6, 4, 9, 0, 2, 1});
+  Buffer m = run1("function (B[N, M]) -> (O) { O[] = <(B[i + j, i + 2*j]); }", {{"B", b}});
+  EXPECT_EQ(m.get(0), 0);  // every B[s, t] is read once (i = 2s - t, j = t - s): the minimum of B
+}
+
+TEST(InterpreterTest, IntegerArithmeticWrapsExactly) {
+  Buffer a = Buffer::from_values(DType::i32, {2}, {2147483647, 65537});
+  EXPECT_EQ(run1("function (A[N]) -> (O) { O = A * A; }", {{"A", a}}).to_doubles(), (std::vector<double>{1, 131073}));
+  // 3^40 mod 2^32, as a signed 32-bit value.
+  Buffer threes = Buffer::from_values(DType::i32, {40}, std::vector<double>(40, 3));
+  uint32_t p = 1;
+  for (int k = 0; k < 40; ++k) p *= 3u;
+  EXPECT_EQ(run1("function (A[N]) -> (O) { O[] = *(A[i]); }", {{"A", threes}}).get(0), static_cast<double>(static_cast<int32_t>(p)));
+}
+
+TEST(InterpreterTest, HugeDenominatorsAreExactOrRefused) {
+  // i/2^62 is integral only at i = 0.
+  Buffer o = run1("function (A[N]) -> (O) { O[i : N] = +(A[i/4611686018427387904 + i]); }", {{"A", vec({1, 2, 3})}});
+  EXPECT_EQ(o.to_doubles(), (std::vector<double>{1, 0, 0}));
+  // A common denominator beyond 64 bits is a clear error, not a silent overflow.
+  std::string msg = run_error("function (A[N]) -> (O) { O[i : N] = +(A[i/4611686018427387904 + i/3]); }", {{"A", vec({1, 2, 3})}});
+  EXPECT_NE(msg.find("too large for the reference interpreter"), std::string::npos) << msg;
+}
+
 TEST(InterpreterTest, BroadcastingFollowsNumpy) {
   Buffer a = Buffer::from_values(DType::f64, {3, 1}, {1, 2, 3});
   Buffer b = vec({10, 20, 30, 40});

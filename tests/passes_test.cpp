@@ -98,6 +98,43 @@ TEST(PassesTest, ReduceDeclinesWhenIntegralityWouldBeLost) {
   EXPECT_NE(r.reason.find("would not keep every original index variable integral"), std::string::npos) << r.reason;
 }
 
+// Runs reduce then defract on the program's only contraction and compares values with the original.
+void expect_passes_keep_values(const std::string& text, const std::map<std::string, std::vector<int64_t>>& shapes) {
+  Program p = parse_program(text);
+  ProgramTypes types = types_for(p, shapes);
+  Program after = reduce_and_defract(p, PassContext{&types});
+  TensorMap inputs;
+  uint64_t seed = 7;
+  for (const auto& [name, shape] : shapes) inputs[name] = testing::random_buffer(shape, seed++);
+  const std::string& out = only_contraction(p).output;
+  testing::expect_near_buffers(interpret(after, inputs).at(out), interpret(p, inputs).at(out), 1e-12, text + print(after));
+}
+
+TEST(PassesTest, ReduceShiftsRationalConstantOffsetsIntoTheNewVariables) {
+  // (l + k + 1)/2 is integral at the valid points; the new variable takes the offset: no v0 + 1/2.
+  Program p = parse_program("function (F[L]) -> (O) { O[(l + k + 1)/2 : 4] = +(F[l]), l < 3; }");
+  PassResult r = reduce(only_contraction(p));
+  ASSERT_TRUE(r.changed);
+  EXPECT_EQ(print(Statement(r.contraction)), "O[v0 : 4] = +(F[v1]), v1 < 3;");
+  expect_passes_keep_values("function (F[L]) -> (O) { O[(l + k + 1)/2 : 4] = +(F[l]), l < 3; }", {{"F", {3}}});
+  // The gradients of rational accesses with offsets (the class the outside tester found).
+  for (const char* index : {"(x + y + 1)/2", "(x - y + 3)/2", "(2*x - y + 1)/4", "(3*x + 2*y - 5)/3"})
+    expect_passes_keep_values(std::string("function (DC[8], B[M]) -> (DA) { DA[") + index +
+                                  " : 9] = +(DC[x] * B[y]); }",
+                              {{"DC", {8}}, {"B", {5}}});
+}
+
+TEST(PassesTest, ReduceNeverMakesAFractionalConstraintAVariable) {
+  // i/2 < 2 holds for i in 0..3; a variable v = i/2 would keep only the even i.
+  const char* text = "function (E[K]) -> (O) { O[j + k : 6] = +(E[k]), j < 2, i/2 < 2; }";
+  PassResult r = reduce(only_contraction(parse_program(text)));
+  ASSERT_TRUE(r.changed);
+  EXPECT_EQ(print(Statement(r.contraction)), "O[v0 : 6] = +(E[v0 - v1]), v1 < 2, 1/2*v2 < 2;");
+  expect_passes_keep_values(text, {{"E", {4}}});
+  // A rational constraint that is integral wherever the accesses are may still serve.
+  expect_passes_keep_values("function (E[K]) -> (O) { O[j + k : 6] = +(E[(k + j)/2]), (k + j)/2 < 2, j < 3; }", {{"E", {4}}});
+}
+
 TEST(PassesTest, DefractSplitsRationalIndicesIntoDigits) {
   Program p = parse_program("function (I[N]) -> (O) { O[i : 2*N] = +(I[(i - j + 1)/2]), j < 2; }");
   PassResult d = defract(only_contraction(p));

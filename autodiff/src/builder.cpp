@@ -184,15 +184,17 @@ std::string Builder::ones(const std::string& tensor) {
 
 void Builder::keep_bounds(const TensorAccess& a, std::vector<Constraint>& extra, std::vector<TensorAccess>& body,
                           CombinationOp& comb) {
+  // Constraints 0 <= index < dim carry the access's validity when every index is integral and varies; a
+  // constant index (C[5] of a two-element C) is valid or not as a whole, which only an access can say.
   bool integral = true;
   for (const auto& p : a.indices) {
-    integral &= p.constant().is_integer();
+    integral &= p.constant().is_integer() && p.has_index_vars();
     for (const auto& [v, c] : p.index_terms()) integral &= c.is_integer();
   }
   if (integral) {
     const auto& shape = shapes.at(a.tensor);
     for (size_t k = 0; k < a.indices.size(); ++k)
-      if (a.indices[k].has_index_vars()) extra.push_back({a.indices[k], shape[k]});
+      extra.push_back({a.indices[k], shape[k]});
     return;
   }
   body.push_back({ones(a.tensor), a.indices});

@@ -42,6 +42,7 @@ class ForwardMode {
     }
     Result r;
     b_.program.outputs.clear();
+    std::map<std::string, std::string> bound;  // a tangent already given an output's name
     for (size_t i = 0; i < forward_.outputs.size(); ++i) {
       const std::string& o = forward_.outputs[i];
       const std::string& name = names[i];
@@ -49,8 +50,12 @@ class ForwardMode {
       if (it == tangent_.end()) {
         b_.zeros(o, {}, name + "_zeros");
         b_.rename_last(name);
+      } else if (auto b = bound.find(it->second); b != bound.end()) {
+        // Two outputs share a tangent (P = O with outputs P and O): the first name may have replaced it.
+        b_.add(Elementwise{name, Expr::call(Intrinsic::ident, {T(b->second)})});
       } else if (made_.count(it->second)) {
         b_.bind_name(it->second, name);
+        bound[it->second] = name;
       } else {
         b_.add(Elementwise{name, Expr::call(Intrinsic::ident, {T(it->second)})});
       }
@@ -77,6 +82,12 @@ class ForwardMode {
       return T(it->second);
     });
     if (!t) return;
+    // The tangent has the output's shape even when only a broadcast operand carries one (O = A + B with a
+    // scalar B: TO = TB spread over A's shape). select(O == O, t, t) is t broadcast to O, NaN included.
+    if (b_.expr_shape(*t) != b_.shapes.at(e.output)) {
+      Expr o = T(e.output);
+      t = Expr::call(Intrinsic::select, {Expr::binary(BinaryOp::eq, o, o), *t, *t});
+    }
     std::string name = b_.elementwise("T" + e.output, *t);
     if (t->kind() != Expr::Kind::tensor) made_.insert(name);
     tangent_[e.output] = name;

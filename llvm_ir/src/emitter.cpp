@@ -278,8 +278,17 @@ class NestEmitter {
       case DType::i32:
         if (x.t == DType::boolean) return b_.CreateZExt(x.v, widen(b_.getInt32Ty()));
         {
-          Value* wide = b_.CreateIntrinsic(llvm::Intrinsic::fptosi_sat, {widen(b_.getInt64Ty()), x.v->getType()}, {x.v});
-          return b_.CreateTrunc(wide, widen(b_.getInt32Ty()));
+          // trunc, then wrap modulo 2^32: r = t - 2^32 * round(t / 2^32) lies in [-2^31, 2^31] and is exact
+          // in floating point (below 2^31 nothing changes; above, t is a multiple of 2^8 in f32, so r fits
+          // the significand), so it converts exactly and truncating to i32 wraps; inf and NaN give 0.
+          llvm::Type* fty = x.v->getType();
+          Value* t = b_.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x.v);
+          Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-32)));
+          Value* r = b_.CreateFSub(t, b_.CreateFMul(q, llvm::ConstantFP::get(fty, 0x1p32)));
+          Value* finite = b_.CreateFCmpOLT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x.v),
+                                           llvm::ConstantFP::getInfinity(fty));
+          r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
+          return b_.CreateTrunc(b_.CreateFPToSI(r, widen(b_.getInt64Ty())), widen(b_.getInt32Ty()));
         }
       case DType::boolean:
         if (is_float(x.t)) return b_.CreateFCmpUNE(x.v, llvm::ConstantFP::get(x.v->getType(), 0.0));
@@ -364,6 +373,16 @@ class NestEmitter {
         case BinaryOp::gt: return b_.CreateFCmpOGT(x, y);
         case BinaryOp::le: return b_.CreateFCmpOLE(x, y);
         case BinaryOp::ge: return b_.CreateFCmpOGE(x, y);
+        default: break;
+      }
+    } else if (t == DType::boolean) {  // false < true: i1 compares unsigned (signed, true is -1)
+      switch (op) {
+        case BinaryOp::eq: return b_.CreateICmpEQ(x, y);
+        case BinaryOp::ne: return b_.CreateICmpNE(x, y);
+        case BinaryOp::lt: return b_.CreateICmpULT(x, y);
+        case BinaryOp::gt: return b_.CreateICmpUGT(x, y);
+        case BinaryOp::le: return b_.CreateICmpULE(x, y);
+        case BinaryOp::ge: return b_.CreateICmpUGE(x, y);
         default: break;
       }
     } else {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "polytile/error.h"
@@ -228,31 +229,67 @@ PassResult reduce(const Contraction& c, const PassContext& ctx) {
   const std::vector<std::string> vars = c.index_variables();
   const size_t n = vars.size();
 
-  // Candidate rows: outputs first, then constraints and accesses, tightest first, then unit vectors.
+  // Candidate rows: outputs first, then constraints and accesses, tightest first, then unit vectors. Each new
+  // variable is z = row . x + offset, where offset is the fractional part of the candidate's constant, so
+  // that the candidate becomes z + (an integer): (l + k + 1)/2 becomes v0 + 0 with v0 = (l + k)/2 + 1/2.
+  // A new variable must be an integer at every valid point of the original: index expressions are (that
+  // is the valid-indices rule), unit vectors are, and a constraint is offered only when the lattice proves
+  // it integral wherever the index expressions are (i/2 < 2 is not, and would drop every odd i).
   struct Candidate {
     int64_t range;
     size_t order;
     RatRow row;
+    Rational offset;
+  };
+  const std::vector<Polynomial> polys_before = index_expressions(c);
+  std::optional<LatticeQuery> lattice_before;
+  auto integral_where_valid = [&](const Polynomial& p) {
+    if (!(non_index_part(p) - Polynomial(p.constant())).dims_as_expr()) return false;
+    bool integer_coefficients = std::all_of(p.index_terms().begin(), p.index_terms().end(),
+                                            [](const auto& t) { return t.second.is_integer(); });
+    if (integer_coefficients && p.constant().is_integer()) return true;
+    if (!lattice_before) lattice_before = integral_points(polys_before, vars);
+    std::vector<Polynomial> with = polys_before;
+    with.push_back(p);
+    LatticeQuery after = integral_points(with, vars);
+    return lattice_before->ok && after.ok && same_points(lattice_before->lattice, after.lattice);
+  };
+  auto fraction_of = [](const Rational& r) {
+    int64_t q = r.num() / r.den();
+    if (r.num() % r.den() != 0 && r.num() < 0) --q;
+    return r - Rational(q);
   };
   std::vector<Candidate> rest;
   size_t order = 0;
-  for (const auto& k : c.constraints) rest.push_back({bound_of(k.bound, ctx), order++, linear_part(k.poly, vars)});
+  for (const auto& k : c.constraints) {
+    // A constraint's value need not be integral; only its linear part plus an offset can become a variable.
+    Polynomial linear = non_index_part(k.poly);
+    Polynomial shifted = k.poly - linear + Polynomial(fraction_of(k.poly.constant()));
+    if (integral_where_valid(shifted))
+      rest.push_back({bound_of(k.bound, ctx), order, linear_part(k.poly, vars), fraction_of(k.poly.constant())});
+    ++order;
+  }
   for (const auto& a : c.inputs)
     for (size_t axis = 0; axis < a.indices.size(); ++axis)
-      rest.push_back({range_of(a.tensor, axis, ctx), order++, linear_part(a.indices[axis], vars)});
+      rest.push_back({range_of(a.tensor, axis, ctx), order++, linear_part(a.indices[axis], vars),
+                      fraction_of(a.indices[axis].constant())});
   std::stable_sort(rest.begin(), rest.end(), [](const Candidate& a, const Candidate& b) { return a.range < b.range; });
 
   RowSpace space(n);
   std::vector<RatRow> basis;
-  auto offer = [&](const RatRow& row) {
-    if (basis.size() < n && space.add(row)) basis.push_back(row);
+  std::vector<Rational> offsets;
+  auto offer = [&](const RatRow& row, const Rational& offset) {
+    if (basis.size() < n && space.add(row)) {
+      basis.push_back(row);
+      offsets.push_back(offset);
+    }
   };
-  for (const auto& p : c.output_indices) offer(linear_part(p, vars));
-  for (const auto& cand : rest) offer(cand.row);
+  for (const auto& p : c.output_indices) offer(linear_part(p, vars), fraction_of(p.constant()));
+  for (const auto& cand : rest) offer(cand.row, cand.offset);
   for (size_t k = 0; k < n; ++k) {
     RatRow unit(n, Rational(0));
     unit[k] = Rational(1);
-    offer(unit);
+    offer(unit, Rational(0));
   }
   POLYTILE_CHECK(basis.size() == n, "basis completion failed");
 
@@ -263,20 +300,21 @@ PassResult reduce(const Contraction& c, const PassContext& ctx) {
     base += std::to_string(k);
     new_vars.push_back(fresh(base, taken));
   }
+  // z = B x + b, so x = B^-1 (z - b).
   std::vector<RatRow> inv = invert(basis);
   std::vector<Polynomial> old_exprs(n);  // x_k as a polynomial of the new variables
   for (size_t k = 0; k < n; ++k)
     for (size_t j = 0; j < n; ++j)
-      if (!inv[k][j].is_zero()) old_exprs[k] = old_exprs[k] + Polynomial::index(new_vars[j]) * inv[k][j];
+      if (!inv[k][j].is_zero()) old_exprs[k] = old_exprs[k] + (Polynomial::index(new_vars[j]) - Polynomial(offsets[j])) * inv[k][j];
 
   Contraction out = substitute_all(c, vars, old_exprs);
   // The old variables were integers. If the change of variables is not unimodular, the index expressions
   // must still imply that, or the reduced contraction would admit points the original did not.
   // Fast path: an old variable is surely integral when some original index expression is +-x + integer.
-  const std::vector<Polynomial> polys_before = index_expressions(c);
   bool implied = true;
   for (size_t k = 0; k < n && implied; ++k) {
-    bool integral_row = std::all_of(inv[k].begin(), inv[k].end(), [](const Rational& x) { return x.is_integer(); });
+    bool integral_row = std::all_of(inv[k].begin(), inv[k].end(), [](const Rational& x) { return x.is_integer(); }) &&
+                        old_exprs[k].constant().is_integer();
     if (integral_row) continue;
     implied = std::any_of(polys_before.begin(), polys_before.end(),
                           [&](const Polynomial& p) { return is_unit_variable(p, vars[k]); });

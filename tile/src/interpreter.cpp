@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
+#include <tuple>
 
 #include "polytile/error.h"
 #include "polytile/shapes.h"
@@ -39,8 +41,15 @@ Row make_row(const Polynomial& p, const std::vector<std::string>& vars, int64_t 
   r.hi = hi;
   r.integral = integral;
   r.what = std::move(what);
+  // The common denominator and the scaled numerators must fit int64 (their sums are taken in 128 bits).
+  auto checked_lcm = [&](int64_t a, int64_t b) {
+    i128 l = static_cast<i128>(a) / std::gcd(a, b) * b;
+    if (l > std::numeric_limits<int64_t>::max())
+      user_error("the coefficients of ", r.what, " (", p.str(), ") have denominators too large for the reference interpreter");
+    return static_cast<int64_t>(l);
+  };
   int64_t d = p.constant().den();
-  for (const auto& [name, c] : p.index_terms()) d = std::lcm(d, c.den());
+  for (const auto& [name, c] : p.index_terms()) d = checked_lcm(d, c.den());
   r.denom = d;
   r.constant = (p.constant() * Rational(d)).num();
   r.coeffs.assign(vars.size(), 0);
@@ -124,11 +133,129 @@ bool propagate_bounds(const std::vector<Row>& rows, std::vector<i128>& lo, std::
   return true;
 }
 
+// Exact bounds by Fourier-Motzkin elimination, for variables that interval propagation leaves unbounded
+// (i and j of `A[i - j], i + j < 2` are each bounded only by the two rows together). Every row gives two
+// integer inequalities a.x + b >= 0; eliminating every other variable projects the rational polyhedron
+// onto one variable, whose bounds contain every integer point (tightened by integer rounding after each
+// division by the coefficients' gcd). Returns false when the rows have no point at all.
+struct Inequality {
+  std::vector<i128> a;
+  i128 b = 0;
+  bool operator<(const Inequality& o) const { return std::tie(a, b) < std::tie(o.a, o.b); }
+};
+
+i128 abs128(i128 v) { return v < 0 ? -v : v; }
+i128 gcd128(i128 a, i128 b) {
+  a = abs128(a);
+  b = abs128(b);
+  while (b != 0) {
+    i128 t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// Divides by the gcd of the variable coefficients, rounding the constant down (valid for integer x).
+// False when an inequality with no variables is violated.
+bool normalize(Inequality& q) {
+  i128 g = 0;
+  for (i128 c : q.a) g = gcd128(g, c);
+  if (g == 0) return q.b >= 0;
+  for (i128& c : q.a) c /= g;
+  q.b = floor_div128(q.b, g);
+  return true;
+}
+
+bool eliminate_bounds(const std::vector<Row>& rows, size_t target, const std::string& output, i128& lo, i128& hi) {
+  constexpr size_t kMaxInequalities = 20000;
+  constexpr i128 kMaxCoefficient = static_cast<i128>(1) << 100;
+  std::set<Inequality> current;
+  auto insert = [&](Inequality q) {
+    if (!normalize(q)) return false;
+    bool has_vars = std::any_of(q.a.begin(), q.a.end(), [](i128 c) { return c != 0; });
+    if (has_vars) current.insert(std::move(q));
+    return true;
+  };
+  for (const Row& r : rows) {
+    Inequality low, high;  // s >= 0 and U - s >= 0, with s = coeffs.x + constant
+    i128 U = r.integral ? static_cast<i128>(r.denom) * (r.hi - 1) : static_cast<i128>(r.denom) * r.hi - 1;
+    for (int64_t c : r.coeffs) {
+      low.a.push_back(c);
+      high.a.push_back(-static_cast<i128>(c));
+    }
+    low.b = r.constant;
+    high.b = U - r.constant;
+    if (!insert(low) || !insert(high)) return false;
+  }
+  const size_t n = rows.empty() ? 0 : rows[0].coeffs.size();
+  std::vector<bool> gone(n, false);
+  gone[target] = true;  // kept, not eliminated
+  for (size_t step = 0; step + 1 < n; ++step) {
+    // The variable whose elimination makes the fewest new inequalities.
+    size_t best = n;
+    size_t best_cost = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (gone[k]) continue;
+      size_t pos = 0, neg = 0;
+      for (const auto& q : current) {
+        if (q.a[k] > 0) ++pos;
+        if (q.a[k] < 0) ++neg;
+      }
+      size_t cost = pos * neg;
+      if (best == n || cost < best_cost) {
+        best = k;
+        best_cost = cost;
+      }
+    }
+    gone[best] = true;
+    std::vector<Inequality> pos, neg;
+    std::set<Inequality> next;
+    for (const auto& q : current) {
+      if (q.a[best] > 0) pos.push_back(q);
+      else if (q.a[best] < 0) neg.push_back(q);
+      else next.insert(q);
+    }
+    current.swap(next);
+    for (const auto& p : pos)
+      for (const auto& q : neg) {
+        Inequality c;
+        i128 fp = -q.a[best], fq = p.a[best];
+        c.a.resize(n);
+        for (size_t k = 0; k < n; ++k) {
+          c.a[k] = p.a[k] * fp + q.a[k] * fq;
+          if (abs128(c.a[k]) > kMaxCoefficient)
+            user_error("contraction ", output, " has bounds too complex for the reference interpreter");
+        }
+        c.b = p.b * fp + q.b * fq;
+        if (!insert(std::move(c))) return false;
+        if (current.size() > kMaxInequalities)
+          user_error("contraction ", output, " has bounds too complex for the reference interpreter");
+      }
+  }
+  for (const auto& q : current) {
+    i128 a = q.a[target];
+    if (a > 0) lo = std::max(lo, ceil_div128(-q.b, a));
+    if (a < 0) hi = std::min(hi, floor_div128(q.b, -a));
+  }
+  return lo <= hi;
+}
+
+// Integer arithmetic is exact: i32 values are at most 2^31 in magnitude, so their sums and products fit
+// int64 exactly (a double would round them), and wrapping the exact result is i32 arithmetic.
+double wrap_i32(int64_t v) { return static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)))); }
+double add_exact(DType t, double a, double b) {
+  return is_float(t) ? a + b : wrap_i32(static_cast<int64_t>(a) + static_cast<int64_t>(b));
+}
+double mul_exact(DType t, double a, double b) {
+  return is_float(t) ? a * b : wrap_i32(static_cast<int64_t>(a) * static_cast<int64_t>(b));
+}
+
 double combine(CombinationOp op, DType t, const double* v) {
   switch (op) {
     case CombinationOp::none: return v[0];
-    case CombinationOp::mul: return round_to(t, round_to(t, v[0]) * round_to(t, v[1]));
-    case CombinationOp::add: return round_to(t, round_to(t, v[0]) + round_to(t, v[1]));
+    case CombinationOp::mul: return round_to(t, mul_exact(t, round_to(t, v[0]), round_to(t, v[1])));
+    case CombinationOp::add: return round_to(t, add_exact(t, round_to(t, v[0]), round_to(t, v[1])));
     case CombinationOp::eq: return v[0] == v[1] ? 1.0 : 0.0;
     case CombinationOp::cond: return v[2];
   }
@@ -137,6 +264,7 @@ double combine(CombinationOp op, DType t, const double* v) {
 
 struct Accumulator {
   AggregationOp op;
+  bool integer = false;  // i32 output: sums and products wrap exactly
   double identity() const {
     switch (op) {
       case AggregationOp::sum: return 0;
@@ -149,8 +277,8 @@ struct Accumulator {
   }
   double apply(double acc, double v) const {
     switch (op) {
-      case AggregationOp::sum: return acc + v;
-      case AggregationOp::product: return acc * v;
+      case AggregationOp::sum: return integer ? add_exact(DType::i32, acc, v) : acc + v;
+      case AggregationOp::product: return integer ? mul_exact(DType::i32, acc, v) : acc * v;
       case AggregationOp::max:
         if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<double>::quiet_NaN();
         return v > acc ? v : acc;
@@ -233,6 +361,9 @@ class ContractionRunner {
     std::vector<Row> plain;
     for (const Row* r : all) plain.push_back(*r);
     if (feasible) feasible = propagate_bounds(plain, lo, hi);
+    for (size_t k = 0; k < vars_.size() && feasible; ++k)
+      if (lo[k] <= -kInf || hi[k] >= kInf) feasible = eliminate_bounds(plain, k, c_.output, lo[k], hi[k]);
+    if (feasible) feasible = propagate_bounds(plain, lo, hi);
     if (feasible) {
       for (size_t k = 0; k < vars_.size(); ++k)
         if (lo[k] <= -kInf || hi[k] >= kInf)
@@ -312,16 +443,19 @@ class ContractionRunner {
       }
       vals[i] = inputs_[i]->get(f);
     }
-    if (c_.combination == CombinationOp::cond && vals[0] != vals[1]) return;
-    double value = combine(c_.combination, combo_type_, vals);
     if (c_.aggregation == AggregationOp::assign) {
-      if (written_[flat])
+      // Two valid points may not target one element, whatever a cond decides at run time: the rule is
+      // static, as the compiler's isl proof is (ir.h).
+      if (!first_writer_[flat].empty())
         user_error("assign contraction ", c_.output, " writes ", element_str(c_.output, out_type_.shape, flat),
                    " more than once (at ", point_str(vars_, first_writer_[flat]), " and at ", point_str(vars_, x),
                    "); use an aggregation such as + or > if that is intended");
       first_writer_[flat] = x;
     }
-    acc_[flat] = Accumulator{c_.aggregation}.apply(acc_[flat], value);
+    if (c_.combination == CombinationOp::cond && vals[0] != vals[1]) return;
+    double value = combine(c_.combination, combo_type_, vals);
+    const bool integer = out_type_.dtype == DType::i32;
+    acc_[flat] = Accumulator{c_.aggregation, integer}.apply(acc_[flat], integer ? round_to(DType::i32, value) : value);
     written_[flat] = 1;
   }
 
@@ -394,7 +528,7 @@ double eval_binary(BinaryOp op, DType t, double a, double b) {
   switch (op) {
     case BinaryOp::add: return a + b;
     case BinaryOp::sub: return a - b;
-    case BinaryOp::mul: return a * b;
+    case BinaryOp::mul: return integer ? mul_exact(DType::i32, a, b) : a * b;
     case BinaryOp::div:
       if (!integer) return a / b;
       if (b == 0) return 0;

@@ -1,4 +1,4 @@
-// Two error channels (see ../shared/STYLE.md, practice 5):
+// Two error channels:
 //  * UserError: something the user can fix (bad Tile text, shape mismatch, illegal aggregation, bad file).
 //    The message names the user's object and, for text, carries "line:column".
 //  * InternalError: a broken invariant inside polytile. Raised by POLYTILE_CHECK, which is always on.
