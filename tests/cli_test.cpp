@@ -175,6 +175,13 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
     std::string needle;
   };
   std::string mm = kExamples + "matmul.tile";
+  std::string huge = temp("huge.tile"), deep = temp("deep.tile");
+  {
+    std::ofstream f(huge);
+    f << "function (A[N]) -> (O) { O[i : N] = +(A[i]), j < 4611686018427387904; }";
+    std::ofstream g(deep);
+    g << "function (A[N]) -> (O) { O = " << std::string(10000, '(') << "A" << std::string(10000, ')') << "; }";
+  }
   std::vector<Case> cases = {
       {{"frobnicate"}, "unknown command 'frobnicate'"},
       {{"check"}, "check: missing FILE.tile"},
@@ -207,6 +214,11 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"lower", mm, "--emit", "ptx"}, "lower: unknown stage 'ptx'"},
       {{"lower", mm, "--emit", "isl"}, "lower --emit isl needs --shape"},
       {{"lower", mm, "--emit", "isl", "--shape", "A=3x4", "--shape", "B=5x2"}, "dims disagree"},
+      // Sizes that are well-formed but impossible are refused before anything runs or is allocated.
+      {{"run", mm, "--random", "A=67108864x1024", "--random", "B=1024x2"}, "more than this machine's"},
+      {{"run", huge, "--random", "A=3"}, "ranges over a box of about"},
+      {{"run", huge, "--random", "A=3", "--backend", "interp"}, "too many candidate points"},
+      {{"check", deep}, "expression nested more than 256 levels deep"},
   };
   for (const auto& c : cases) {
     Result r = cli(c.args);

@@ -67,6 +67,17 @@ TEST(NpyTest, BadFilesAreUserErrorsNamingTheFile) {
   std::string big_endian = good;
   big_endian.replace(big_endian.find("<f4"), 3, ">f4");
   EXPECT_NE(error_of(big_endian).find("unsupported dtype '>f4'"), std::string::npos);
+  // A header may claim any shape: the data is checked before anything is allocated.
+  std::string lying = good;
+  lying.replace(lying.find("(2,)"), 4, "(99999999999,)");
+  EXPECT_NE(error_of(lying).find("its header claims shape (99999999999) of f32 but only"), std::string::npos)
+      << error_of(lying);
+  std::string huge = good;
+  huge.replace(huge.find("(2,)"), 4, "(4294967296, 4294967296, 4294967296)");
+  EXPECT_NE(error_of(huge).find("is truncated"), std::string::npos) << error_of(huge);
+  std::string no_shape = good;
+  no_shape.replace(no_shape.find("(2,)"), 4, "    ");
+  EXPECT_NE(error_of(no_shape).find("malformed shape"), std::string::npos) << error_of(no_shape);
   EXPECT_THROW(read_npy("/nonexistent/in.npy"), UserError);
   EXPECT_THROW(write_npy("/nonexistent/dir/out.npy", b), UserError);
 }

@@ -137,5 +137,25 @@ TEST(ParserTest, MissingFileIsAUserErrorNamingIt) {
   }
 }
 
+TEST(ParserTest, DeepExpressionsAreUserErrorsNotStackOverflows) {
+  // Ten thousand nested parentheses, calls, unary minus signs or chained terms: a clear error each.
+  const std::string head = "function (A[N]) -> (O) { O = ", tail = "; }";
+  std::string chain;
+  for (int k = 0; k < 10000; ++k) chain += "A + ";
+  std::string calls;
+  for (int k = 0; k < 10000; ++k) calls += "exp(";
+  for (const std::string& body : {std::string(10000, '(') + "A" + std::string(10000, ')'), chain + "A",
+                                  calls + "A" + std::string(10000, ')'), std::string(10000, '-') + "A"}) {
+    try {
+      parse_program(head + body + tail, "deep.tile");
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("expression nested more than 256 levels deep"), std::string::npos) << e.what();
+    }
+  }
+  // 200 levels are fine.
+  EXPECT_NO_THROW(parse_program(head + std::string(200, '(') + "A" + std::string(200, ')') + tail));
+}
+
 }  // namespace
 }  // namespace polytile

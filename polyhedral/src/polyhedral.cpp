@@ -208,6 +208,13 @@ ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
       int64_t hi = to_int(domain.dim_max_val(static_cast<int>(k)), unbounded);
       a.bounds.push_back({cc.vars[k], lo, hi});
     }
+    // A bound of 2^62 is well-formed but would run practically forever: refuse it before code is made.
+    constexpr double kMaxBoxPoints = 17592186044416.0;  // 2^44
+    double box = 1;
+    for (const auto& b : a.bounds) box *= static_cast<double>(b.max) - static_cast<double>(b.min) + 1;
+    if (box > kMaxBoxPoints)
+      user_error("contraction ", c.output, " ranges over a box of about ", box,
+                 " index points (more than 2^44); check its constraints and shapes");
     if (c.aggregation == AggregationOp::assign && !write.is_injective()) {
       isl::map same = write.apply_range(write.reverse()).subtract(domain.identity());
       isl::point p = same.wrap().lexmin().sample_point();

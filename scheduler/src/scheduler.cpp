@@ -219,47 +219,67 @@ size_t dtype_bytes(DType t) { return t == DType::f64 ? 8 : t == DType::boolean ?
 
 }  // namespace
 
+size_t expression_nodes(const Expr& e) {
+  size_t n = 0;
+  std::vector<Expr> stack{e};
+  while (!stack.empty()) {
+    Expr x = stack.back();
+    stack.pop_back();
+    ++n;
+    for (const auto& a : x.args()) stack.push_back(a);
+  }
+  return n;
+}
+
+// One pass in program order: a producer's operands were decided before it, and substituting a producer
+// into its only reader moves the producer's reads to that reader without changing how often anything is
+// read, so the reader counts of the original program stay right. A fused expression stops growing at
+// kMaxFusedNodes nodes, so ten thousand chained statements become nests of bounded size (compile time
+// linear, no deep recursion in the emitter) instead of one expression ten thousand levels deep.
 Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
+  constexpr size_t kMaxFusedNodes = 256;
   Program p = program;
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    // Readers of every tensor: (statement index, leaf count).
-    std::map<std::string, std::vector<size_t>> readers;
-    for (size_t i = 0; i < p.statements.size(); ++i) {
-      std::vector<std::string> used;
-      if (const auto* c = std::get_if<Contraction>(&p.statements[i])) {
-        for (const auto& a : c->inputs) used.push_back(a.tensor);
-        if (c->init) used.push_back(*c->init);
-        for (const auto& t : used) readers[t].push_back(i);
-        continue;
-      }
-      // Count every occurrence: a producer read twice by one consumer would be computed twice.
-      std::vector<Expr> stack{std::get<Elementwise>(p.statements[i]).expr};
-      while (!stack.empty()) {
-        Expr x = stack.back();
-        stack.pop_back();
-        if (x.kind() == Expr::Kind::tensor) readers[x.name()].push_back(i);
-        for (const auto& a : x.args()) stack.push_back(a);
-      }
+  // Readers of every tensor, with repetition: a producer read twice by one consumer would be computed twice.
+  std::map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < p.statements.size(); ++i) {
+    if (const auto* c = std::get_if<Contraction>(&p.statements[i])) {
+      for (const auto& a : c->inputs) readers[a.tensor].push_back(i);
+      if (c->init) readers[*c->init].push_back(i);
+      continue;
     }
-    for (size_t i = 0; i < p.statements.size() && !changed; ++i) {
-      const auto* producer = std::get_if<Elementwise>(&p.statements[i]);
-      if (!producer) continue;
-      const std::string& name = producer->output;
-      if (std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end()) continue;
-      const auto& r = readers[name];
-      if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
-      auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
-      Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
-      consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
-        if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
-        return std::nullopt;
-      });
-      p.statements.erase(p.statements.begin() + static_cast<long>(i));
-      changed = true;
+    std::vector<Expr> stack{std::get<Elementwise>(p.statements[i]).expr};
+    while (!stack.empty()) {
+      Expr x = stack.back();
+      stack.pop_back();
+      if (x.kind() == Expr::Kind::tensor) readers[x.name()].push_back(i);
+      for (const auto& a : x.args()) stack.push_back(a);
     }
   }
+  std::vector<bool> erased(p.statements.size(), false);
+  std::vector<size_t> nodes(p.statements.size(), 0);
+  for (size_t i = 0; i < p.statements.size(); ++i)
+    if (const auto* e = std::get_if<Elementwise>(&p.statements[i])) nodes[i] = expression_nodes(e->expr);
+  for (size_t i = 0; i < p.statements.size(); ++i) {
+    const auto* producer = std::get_if<Elementwise>(&p.statements[i]);
+    if (!producer) continue;
+    const std::string& name = producer->output;
+    if (std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end()) continue;
+    const auto& r = readers[name];
+    if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
+    if (nodes[i] + nodes[r[0]] > kMaxFusedNodes) continue;
+    auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
+    Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
+    consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+      if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
+      return std::nullopt;
+    });
+    nodes[r[0]] += nodes[i];
+    erased[i] = true;
+  }
+  std::vector<Statement> kept;
+  for (size_t i = 0; i < p.statements.size(); ++i)
+    if (!erased[i]) kept.push_back(std::move(p.statements[i]));
+  p.statements = std::move(kept);
   return p;
 }
 

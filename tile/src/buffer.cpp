@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
+
+#include <unistd.h>
 
 #include "polytile/error.h"
 
@@ -31,7 +34,16 @@ Buffer::Buffer(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
     if (d != 0 && size_ > (int64_t{1} << 40) / d) user_error("buffer of shape ", type_str(), " is too large");
     size_ *= d;
   }
-  words_.assign((byte_size() + 7) / 8, 0);
+  // Refused before allocating: a size from a file header or a command line can be anything.
+  static const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (memory > 0 && static_cast<double>(byte_size()) > memory)
+    user_error("cannot allocate ", byte_size(), " bytes for a buffer of type ", type_str(), ": more than this machine's ",
+               static_cast<int64_t>(memory), " bytes of memory");
+  try {
+    words_.assign((byte_size() + 7) / 8, 0);
+  } catch (const std::bad_alloc&) {
+    user_error("cannot allocate ", byte_size(), " bytes for a buffer of type ", type_str(), ": out of memory");
+  }
 }
 
 Buffer Buffer::from_values(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values) {

@@ -67,6 +67,8 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   } else {
     user_error(what, ": unsupported dtype '", descr, "' (supported: float32 <f4, float64 <f8, int32 <i4, bool |b1)");
   }
+  if (shape_text.size() < 2 || shape_text.front() != '(' || shape_text.back() != ')')
+    user_error(what, ": malformed shape '", shape_text, "' in .npy header (expected a tuple such as (2, 3))");
   std::vector<int64_t> shape;
   std::string inner = shape_text.substr(1, shape_text.size() - 2);
   std::stringstream ss(inner);
@@ -84,11 +86,27 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
       user_error(what, ": bad shape entry '", item, "' in .npy header");
     }
   }
+  // The data must be there before anything is allocated: a header may claim any shape.
+  const size_t data = offset + header_len;
+  const size_t available = bytes.size() - data;
+  const size_t element = dtype == DType::f64 ? 8 : dtype == DType::boolean ? 1 : 4;
+  size_t needed = element;
+  for (int64_t d : shape) {
+    if (d != 0 && needed > available / static_cast<size_t>(d)) {
+      needed = available + 1;  // more than there is; stop before the product overflows
+      break;
+    }
+    needed *= static_cast<size_t>(d);
+  }
+  for (int64_t d : shape)
+    if (d == 0) needed = 0;
+  if (needed > available) {
+    std::string dims;
+    for (size_t k = 0; k < shape.size(); ++k) dims += (k ? ", " : "") + std::to_string(shape[k]);
+    user_error(what, " is truncated: its header claims shape (", dims, ") of ", to_string(dtype), " but only ", available,
+               " data bytes follow");
+  }
   Buffer b(dtype, shape);
-  size_t data = offset + header_len;
-  if (bytes.size() - data < b.byte_size())
-    user_error(what, " is truncated: expected ", b.byte_size(), " data bytes for ", b.type_str(), ", found ",
-               bytes.size() - data);
   std::memcpy(b.data(), bytes.data() + data, b.byte_size());
   return b;
 }

@@ -34,6 +34,7 @@ struct Ast {
   double real_value = 0;
   std::vector<std::shared_ptr<Ast>> args;
   size_t begin = 0, end = 0;  // source range
+  int depth = 1;              // of the tree below, this node included
 };
 using AstPtr = std::shared_ptr<Ast>;
 
@@ -176,6 +177,24 @@ class Parser {
     return it == levels.end() ? 0 : it->second;
   }
 
+  // Expressions deeper than this are refused: every later stage walks expressions recursively, and ten
+  // thousand nested parentheses, calls or chained terms (A + A + ...) would overflow the stack there.
+  static constexpr int kMaxDepth = 256;
+  int nesting_ = 0;
+  struct Nesting {
+    Parser& p;
+    explicit Nesting(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxDepth)
+        p.fail(p.peek(), "expression nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    }
+    ~Nesting() { --p.nesting_; }
+  };
+  void set_depth(Ast& n) {
+    for (const auto& a : n.args) n.depth = std::max(n.depth, a->depth + 1);
+    if (n.depth > kMaxDepth)
+      fail(n, "expression nested more than " + std::to_string(kMaxDepth) + " levels deep (split it into statements)");
+  }
+
   AstPtr parse_expr(int min_level = 1) {
     AstPtr lhs = parse_unary();
     while (peek().kind == Tok::punct) {
@@ -189,12 +208,14 @@ class Parser {
       n->begin = lhs->begin;
       n->end = rhs->end;
       n->args = {lhs, rhs};
+      set_depth(*n);
       lhs = n;
     }
     return lhs;
   }
 
   AstPtr parse_unary() {
+    Nesting guard(*this);
     if (is("-") || is("!")) {
       const Token& t = next();
       AstPtr a = parse_unary();
@@ -204,6 +225,7 @@ class Parser {
       n->begin = t.offset;
       n->end = a->end;
       n->args = {a};
+      set_depth(*n);
       return n;
     }
     if (accept("+")) return parse_unary();
@@ -245,6 +267,7 @@ class Parser {
       }
       n->end = peek().offset + 1;
       expect(")");
+      set_depth(*n);
       return n;
     }
     if (accept("(")) {
