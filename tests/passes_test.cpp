@@ -10,6 +10,8 @@
 #include "polytile/parser.h"
 #include "polytile/passes.h"
 #include "polytile/polyhedral.h"
+#include "polytile/verify.h"
+#include "polytile/error.h"
 #include "generators.h"
 #include "test_util.h"
 
@@ -154,6 +156,71 @@ TEST(PassesTest, DefractScalesFractionalConstraints) {
   EXPECT_EQ(print(Statement(d.contraction)), "O[i : N] = +(I[j]), i + j < 4;");
 }
 
+// ------------------------------------------------------------------------------------------ translation validation
+
+std::string refutation(const Contraction& before, const Contraction& after, const ProgramTypes& types,
+                       const std::optional<Substitution>& sub) {
+  RewriteContext rc;
+  rc.types = &types;
+  try {
+    verify_rewrite("test", before, after, rc, sub);
+  } catch (const InternalError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(VerifyTest, ProvesTheSeedRewritesAndRefutesWrongOnes) {
+  Program p = parse_program(kSeedGradient);
+  ProgramTypes types = types_for(p, {{"DO", {2, 3, 3, 7}}, {"K", {2, 2, 5, 7}}});
+  PassContext ctx{&types, true};
+  const Contraction& c = only_contraction(p);
+  PassResult r = reduce(c, ctx);
+  PassResult d = defract(r.contraction, ctx);
+  EXPECT_EQ(refutation(c, r.contraction, types, r.substitution), "");
+  EXPECT_EQ(refutation(r.contraction, d.contraction, types, d.substitution), "");
+  // Without the substitution the proof falls back to images, which needs injective tuple maps: it holds here.
+  EXPECT_EQ(refutation(c, d.contraction, types, std::nullopt), "");
+
+  // A dropped digit constraint lets two digit choices stand for one original point.
+  Contraction dropped = d.contraction;
+  dropped.constraints.pop_back();
+  EXPECT_NE(refutation(r.contraction, dropped, types, d.substitution).find("stand for one original point"), std::string::npos);
+  // A wrong access: K's first index off by one.
+  Contraction shifted = d.contraction;
+  shifted.inputs[1].indices[0] = shifted.inputs[1].indices[0] + Polynomial(Rational(1));
+  EXPECT_NE(refutation(r.contraction, shifted, types, d.substitution), "");
+  // A different aggregation.
+  Contraction maxed = d.contraction;
+  maxed.aggregation = AggregationOp::max;
+  EXPECT_NE(refutation(r.contraction, maxed, types, d.substitution).find("aggregation"), std::string::npos);
+}
+
+TEST(VerifyTest, RefutesTheOldReduceOfRationalOffsets) {
+  // What reduce used to produce for (l + k + 1)/2: v0 + 1/2 is never integral, every point is lost.
+  Program p = parse_program("function (F[L]) -> (O) { O[(l + k + 1)/2 : 4] = +(F[l]), l < 3; }");
+  Program wrong = parse_program("function (F[L]) -> (O) { O[v0 + 1/2 : 4] = +(F[v1]), v1 < 3; }");
+  ProgramTypes types = types_for(p, {{"F", {3}}});
+  Substitution sub{{"k", "l"}, {Polynomial::index("v0") * Rational(2) - Polynomial::index("v1"), Polynomial::index("v1")}};
+  std::string why = refutation(only_contraction(p), only_contraction(wrong), types, sub);
+  EXPECT_NE(why.find("original points are lost"), std::string::npos) << why;
+  EXPECT_NE(why.find("test changed the meaning of contraction O"), std::string::npos) << why;
+  // And the fixed pass proves itself.
+  PassContext ctx{&types, true};
+  EXPECT_NO_THROW(reduce_and_defract(p, ctx));
+}
+
+TEST(VerifyTest, MultiplicityCountsWhenAVariableReadsNothing) {
+  // j appears in no access: each O[i] sums A[i] twice. Halving j's range keeps the image, not the count.
+  Program p = parse_program("function (A[N]) -> (O) { O[i : N] = +(A[i]), j < 2; }");
+  Program half = parse_program("function (A[N]) -> (O) { O[i : N] = +(A[i]), j < 1; }");
+  ProgramTypes types = types_for(p, {{"A", {3}}});
+  EXPECT_NE(refutation(only_contraction(p), only_contraction(half), types, std::nullopt).find("distinct tuple"), std::string::npos);
+  Substitution identity{{"i", "j"}, {Polynomial::index("i"), Polynomial::index("j")}};
+  EXPECT_NE(refutation(only_contraction(p), only_contraction(half), types, identity).find("lost"), std::string::npos);
+  EXPECT_EQ(refutation(only_contraction(p), only_contraction(p), types, identity), "");
+}
+
 // ------------------------------------------------------------------------------------------ property test
 
 bool fraction_free(const Contraction& c) {
@@ -185,8 +252,10 @@ TEST(PassesPropertyTest, ReduceDefractPreserveValuesAndWriteEachElementOnce) {
     std::string where = "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + " (" + cs.kind + ")\n" + cs.text;
     Program p = parse_program(cs.text, "generated.tile");
     ProgramTypes types = types_for(p, cs.shapes);
-    PassContext ctx{&types};
+    PassContext ctx{&types, /*verify=*/true};
     const Contraction& c = only_contraction(p);
+    // Every rewrite proves itself with isl (translation validation) as well as agreeing with the interpreter.
+    ASSERT_NO_THROW(reduce_and_defract(p, ctx)) << where;
     PassResult r = reduce(c, ctx);
     PassResult d = defract(r.contraction, ctx);
     reduced += r.changed;

@@ -219,7 +219,7 @@ int64_t bound_of(const DimExpr& bound, const PassContext& ctx) {
 }  // namespace
 
 PassResult reduce(const Contraction& c, const PassContext& ctx) {
-  PassResult r{c, false, ""};
+  PassResult r{c, false, "", std::nullopt};
   bool needed = false;
   for (const auto& p : c.output_indices) needed |= p.index_terms().size() >= 2;
   if (!needed) {
@@ -336,11 +336,12 @@ PassResult reduce(const Contraction& c, const PassContext& ctx) {
   }
   r.contraction = std::move(out);
   r.changed = true;
+  r.substitution = Substitution{vars, old_exprs};
   return r;
 }
 
 PassResult defract(const Contraction& c, const PassContext& /*ctx*/) {
-  PassResult r{c, false, ""};
+  PassResult r{c, false, "", std::nullopt};
   std::vector<Polynomial> polys = index_expressions(c);
   bool fractional = std::any_of(polys.begin(), polys.end(), has_fraction);
   bool fractional_constraints =
@@ -425,6 +426,11 @@ PassResult defract(const Contraction& c, const PassContext& /*ctx*/) {
         if (cols[j].values[k] != 0) exprs[k] = exprs[k] + Polynomial::index(names[j]) * Rational(cols[j].values[k]);
     }
     out = substitute_all(c, vars, exprs);
+    Substitution sub;
+    sub.old_variables = c.index_variables();
+    for (const auto& v : sub.old_variables)
+      sub.values.push_back(exprs[static_cast<size_t>(std::find(vars.begin(), vars.end(), v) - vars.begin())]);
+    r.substitution = std::move(sub);
     for (const auto& [col, radix] : digits) out.constraints.push_back({Polynomial::index(names[col]), DimExpr(radix)});
     for (const auto& p : index_expressions(out))
       POLYTILE_CHECK(!has_fraction(p), "defract left a fractional index expression ", p.str());
@@ -437,6 +443,11 @@ PassResult defract(const Contraction& c, const PassContext& /*ctx*/) {
     k.poly = k.poly * Rational(d);
     k.bound = k.bound * DimExpr(d);
   }
+  if (!r.substitution) r.substitution = Substitution{c.index_variables(), [&] {
+                         std::vector<Polynomial> same;
+                         for (const auto& v : c.index_variables()) same.push_back(Polynomial::index(v));
+                         return same;
+                       }()};
   r.contraction = std::move(out);
   r.changed = true;
   return r;
@@ -449,20 +460,26 @@ static Program map_contractions(const Program& p, const std::function<Contractio
   return out;
 }
 
+// Runs one pass on a contraction, logs a decline, and proves a change when asked to.
+static Contraction run_pass(const char* name, PassResult (*pass)(const Contraction&, const PassContext&), const Contraction& c,
+                            const PassContext& ctx, std::vector<std::string>* log) {
+  PassResult r = pass(c, ctx);
+  if (!r.changed && log) log->push_back(std::string(name) + ": " + r.reason);
+  if (r.changed && ctx.verify) {
+    if (!ctx.types) user_error("verifying ", name, " of ", c.output, " needs the input shapes");
+    RewriteContext rc;
+    rc.types = ctx.types;
+    verify_rewrite(name, c, r.contraction, rc, r.substitution);
+  }
+  return r.contraction;
+}
+
 Program reduce_program(const Program& p, const PassContext& ctx, std::vector<std::string>* log) {
-  return map_contractions(p, [&](const Contraction& c) {
-    PassResult r = reduce(c, ctx);
-    if (!r.changed && log) log->push_back("reduce: " + r.reason);
-    return r.contraction;
-  });
+  return map_contractions(p, [&](const Contraction& c) { return run_pass("reduce", reduce, c, ctx, log); });
 }
 
 Program reduce_and_defract(const Program& p, const PassContext& ctx, std::vector<std::string>* log) {
-  return map_contractions(reduce_program(p, ctx, log), [&](const Contraction& c) {
-    PassResult r = defract(c, ctx);
-    if (!r.changed && log) log->push_back("defract: " + r.reason);
-    return r.contraction;
-  });
+  return map_contractions(reduce_program(p, ctx, log), [&](const Contraction& c) { return run_pass("defract", defract, c, ctx, log); });
 }
 
 }  // namespace polytile::poly

@@ -5,6 +5,7 @@
 // domain tuple to the tensor's tuple with the same equalities. isl is used only through its C++ bindings
 // (plus isl_point_get_coordinate_val), with one isl_ctx per call, owned by IslContext.
 #include "polytile/polyhedral.h"
+#include "polytile/verify.h"
 
 #include <isl/cpp.h>
 #include <isl/point.h>
@@ -12,6 +13,8 @@
 #include "polytile/isl_support.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -94,12 +97,12 @@ struct ConcreteContraction {
   std::vector<std::vector<int64_t>> dims;                           // per access
 };
 
-ConcreteContraction concretize(const Contraction& c, const ProgramTypes& types) {
+ConcreteContraction concretize(const Contraction& c, const ProgramTypes& types, const std::string& tuple_name = "") {
   ConcreteContraction cc;
   cc.vars = c.index_variables();
   std::vector<std::string> names;
   for (const auto& v : cc.vars) names.push_back(isl_name(v));
-  cc.tuple = "S_" + c.output + "[" + join(names, ", ") + "]";
+  cc.tuple = (tuple_name.empty() ? "S_" + c.output : tuple_name) + "[" + join(names, ", ") + "]";
   int exists_counter = 0;
   auto add_access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     const auto& shape = types.tensors.at(tensor).shape;
@@ -175,6 +178,10 @@ isl::set simplify(isl::set s) { return isl::manage(isl_set_remove_redundancies(s
 isl::map simplify(isl::map m) { return isl::manage(isl_map_remove_redundancies(m.release())).coalesce(); }
 
 using isl_support::text;
+template <typename T>
+std::string text_of(const T& x) {
+  return text(x);
+}
 
 template <typename F>
 auto with_isl_errors(const std::string& what, F&& f) -> decltype(f()) {
@@ -277,6 +284,99 @@ bool writes_each_output_once(const Contraction& c, const ProgramTypes& types) {
     isl::set projected = domain.apply(isl::map(ctx.get(), proj));
     isl::map write = isl::map(ctx.get(), access_text(on_out, 0)).intersect_domain(projected);
     return write.is_injective();
+  });
+}
+
+// ------------------------------------------------------------------------------------- translation validation
+
+namespace {
+
+[[noreturn]] void refute(const std::string& pass, const Contraction& before, const Contraction& after, const std::string& why) {
+  throw InternalError("translation validation failed: " + pass + " changed the meaning of contraction " + before.output +
+                      ": " + why + "\n  before: " + print(Statement(before)) + "\n  after:  " + print(Statement(after)));
+}
+
+// The map from a contraction's valid points to the tuple of elements its accesses name, position by
+// position (E0 the output, E1... the inputs); copies are looked through, renamed tensors stand for theirs.
+isl::map tuple_map(isl::ctx ctx, const ConcreteContraction& cc, const isl::set& domain, const RewriteContext& rc,
+                   const std::vector<std::string>& expected, const std::function<void(const std::string&)>& fail) {
+  std::optional<isl::map> tuple;
+  for (size_t i = 0; i < cc.accesses.size(); ++i) {
+    isl::map access = isl::map(ctx, access_text(cc, i)).intersect_domain(domain);
+    const std::string& tensor = cc.accesses[i].first;
+    if (tensor != expected[i]) {
+      auto copy = rc.copies.find(tensor);
+      auto renamed = rc.renamed.find(tensor);
+      if (copy != rc.copies.end() && copy->second->inputs.size() == 1 && copy->second->inputs[0].tensor == expected[i] &&
+          copy->second->aggregation == AggregationOp::assign && copy->second->combination == CombinationOp::none &&
+          !copy->second->init) {
+        // P element -> source element: the copy's write reversed, then its read, over its domain.
+        ConcreteContraction def = concretize(*copy->second, *rc.types, "Copy");
+        isl::set def_domain(ctx, domain_text(def));
+        isl::map write = isl::map(ctx, access_text(def, 0)).intersect_domain(def_domain);
+        isl::map read = isl::map(ctx, access_text(def, 1)).intersect_domain(def_domain);
+        isl::map through = write.reverse().apply_range(read);
+        if (!through.is_single_valued()) fail("the copy " + tensor + " does not hold one element of " + expected[i] + " per element");
+        isl::map composed = access.apply_range(through);
+        // Every point must read an element the copy wrote: otherwise it reads a zero the original never saw.
+        if (!composed.domain().is_equal(access.domain()))
+          fail("some points read elements of " + tensor + " that its copy of " + expected[i] + " never writes");
+        access = composed;
+      } else if (!(renamed != rc.renamed.end() && renamed->second == expected[i] &&
+                   rc.types->tensors.at(tensor).shape == rc.types->tensors.at(expected[i]).shape)) {
+        fail("access " + std::to_string(i) + " reads " + tensor + " where the original reads " + expected[i]);
+      }
+    }
+    access = access.set_range_tuple("E" + std::to_string(i));
+    tuple = tuple ? tuple->range_product(access) : access;
+  }
+  return *tuple;
+}
+
+}  // namespace
+
+void verify_rewrite(const std::string& pass, const Contraction& before, const Contraction& after, const RewriteContext& rc,
+                    const std::optional<Substitution>& substitution) {
+  POLYTILE_CHECK(rc.types, "verify_rewrite needs the tensors' types");
+  auto fail = [&](const std::string& why) { refute(pass, before, after, why); };
+  if (before.output != after.output || before.aggregation != after.aggregation || before.combination != after.combination ||
+      before.init != after.init || before.inputs.size() != after.inputs.size())
+    fail("the output, aggregation, combination, default or number of inputs differs");
+  for (size_t k = 0; k < before.output_shape.size() && k < after.output_shape.size(); ++k)
+    if (before.output_shape[k].evaluate(rc.types->dims) != after.output_shape[k].evaluate(rc.types->dims))
+      fail("the output shape differs");
+  std::vector<std::string> expected{before.output};
+  for (const auto& a : before.inputs) expected.push_back(a.tensor);
+  ConcreteContraction cb = concretize(before, *rc.types, "Before"), ca = concretize(after, *rc.types, "After");
+  IslContext ctx;
+  with_isl_errors("validating " + pass + " of " + before.output, [&] {
+    isl::set db(ctx.get(), domain_text(cb)), da(ctx.get(), domain_text(ca));
+    isl::map tb = tuple_map(ctx.get(), cb, db, rc, expected, fail);
+    isl::map ta = tuple_map(ctx.get(), ca, da, rc, expected, fail);
+    if (substitution) {
+      // phi: After[z] -> Before[x] with x_k = value_k(z); range names o<k> never clash with user names.
+      const auto& sub = *substitution;
+      POLYTILE_CHECK(sub.old_variables == cb.vars, "substitution of ", pass, " does not list ", before.output, "'s variables");
+      std::vector<std::string> outs, eqs;
+      for (size_t k = 0; k < sub.values.size(); ++k) {
+        Form f = make_form(sub.values[k].bind_dims(rc.types->dims), ca.vars);
+        std::string o = "o" + std::to_string(k);
+        outs.push_back(o);
+        eqs.push_back((f.den == 1 ? o : std::to_string(f.den) + "*" + o) + " = " + form_text(f, ca.vars));
+      }
+      std::string text = "{ " + ca.tuple + " -> Before[" + join(outs, ", ") + "]" + (eqs.empty() ? "" : " : " + join(eqs, " and ")) + " }";
+      isl::map phi = isl::map(ctx.get(), text).intersect_domain(da);
+      if (!phi.is_injective()) fail("two valid points of the rewritten contraction stand for one original point");
+      if (!phi.range().is_equal(db)) {
+        isl::set lost = db.subtract(phi.range()), gained = phi.range().subtract(db);
+        fail(!lost.is_empty() ? "original points are lost: " + text_of(lost) : "points are added: " + text_of(gained));
+      }
+      if (!phi.apply_range(tb).is_equal(ta)) fail("a rewritten access reads another element than the original at the same point");
+      return;
+    }
+    if (!tb.is_injective() || !ta.is_injective())
+      fail("without a change of variables the proof needs every point to read a distinct tuple of elements");
+    if (!tb.range().is_equal(ta.range())) fail("the sets of (output, inputs) tuples differ");
   });
 }
 

@@ -20,26 +20,32 @@
 
 #include <string>
 
+#include <optional>
+
 #include "polytile/ir.h"
 #include "polytile/shapes.h"
+#include "polytile/verify.h"
 
 namespace polytile::poly {
 
 struct PassContext {
   const ProgramTypes* types = nullptr;  // optional: concrete shapes rank the basis candidates
+  // Prove every rewrite with verify_rewrite (needs `types`); a failed proof is an InternalError.
+  bool verify = false;
 };
 
 struct PassResult {
   Contraction contraction;
   bool changed = false;
-  std::string reason;  // why nothing changed
+  std::string reason;                        // why nothing changed
+  std::optional<Substitution> substitution;  // when changed: the old variables in terms of the new
 };
 
 PassResult reduce(const Contraction& c, const PassContext& ctx = {});
 PassResult defract(const Contraction& c, const PassContext& ctx = {});
 
 // Applies reduce then defract to every contraction; `log` (optional) receives one line per pass that
-// left a contraction unchanged, for --verbose.
+// left a contraction unchanged, for --verbose. With ctx.verify every change is proven (verify.h).
 Program reduce_and_defract(const Program& p, const PassContext& ctx = {}, std::vector<std::string>* log = nullptr);
 Program reduce_program(const Program& p, const PassContext& ctx = {}, std::vector<std::string>* log = nullptr);
 
