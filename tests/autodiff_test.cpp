@@ -68,6 +68,14 @@ void check_vjp(const std::string& text, const Shapes& shapes, const FdOptions& o
   TensorMap gin = in;
   for (size_t i = 0; i < p.outputs.size(); ++i) gin[r.program.inputs[p.inputs.size() + i].name] = heads[p.outputs[i]];
   TensorMap grads = interpret(r.program, gin);
+  if (o.ad.reduce_and_defract && !o.ad.overrides.size()) {
+    // Translation validation of the gradient's clean-up: reduce and defract prove every rewrite at these sizes.
+    Options raw_options = o.ad;
+    raw_options.reduce_and_defract = false;
+    Program raw = vjp(p, raw_options).program;
+    ProgramTypes gtypes = types_of(raw, gin);
+    ASSERT_NO_THROW(poly::reduce_and_defract(raw, poly::PassContext{&gtypes, true})) << print(raw);
+  }
   std::mt19937_64 rng(seed);
   const double h = 1e-6;
   std::vector<std::string> wrt = o.ad.wrt;

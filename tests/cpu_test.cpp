@@ -36,7 +36,9 @@ TensorMap inputs_for(const Shapes& shapes, DType dtype, uint64_t seed) {
 }
 
 // Compiled and interpreted results agree; the tolerance grows with the data size (reduction length).
+// Every compilation here also proves each rewriting pass with isl (CompileOptions::verify).
 void expect_same(const Program& p, const TensorMap& in, const std::string& what, CompileOptions options = {}) {
+  options.verify = true;
   TensorMap want = interpret(p, in), got = run(p, in, options);
   int64_t scale = 10;
   for (const auto& [name, b] : in) scale = std::max(scale, b.size());

@@ -46,7 +46,7 @@ domain is empty (they write nothing).
   --shape NAME=DIMS[:DTYPE]   input shape as 2x3x4 (empty for a scalar); dtype f32 (default), f64, i32, bool
 )";
 
-const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--verbose]
+const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--verbose] [--verify]
 
 Prints one stage of the compiler for FILE.tile:
   tile        the normalized Tile text
@@ -61,10 +61,13 @@ Prints one stage of the compiler for FILE.tile:
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --verbose                   say on stderr why a pass left a contraction unchanged
+  --verify                    prove every rewrite with isl at these shapes (reduce, defract, and for the
+                              schedule stages also cond-miss lowering, fusion and layouts); a failed proof
+                              is an internal error (exit 2) naming the pass
 )";
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
-                    [--output NAME=FILE.npy]... [--backend interp] [--tune] [--seed N] [--limit N]
+                    [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
 
 Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
 (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
@@ -75,6 +78,7 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --output NAME=FILE.npy       write output NAME
   --backend NAME               cpu (default: native code through LLVM) or interp (the reference interpreter)
   --tune                       cpu: time a few schedule variants on this machine and run the fastest
+  --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
 )";
@@ -211,7 +215,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
   std::string emit;
-  bool verbose = false;
+  bool verbose = false, verify = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
       auto [name, spec] = split_assign(opt, value);
@@ -220,6 +224,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
       emit = value;
     } else if (opt == "--verbose") {
       verbose = value == "true" || value == "1" || value == "yes";
+    } else if (opt == "--verify") {
+      verify = true;
     } else {
       user_error("lower: unknown option ", opt);
     }
@@ -227,7 +233,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   if (emit.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
   std::optional<ProgramTypes> types;
   if (!shapes.empty()) types = infer_types(p, shapes);
-  poly::PassContext ctx{types ? &*types : nullptr};
+  if (verify && !types) user_error("lower --verify needs --shape NAME=DIMS for every input (the proofs run at those sizes)");
+  poly::PassContext ctx{types ? &*types : nullptr, verify};
   std::vector<std::string> log;
   if (emit == "tile") {
     out << print(p);
@@ -240,7 +247,9 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     out << print(poly::reduce_and_defract(p, ctx, &log));
   } else if (emit == "schedule" || emit == "ast" || emit == "llvm") {
     if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
-    auto compiled = cpu::compile(p, shapes);
+    cpu::CompileOptions options;
+    options.verify = verify;
+    auto compiled = cpu::compile(p, shapes, options);
     out << (emit == "schedule" ? compiled->schedule().tree() : emit == "ast" ? compiled->schedule().ast() : compiled->llvm_ir());
   } else {
     user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, schedule, ast, llvm)");
@@ -292,10 +301,12 @@ int cmd_run(const Args& a, std::ostream& out) {
   uint64_t seed = 1;
   int64_t limit = 64;
   std::string backend = "cpu";
-  bool tune = false;
+  bool tune = false, verify = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--tune") {
       tune = true;
+    } else if (opt == "--verify") {
+      verify = true;
     } else if (opt == "--input") {
       auto [name, file] = split_assign(opt, value);
       if (inputs.count(name)) user_error("input ", name, " is given twice");
@@ -318,6 +329,7 @@ int cmd_run(const Args& a, std::ostream& out) {
   }
   if (backend != "interp" && backend != "cpu") user_error("unknown backend '", backend, "' (available: cpu, interp)");
   if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
+  if (verify && backend != "cpu") user_error("--verify needs the cpu backend (the interpreter runs no passes)");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -329,6 +341,7 @@ int cmd_run(const Args& a, std::ostream& out) {
   }
   cpu::CompileOptions options;
   options.tune = tune;
+  options.verify = verify;
   TensorMap results = backend == "cpu" ? cpu::run(p, inputs, options) : interpret(p, inputs);
   for (const auto& o : p.outputs) {
     auto it = output_files.find(o);
@@ -353,7 +366,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose" || s == "--tune") {
+    } else if (s == "--verbose" || s == "--tune" || s == "--verify") {
       a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0) {
       std::string opt = s, value;

@@ -19,11 +19,13 @@
 
 #include <chrono>
 #include <set>
+#include <tuple>
 #include <mutex>
 
 #include "polytile/llvm_ir.h"
 #include "polytile/error.h"
 #include "polytile/passes.h"
+#include "polytile/verify.h"
 
 namespace polytile::cpu {
 
@@ -106,7 +108,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
 // A cond contraction aggregating with max, min or product leaves an element at the aggregation's identity
 // when every point misses, where the interpreter leaves it unwritten (0). Rewrite such a contraction O into
 // O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
-Program lower_cond_misses(const Program& p) {
+Program lower_cond_misses(const Program& p, const std::map<std::string, TensorType>* verify_with) {
   Program out = p;
   out.statements.clear();
   std::set<std::string> names;
@@ -118,6 +120,7 @@ Program lower_cond_misses(const Program& p) {
     names.insert(n);
     return n;
   };
+  std::vector<std::tuple<Contraction, Contraction, Contraction>> rewritten;  // original, raw, hits
   for (const auto& st : p.statements) {
     const auto* c = std::get_if<Contraction>(&st);
     bool needs = c && c->combination == CombinationOp::cond && !c->init &&
@@ -141,6 +144,24 @@ Program lower_cond_misses(const Program& p) {
     out.statements.push_back(hits);
     Expr missed = Expr::binary(BinaryOp::eq, Expr::tensor(hits.output), Expr::literal(0, true));
     out.statements.push_back(Elementwise{c->output, Expr::call(Intrinsic::select, {missed, Expr::literal(0, true), Expr::tensor(raw.output)})});
+    rewritten.emplace_back(*c, raw, hits);
+  }
+  if (verify_with) {
+    // raw is the contraction itself; hits is its sum over the same tuples with the ones tensor standing
+    // for the conditional operand.
+    ProgramTypes types = infer_types(out, *verify_with);
+    for (const auto& [c, raw, hits] : rewritten) {
+      poly::RewriteContext rc;
+      rc.types = &types;
+      rc.renamed[hits.inputs[2].tensor] = c.inputs[2].tensor;
+      Contraction renamed_raw = raw, as_count = c;
+      renamed_raw.output = c.output;
+      as_count.aggregation = AggregationOp::sum;
+      Contraction renamed_hits = hits;
+      renamed_hits.output = c.output;
+      poly::verify_rewrite("cond-miss lowering", c, renamed_raw, rc);
+      poly::verify_rewrite("cond-miss lowering", as_count, renamed_hits, rc);
+    }
   }
   return out;
 }
@@ -152,10 +173,13 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   impl->threads = options.threads > 0 ? options.threads : options.target.threads;
   auto t0 = std::chrono::steady_clock::now();
   ProgramTypes types = infer_types(source, inputs);
-  impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types}) : source;
-  impl->program = lower_cond_misses(impl->program);
-  impl->program = sched::fuse_elementwise(impl->program, infer_types(impl->program, inputs));
-  impl->program = sched::prepare_layouts(impl->program, infer_types(impl->program, inputs), options.target);
+  impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types, options.verify}) : source;
+  impl->program = lower_cond_misses(impl->program, options.verify ? &inputs : nullptr);
+  ProgramTypes before_fusion = infer_types(impl->program, inputs);
+  Program unfused = impl->program;
+  impl->program = sched::fuse_elementwise(impl->program, before_fusion);
+  if (options.verify) sched::verify_fusion(unfused, impl->program, before_fusion);
+  impl->program = sched::prepare_layouts(impl->program, infer_types(impl->program, inputs), options.target, options.verify);
   impl->types = infer_types(impl->program, inputs);
   impl->times.passes = seconds_since(t0);
 
@@ -269,7 +293,8 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
   key += "|" + o.target.name + "/" + std::to_string(o.target.vector_bits) + "/" + std::to_string(o.target.l1_bytes) + "/" +
          std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
          std::to_string(o.target.microkernel_min_points) + "/" + std::to_string(o.target.vector_registers) + "/" +
-         std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract);
+         std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
+         (o.verify ? "/verified" : "");
   return key;
 }
 

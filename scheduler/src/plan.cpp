@@ -1,6 +1,9 @@
 // Micro-kernel planning and the layout pass (see plan.h and scheduler.h).
 #include "plan.h"
 
+#include "polytile/error.h"
+#include "polytile/verify.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -253,7 +256,53 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   return plan;
 }
 
-Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target) {
+Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target, bool verify) {
+  if (verify) {
+    Program out = prepare_layouts(program, types, target, false);
+    ProgramTypes after = infer_types(out, [&] {
+      std::map<std::string, TensorType> in;
+      for (const auto& param : program.inputs) in[param.name] = types.tensors.at(param.name);
+      return in;
+    }());
+    std::map<std::string, const Contraction*> originals, copies;
+    for (const auto& st : program.statements)
+      if (const auto* c = std::get_if<Contraction>(&st)) originals[c->output] = c;
+    for (const auto& st : out.statements)
+      if (const auto* c = std::get_if<Contraction>(&st); c && !originals.count(c->output)) copies[c->output] = c;
+    for (const auto& st : out.statements) {
+      const auto* c = std::get_if<Contraction>(&st);
+      if (!c || !originals.count(c->output)) continue;
+      const Contraction& before = *originals.at(c->output);
+      poly::RewriteContext rc;
+      rc.types = &after;
+      rc.copies = copies;
+      // The old variables in terms of the new: packing splits v into v_blk, v_lane (v = VL*v_blk + v_lane).
+      poly::Substitution sub;
+      sub.old_variables = before.index_variables();
+      std::vector<std::string> now = c->index_variables();
+      for (const auto& v : sub.old_variables) {
+        if (std::find(now.begin(), now.end(), v) != now.end()) {
+          sub.values.push_back(Polynomial::index(v));
+          continue;
+        }
+        // The split variable: recover VL from the packed tensor's last dim.
+        std::string blk, lane;
+        for (const auto& n : now) {
+          if (n.rfind(v + "_blk", 0) == 0) blk = n;
+          if (n.rfind(v + "_lane", 0) == 0) lane = n;
+        }
+        POLYTILE_CHECK(!blk.empty() && !lane.empty(), "layouts: variable ", v, " of ", c->output, " disappeared");
+        int64_t vl = 0;
+        for (const auto& a : c->inputs)
+          if (copies.count(a.tensor) && !a.indices.empty() && a.indices.back() == Polynomial::index(lane))
+            vl = after.tensors.at(a.tensor).shape.back();
+        POLYTILE_CHECK(vl > 0, "layouts: no panel of ", c->output, " is read along ", lane);
+        sub.values.push_back(Polynomial::index(blk) * Rational(vl) + Polynomial::index(lane));
+      }
+      poly::verify_rewrite("layouts", before, *c, rc, sub);
+    }
+    return out;
+  }
   Program out = program;
   out.statements.clear();
   std::set<std::string> names;

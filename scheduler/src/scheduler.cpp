@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -281,6 +282,55 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     if (!erased[i]) kept.push_back(std::move(p.statements[i]));
   p.statements = std::move(kept);
   return p;
+}
+
+void verify_fusion(const Program& original, const Program& fused, const ProgramTypes& types) {
+  auto fail = [](const std::string& why) { throw InternalError("translation validation failed: fusion " + why); };
+  std::map<std::string, const Statement*> before, after;
+  for (const auto& st : original.statements) before[statement_output(st)] = &st;
+  for (const auto& st : fused.statements) after[statement_output(st)] = &st;
+  std::map<std::string, const Elementwise*> absorbed;
+  for (const auto& [name, st] : before) {
+    if (after.count(name)) continue;
+    const auto* e = std::get_if<Elementwise>(st);
+    if (!e) fail("dropped contraction " + name);
+    if (std::find(original.outputs.begin(), original.outputs.end(), name) != original.outputs.end())
+      fail("absorbed the program output " + name);
+    absorbed[name] = e;
+  }
+  // A fused tree matches an original one where every read of an absorbed producer P became
+  // cast(P's expression, P's dtype), recursively; everything else is the same node.
+  std::function<bool(const Expr&, const Expr&)> matches = [&](const Expr& f, const Expr& o) {
+    if (o.kind() == Expr::Kind::tensor && absorbed.count(o.name())) {
+      return f.kind() == Expr::Kind::call && f.intrinsic() == Intrinsic::cast &&
+             f.cast_type() == types.tensors.at(o.name()).dtype && matches(f.args()[0], absorbed.at(o.name())->expr);
+    }
+    if (f.kind() != o.kind() || f.args().size() != o.args().size()) return false;
+    switch (f.kind()) {
+      case Expr::Kind::tensor:
+      case Expr::Kind::literal:
+      case Expr::Kind::dim: return f.str() == o.str();
+      case Expr::Kind::unary: if (f.unary_op() != o.unary_op()) return false; break;
+      case Expr::Kind::binary: if (f.binary_op() != o.binary_op()) return false; break;
+      case Expr::Kind::call:
+        if (f.intrinsic() != o.intrinsic() || (f.intrinsic() == Intrinsic::cast && f.cast_type() != o.cast_type())) return false;
+        break;
+    }
+    for (size_t k = 0; k < f.args().size(); ++k)
+      if (!matches(f.args()[k], o.args()[k])) return false;
+    return true;
+  };
+  for (const auto& [name, st] : after) {
+    auto it = before.find(name);
+    if (it == before.end()) fail("invented statement " + name);
+    if (const auto* e = std::get_if<Elementwise>(st)) {
+      const auto* orig = std::get_if<Elementwise>(it->second);
+      if (!orig || !matches(e->expr, orig->expr))
+        fail("changed the meaning of " + name + ": " + e->expr.str() + " does not unfold to " + print(*it->second));
+    } else if (print(*st) != print(*it->second)) {
+      fail("changed contraction " + name);
+    }
+  }
 }
 
 Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {

@@ -27,6 +27,10 @@ struct CompileOptions {
   // micro-kernels), time each on deterministic inputs and keep the fastest; the winner is cached per
   // (program, shapes, target) like any compilation. The default schedule needs no tuning.
   bool tune = false;
+  // Translation validation: every rewriting pass (reduce, defract, cond-miss lowering, fusion, layouts)
+  // proves its result denotes the same computation (poly::verify_rewrite, sched::verify_fusion); a failed
+  // proof is an InternalError naming the pass, never a silently different program.
+  bool verify = false;
 };
 
 // What tuning tried: each candidate's description and best run time in seconds, the winner first.

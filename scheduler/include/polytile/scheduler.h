@@ -134,7 +134,16 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 // the output) in a non-contiguous dim, and that is small next to the contraction's work (a convolution's
 // weights in the data gradient), is read from a transposed copy with that dim last -- one assign
 // contraction -- so the update can run as a register-blocked micro-kernel.
-Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = host_target());
+// With `verify`, every rewritten contraction is proven equal to the original with poly::verify_rewrite
+// (the packing's change of variables v = VL*vb + vl, the copies looked through); a failed proof is an
+// InternalError naming the pass.
+Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = host_target(),
+                        bool verify = false);
+
+// Translation validation of fuse_elementwise: every statement of `fused`, with each cast(e, t) whose e is an
+// absorbed producer's expression with that producer's dtype (recursively) put back as the producer's tensor, is the statement of
+// `original` with the same output, and every absorbed producer was no output. InternalError otherwise.
+void verify_fusion(const Program& original, const Program& fused, const ProgramTypes& types);
 
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).
