@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "polytile/autodiff.h"
+#include "polytile/cse.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
 #include "polytile/parser.h"
@@ -535,6 +536,20 @@ TEST(AutodiffTest, GradientContractionsAreReducedDefractedAndWrittenOnce) {
           << print(st);
     }
   }
+}
+
+// Gradients compute nothing twice: CSE finds nothing left to merge in them, and the layer-norm gradient
+// takes its square root once (it read sqrt(V / C + eps) five times).
+TEST(AutodiffTest, GradientsComputeNothingTwice) {
+  for (const char* text : {kLayerNorm, kSoftmax, kMlp}) {
+    Program g = vjp(parse_program(text)).program;
+    EXPECT_EQ(print(eliminate_common_subexpressions(g)), print(g)) << text;
+  }
+  std::string ln = print(vjp(parse_program(kLayerNorm)).program);
+  size_t roots = 0;
+  for (size_t at = ln.find("sqrt("); at != std::string::npos; at = ln.find("sqrt(", at + 1)) ++roots;
+  EXPECT_EQ(roots, 1u) << ln;
+  EXPECT_EQ(ln.find("DD2 * D + DD2 * D"), std::string::npos) << ln;
 }
 
 TEST(AutodiffTest, DeterministicText) {

@@ -8,6 +8,7 @@
 #include "builder.h"
 #include "derivatives.h"
 #include "polytile/autodiff.h"
+#include "polytile/cse.h"
 #include "polytile/error.h"
 #include "polytile/passes.h"
 
@@ -64,6 +65,7 @@ class ForwardMode {
     b_.program.outputs = r.gradients;
     b_.eliminate_dead_code();
     b_.program = poly::reduce_and_defract(b_.program);
+    b_.program = eliminate_common_subexpressions(b_.program);
     validate(b_.program);
     r.program = b_.program;
     r.adjoints = tangent_;

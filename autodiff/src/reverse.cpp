@@ -9,6 +9,7 @@
 #include "builder.h"
 #include "derivatives.h"
 #include "polytile/autodiff.h"
+#include "polytile/cse.h"
 #include "polytile/error.h"
 #include "polytile/parser.h"
 #include "polytile/passes.h"
@@ -95,6 +96,7 @@ class ReverseMode {
     }
     b_.eliminate_dead_code();
     if (options_.reduce_and_defract) b_.program = poly::reduce_and_defract(b_.program);
+    b_.program = eliminate_common_subexpressions(b_.program);
     validate(b_.program);
     r.program = b_.program;
     return r;
