@@ -191,6 +191,37 @@ TEST(CpuTest, BoolComparisonsI32WrapAndCastsAgreeWithTheInterpreter) {
   EXPECT_THROW(run(p, in), UserError);
 }
 
+// An empty batch: every tensor with a zero dim is empty, contractions over empty domains write zeros or
+// their default, and gradients (through reduce and defract) do the same, on both backends.
+TEST(CpuTest, ZeroSizeDimensionsWork) {
+  struct Case {
+    std::string text;
+    Shapes shapes;
+  };
+  std::vector<Case> cases = {
+      {"function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }", {{"A", {0, 4}}, {"B", {4, 3}}}},
+      {"function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }", {{"A", {3, 0}}, {"B", {0, 5}}}},
+      {"function (A[M, K], D[M]) -> (C) { C[i : M] = >(A[i, k]) default D; }", {{"A", {4, 0}}, {"D", {4}}}},
+      {"function (X[N, C]) -> (Y) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); Y = E / S; }",
+       {{"X", {0, 6}}}},
+      {"function (X[N, C]) -> (Y) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); Y = E / S; }",
+       {{"X", {3, 0}}}},
+      {"function (X[N, C]) -> (Y) { Y = relu(X) * 2 + 1; }", {{"X", {0, 3}}}},
+  };
+  Program conv = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");
+  for (auto& [text, shapes] : cases) {
+    Program p = parse_program(text);
+    for (DType t : {DType::f32, DType::f64}) expect_same(p, inputs_for(shapes, t, 3), text);
+  }
+  // The gradient of the post's convolution with an empty batch: DI is empty, DK is all zeros.
+  ad::Result g = ad::vjp(conv);
+  TensorMap in = inputs_for({{"I", {0, 9, 9, 5}}, {"K", {2, 2, 5, 7}}, {"DO", {0, 3, 3, 7}}}, DType::f32, 4);
+  expect_same(g.program, in, "empty-batch gradient");
+  TensorMap out = run(g.program, in);
+  EXPECT_EQ(out.at("DI").size(), 0);
+  for (int64_t e = 0; e < out.at("DK").size(); ++e) ASSERT_EQ(out.at("DK").get(e), 0.0);
+}
+
 TEST(CpuTest, ElementwiseSemanticsMatchExactly) {
   Buffer i = Buffer::from_values(DType::i32, {6}, {-7, 7, 5, 0, -2147483647 - 1, 3});
   Buffer j = Buffer::from_values(DType::i32, {6}, {2, -2, 0, 3, -1, 3});

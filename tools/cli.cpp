@@ -126,10 +126,10 @@ TensorType parse_shape_spec(const std::string& name, const std::string& spec) {
     try {
       size_t used = 0;
       long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      if (used != item.size() || v < 0) throw std::invalid_argument(item);
       t.shape.push_back(v);
     } catch (const std::exception&) {
-      user_error("input ", name, ": bad shape '", dims, "' (write dims as 2x3x4, each positive)");
+      user_error("input ", name, ": bad shape '", dims, "' (write dims as 2x3x4, each >= 0)");
     }
   }
   return t;

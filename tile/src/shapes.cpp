@@ -121,7 +121,7 @@ ProgramTypes infer_types(const Program& program, const std::map<std::string, Ten
       user_error("input ", p.name, " is declared with rank ", p.dims.size(), " but got shape ", shape_str(t.shape));
     for (size_t k = 0; k < p.dims.size(); ++k) {
       const DimExpr& d = p.dims[k];
-      if (t.shape[k] <= 0) user_error("input ", p.name, " has a non-positive dim ", t.shape[k], " at axis ", k);
+      if (t.shape[k] < 0) user_error("input ", p.name, " has a negative dim ", t.shape[k], " at axis ", k);
       if (d.kind() == DimExpr::Kind::symbol && !pt.dims.count(d.name())) {
         pt.dims[d.name()] = t.shape[k];
         bound_by[d.name()] = p.name;
@@ -139,8 +139,8 @@ ProgramTypes infer_types(const Program& program, const std::map<std::string, Ten
 
   auto eval_dim = [&pt](const DimExpr& d, const std::string& tensor, size_t axis) {
     int64_t v = d.evaluate(pt.dims);
-    if (v <= 0)
-      user_error("dim ", axis, " of tensor ", tensor, " evaluates to ", v, " (", d.str(), "); dims must be positive");
+    if (v < 0)
+      user_error("dim ", axis, " of tensor ", tensor, " evaluates to ", v, " (", d.str(), "); dims must not be negative");
     return v;
   };
 

@@ -31,7 +31,8 @@
 //
 // Dims: a DimExpr is an integer expression over dim names bound by the input declarations
 // (`function (I[N, M])` binds N and M; a repeated name requires equal sizes). `/` in a DimExpr is floor
-// division. Every tensor dim must evaluate to a positive integer at run time.
+// division. Every tensor dim must evaluate to a non-negative integer at run time; a dim of 0 (an empty
+// batch) makes an empty tensor, and a contraction over an empty domain writes only zeros or its default.
 //
 // Nodes are immutable values; everything prints deterministically (see printer.h).
 #pragma once
