@@ -166,6 +166,15 @@ TEST(InterpreterTest, VariablesBoundedOnlyByRowsTogetherAreBounded) {
   EXPECT_EQ(m.get(0), 0);  // every B[s, t] is read once (i = 2s - t, j = t - s): the minimum of B
 }
 
+TEST(InterpreterTest, DefaultSeedsTheAccumulatorInTheOutputsDtype) {
+  // A bool min with an f64 default: -0.5 is true, and min(true, false) is false (found by differential fuzzing).
+  Buffer t = Buffer::from_values(DType::boolean, {2}, {1, 0});
+  Buffer o = run1("function (T[N], A[]) -> (O) { O[i : 1] = <(T[k] == T[0]), k < 2 default A; }",
+                  {{"T", t}, {"A", Buffer::from_values(DType::f64, {}, {-0.5})}});
+  EXPECT_EQ(o.dtype(), DType::boolean);
+  EXPECT_EQ(o.get(0), 0);
+}
+
 TEST(InterpreterTest, IntegerArithmeticWrapsExactly) {
   Buffer a = Buffer::from_values(DType::i32, {2}, {2147483647, 65537});
   EXPECT_EQ(run1("function (A[N]) -> (O) { O = A * A; }", {{"A", a}}).to_doubles(), (std::vector<double>{1, 131073}));

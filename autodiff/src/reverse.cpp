@@ -215,7 +215,7 @@ class ReverseMode {
     if (partials != partials_.end()) {  // mixed mode: DX = unbroadcast(DT * P)
       for (const auto& [x, p] : partials->second) {
         if (!requires_.count(x)) continue;
-        std::string g = made(b_.elementwise("D" + x, bin(BinaryOp::mul, T(dt), T(p))));
+        std::string g = made(b_.elementwise("D" + x, bin(BinaryOp::mul, T(dt), p)));
         contribute(x, unbroadcast_to(g, x));
       }
       return;
@@ -365,10 +365,18 @@ class ReverseMode {
           return std::nullopt;
         });
         if (!p) continue;
+        // A partial that reads no tensor is a weak constant: stored, it would become an f32 tensor and
+        // round an f64 gradient; multiplied in where it is used, it takes the adjoint's type.
+        std::vector<std::string> reads;
+        p->collect_tensors(reads);
+        if (reads.empty()) {
+          partials_[e->output].emplace_back(x, *p);
+          continue;
+        }
         std::string name = b_.fresh("P" + e->output + "_" + x);
         b_.add(Elementwise{name, *p});
         partial_of_.insert(name);
-        partials_[e->output].emplace_back(x, name);
+        partials_[e->output].emplace_back(x, T(name));
       }
     }
   }
@@ -381,7 +389,7 @@ class ReverseMode {
   std::map<std::string, std::vector<std::string>> contributions_;
   std::set<std::string> contributions_made_;
   std::map<std::string, std::string> adjoints_;
-  std::map<std::string, std::vector<std::pair<std::string, std::string>>> partials_;
+  std::map<std::string, std::vector<std::pair<std::string, Expr>>> partials_;  // statement -> (operand, partial)
   std::set<std::string> partial_of_;
 };
 

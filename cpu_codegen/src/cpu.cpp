@@ -159,8 +159,8 @@ Program lower_cond_misses(const Program& p, const std::map<std::string, TensorTy
       as_count.aggregation = AggregationOp::sum;
       Contraction renamed_hits = hits;
       renamed_hits.output = c.output;
-      poly::verify_rewrite("cond-miss lowering", c, renamed_raw, rc);
-      poly::verify_rewrite("cond-miss lowering", as_count, renamed_hits, rc);
+      poly::verify_rewrite("cond-miss lowering", c, renamed_raw, rc, poly::identity_substitution(c));
+      poly::verify_rewrite("cond-miss lowering", as_count, renamed_hits, rc, poly::identity_substitution(c));
     }
   }
   return out;

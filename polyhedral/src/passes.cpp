@@ -443,11 +443,7 @@ PassResult defract(const Contraction& c, const PassContext& /*ctx*/) {
     k.poly = k.poly * Rational(d);
     k.bound = k.bound * DimExpr(d);
   }
-  if (!r.substitution) r.substitution = Substitution{c.index_variables(), [&] {
-                         std::vector<Polynomial> same;
-                         for (const auto& v : c.index_variables()) same.push_back(Polynomial::index(v));
-                         return same;
-                       }()};
+  if (!r.substitution) r.substitution = identity_substitution(c);
   r.contraction = std::move(out);
   r.changed = true;
   return r;

@@ -335,6 +335,13 @@ isl::map tuple_map(isl::ctx ctx, const ConcreteContraction& cc, const isl::set& 
 
 }  // namespace
 
+Substitution identity_substitution(const Contraction& c) {
+  Substitution s;
+  s.old_variables = c.index_variables();
+  for (const auto& v : s.old_variables) s.values.push_back(Polynomial::index(v));
+  return s;
+}
+
 void verify_rewrite(const std::string& pass, const Contraction& before, const Contraction& after, const RewriteContext& rc,
                     const std::optional<Substitution>& substitution) {
   POLYTILE_CHECK(rc.types, "verify_rewrite needs the tensors' types");

@@ -341,7 +341,9 @@ class ContractionRunner {
     acc_.assign(n, Accumulator{c_.aggregation}.identity());
     written_.assign(n, 0);
     if (init_) {
-      for (int64_t e = 0; e < n; ++e) acc_[e] = init_->get(broadcast_index(e, *init_));
+      // The default seeds the accumulator as a value of the output's dtype (an f64 default of a bool min is
+      // true or false before anything is compared with it).
+      for (int64_t e = 0; e < n; ++e) acc_[e] = round_to(out_type_.dtype, init_->get(broadcast_index(e, *init_)));
     }
     if (c_.aggregation == AggregationOp::assign) first_writer_.assign(n, {});
 

@@ -32,6 +32,9 @@ struct Substitution {
   std::vector<Polynomial> values;          // each as a polynomial of the rewritten contraction's variables
 };
 
+// The substitution of a rewrite that keeps the variables: each one stands for itself.
+Substitution identity_substitution(const Contraction& c);
+
 struct RewriteContext {
   const ProgramTypes* types = nullptr;               // sizes of every tensor either contraction reads
   std::map<std::string, const Contraction*> copies;  // tensor -> its defining assign copy

@@ -1,0 +1,195 @@
+// Differential fuzzing with a structured program generator (program_generator.h): random whole programs
+// run on the CPU backend (every rewriting pass proven with isl) against the reference interpreter -- the
+// same values, or a UserError from both -- and random differentiable programs through all three AD modes
+// against central finite differences in f64. The default budget keeps the suite fast; set
+// POLYTILE_FUZZ_PROGRAMS=N for a longer run (the README records one). Each failure prints the seed, the
+// iteration and the program.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "polytile/autodiff.h"
+#include "polytile/cpu.h"
+#include "polytile/error.h"
+#include "polytile/interpreter.h"
+#include "polytile/parser.h"
+#include "program_generator.h"
+#include "test_util.h"
+
+namespace polytile {
+namespace {
+
+int budget(int default_programs) {
+  const char* env = std::getenv("POLYTILE_FUZZ_PROGRAMS");
+  return env ? std::max(1, std::atoi(env)) : default_programs;
+}
+
+TensorMap make_inputs(const testing::fuzz::Generated& g, uint64_t seed) {
+  TensorMap in;
+  uint64_t k = 0;
+  for (const auto& [name, shape] : g.shapes) {
+    DType t = *parse_dtype(g.dtypes.at(name));
+    Buffer b = testing::random_buffer(shape, seed + 7919 * k++, t == DType::f32 ? DType::f64 : t);
+    Buffer typed(t, shape);
+    for (int64_t e = 0; e < b.size(); ++e) typed.set(e, t == DType::boolean ? static_cast<double>(b.get(e) > 0) : 2 * b.get(e));
+    in[name] = typed;
+  }
+  return in;
+}
+
+// Values agree: exactly for integers and bools, NaN where NaN, else within a tolerance that grows with the
+// number of terms a reduction may add (f32 accumulates in f32 on the CPU, in f64 in the interpreter).
+std::string differs(const Buffer& got, const Buffer& want, double f64_tolerance = 1e-9) {
+  if (got.shape() != want.shape() || got.dtype() != want.dtype()) return "type " + got.type_str() + " vs " + want.type_str();
+  for (int64_t e = 0; e < want.size(); ++e) {
+    double a = got.get(e), b = want.get(e);
+    if (std::isnan(b) ? std::isnan(a) : a == b) continue;
+    double tol = want.dtype() == DType::f32 ? 1e-4 : want.dtype() == DType::f64 ? f64_tolerance : 0;
+    if (std::isfinite(a) && std::isfinite(b) && std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b))) continue;
+    return "element " + std::to_string(e) + ": " + std::to_string(a) + " vs " + std::to_string(b);
+  }
+  return "";
+}
+
+TEST(DifferentialFuzzTest, RandomProgramsAgreeOnTheCpuBackend) {
+  const uint64_t seed = 20261122;
+  const int programs = budget(150);
+  std::cout << "seed " << seed << ", " << programs << " programs\n";
+  testing::fuzz::ProgramGenerator gen(seed, false);
+  int compared = 0, refused = 0;
+  for (int iter = 0; iter < programs; ++iter) {
+    testing::fuzz::Generated g = gen.next();
+    std::string where = "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + " inputs";
+    for (const auto& [name, dtype] : g.dtypes) where += " " + name + ":" + dtype;
+    where += "\n" + g.text;
+    Program p;
+    ASSERT_NO_THROW(p = parse_program(g.text, "fuzz.tile")) << where;
+    TensorMap in = make_inputs(g, seed + static_cast<uint64_t>(iter));
+    std::optional<TensorMap> want;
+    std::string interp_error;
+    try {
+      want = interpret(p, in);
+    } catch (const UserError& e) {
+      interp_error = e.what();
+    }
+    cpu::CompileOptions options;
+    options.verify = true;
+    options.threads = 1;
+    if (!want) {
+      EXPECT_THROW(cpu::run(p, in, options), UserError) << where << "interpreter: " << interp_error;
+      ++refused;
+      continue;
+    }
+    TensorMap got;
+    try {
+      got = cpu::run(p, in, options);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << where << "cpu: " << e.what();
+      continue;
+    }
+    // f32 anywhere upstream (an f32 input or cast) bounds the precision of every float output: the CPU
+    // accumulates f32 sums in f32, the interpreter in f64.
+    bool f32_upstream = g.text.find("f32") != std::string::npos;
+    for (const auto& [name, dtype] : g.dtypes) f32_upstream |= dtype == "f32";
+    for (const auto& o : p.outputs) EXPECT_EQ(differs(got.at(o), want->at(o), f32_upstream ? 1e-4 : 1e-9), "") << where << o;
+    ++compared;
+  }
+  std::cout << compared << " compared, " << refused << " refused by both\n";
+  EXPECT_GT(compared, programs / 2);
+}
+
+// <head, outputs> at the given inputs; `magnitude` gets sum |head * output|, which bounds the rounding
+// error of the loss (a central difference cannot be more accurate than 1e-16 * magnitude / h).
+double loss(const Program& p, const TensorMap& in, const TensorMap& heads, double* magnitude = nullptr) {
+  TensorMap out = interpret(p, in);
+  double s = 0, m = 0;
+  for (const auto& o : p.outputs)
+    for (int64_t e = 0; e < out.at(o).size(); ++e) {
+      s += heads.at(o).get(e) * out.at(o).get(e);
+      m += std::fabs(heads.at(o).get(e) * out.at(o).get(e));
+    }
+  if (magnitude) *magnitude = m;
+  return s;
+}
+
+TEST(DifferentialFuzzTest, RandomGradientsInEveryModeMatchFiniteDifferences) {
+  const uint64_t seed = 11222026;
+  const int programs = budget(60);
+  std::cout << "seed " << seed << ", " << programs << " programs\n";
+  testing::fuzz::ProgramGenerator gen(seed, true);
+  int checked = 0;
+  for (int iter = 0; iter < programs; ++iter) {
+    testing::fuzz::Generated g = gen.next();
+    std::string where = "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + "\n" + g.text;
+    Program p = parse_program(g.text, "fuzz.tile");
+    TensorMap in = make_inputs(g, seed + static_cast<uint64_t>(iter));
+    TensorMap out;
+    try {
+      out = interpret(p, in);
+    } catch (const UserError&) {
+      continue;
+    }
+    ++checked;
+    TensorMap heads;
+    for (const auto& o : p.outputs) heads[o] = testing::random_buffer(out.at(o).shape(), seed + 31 * static_cast<uint64_t>(iter));
+    ad::Result rev = ad::vjp(p);
+    ad::Options mixed_options;
+    mixed_options.mixed_mode = true;
+    ad::Result mixed = ad::vjp(p, mixed_options), fwd = ad::jvp(p);
+    TensorMap rin = in;
+    for (size_t o = 0; o < p.outputs.size(); ++o) rin[rev.program.inputs[p.inputs.size() + o].name] = heads.at(p.outputs[o]);
+    TensorMap grads = interpret(rev.program, rin), mixed_grads = interpret(mixed.program, rin);
+    // The gradient program compiles and agrees on the CPU as well.
+    cpu::CompileOptions options;
+    options.verify = true;
+    options.threads = 1;
+    TensorMap cpu_grads = cpu::run(rev.program, rin, options);
+    const double h = 1e-6;
+    double magnitude = 0;
+    loss(p, in, heads, &magnitude);
+    auto tolerance = [&](double fd) { return 1e-5 * std::max(1.0, std::fabs(fd)) + 1e-15 * magnitude / h; };
+    double directional = 0, tangent_dot = 0;
+    TensorMap fin = in, plus_t = in, minus_t = in;
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      const std::string& x = p.inputs[i].name;
+      const Buffer& gx = grads.at(rev.gradients[i]);
+      ASSERT_EQ(gx.shape(), in.at(x).shape()) << where;
+      // Mixed mode multiplies partials in another order; literal-only subexpressions round to f32 (weak
+      // literals, ir.h), so the two orders may differ in the eighth digit.
+      EXPECT_EQ(differs(mixed_grads.at(mixed.gradients[i]), gx, 1e-6), "") << where << "mixed vs reverse, d" << x;
+      EXPECT_EQ(differs(cpu_grads.at(rev.gradients[i]), gx), "") << where << "cpu vs interpreter, d" << x;
+      for (int64_t e = 0; e < std::min<int64_t>(3, gx.size()); ++e) {
+        int64_t at = (e * 7919 + iter) % gx.size();
+        TensorMap plus = in, minus = in;
+        plus[x].set(at, in.at(x).get(at) + h);
+        minus[x].set(at, in.at(x).get(at) - h);
+        double fd = (loss(p, plus, heads) - loss(p, minus, heads)) / (2 * h);
+        EXPECT_NEAR(gx.get(at), fd, tolerance(fd)) << where << "reverse d" << x << " at " << at;
+      }
+      // Forward mode along a random tangent t: <jvp(t), head> = d/dh loss(x + h t).
+      Buffer t = testing::random_buffer(in.at(x).shape(), seed + 97 * static_cast<uint64_t>(iter) + i);
+      fin[fwd.program.inputs[p.inputs.size() + i].name] = t;
+      for (int64_t e = 0; e < t.size(); ++e) {
+        plus_t[x].set(e, in.at(x).get(e) + h * t.get(e));
+        minus_t[x].set(e, in.at(x).get(e) - h * t.get(e));
+        tangent_dot += t.get(e) * gx.get(e);
+      }
+    }
+    directional = (loss(p, plus_t, heads) - loss(p, minus_t, heads)) / (2 * h);
+    TensorMap tangents = interpret(fwd.program, fin);
+    double jvp_dot = 0;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const Buffer& to = tangents.at(fwd.gradients[o]);
+      for (int64_t e = 0; e < to.size(); ++e) jvp_dot += to.get(e) * heads.at(p.outputs[o]).get(e);
+    }
+    EXPECT_NEAR(jvp_dot, directional, tolerance(directional)) << where << "forward mode";
+    EXPECT_NEAR(tangent_dot, directional, tolerance(directional)) << where << "reverse, directional";
+  }
+  std::cout << checked << " programs differentiated\n";
+  EXPECT_GT(checked, programs / 2);
+}
+
+}  // namespace
+}  // namespace polytile
