@@ -2,6 +2,7 @@
 # Installs polytile's system dependencies (Debian packages) and builds it.
 #   ./setup.sh               Release build in build/
 #   ./setup.sh --sanitize    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+#   ./setup.sh --fuzz        clang + libFuzzer build of the fuzz targets in build-fuzz/ (then fuzz/run.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -12,6 +13,10 @@ packages=(
   llvm-16-dev
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libtbb-dev
 )
+
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -30,6 +35,9 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DPOLYTILE_BUILD_BENCH=ON)
 if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON -DPOLYTILE_BUILD_BENCH=ON)
+elif [ "${1:-}" = "--fuzz" ]; then
+  build_dir=build-fuzz
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
 fi
 cmake -S . -B "$build_dir" -G Ninja "${flags[@]}" > /dev/null
 cmake --build "$build_dir" -j "$(nproc)"

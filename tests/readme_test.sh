@@ -25,5 +25,10 @@ while IFS= read -r line; do
   eval "$cmd" > /dev/null
   n=$((n + 1))
 done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^(\./setup\.sh && )?build/polytile ')
+# The repository stands alone: nothing a user reads points outside it.
+if grep -rn '\.\./shared' README.md docs ./*/include 2>/dev/null; then
+  echo "README, docs or a public header points outside the repository"
+  exit 1
+fi
 echo "checked $blocks C++ examples, ran $n README commands"
 [ "$blocks" -ge 4 ] && [ "$n" -ge 21 ]

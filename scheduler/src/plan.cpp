@@ -74,8 +74,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   // The smallest distance in memory between the rows read by consecutive values of a reduction variable.
   std::vector<std::string> vars = c.index_variables();
   std::vector<Polynomial> out = bound(c.output_indices, types.dims);
-  int64_t nearest = INT64_MAX, elements = 1;
-  for (int64_t d : type.shape) elements *= d;
+  int64_t nearest = INT64_MAX;
   for (const auto& r : vars) {
     if (uses(out, r) || !uses(idx, r)) continue;
     int64_t stride = 0, inner = 1;
