@@ -1,5 +1,6 @@
 // A tour of polytile's public C++ API: build a program with the eDSL and from text, print it, type it,
-// run it with the reference interpreter, and save the result as .npy.
+// run it with the reference interpreter, save the result as .npy, and compute repeated work once (CSE).
+#include <polytile/cse.h>
 #include <polytile/edsl.h>
 #include <polytile/error.h>
 #include <polytile/interpreter.h>
@@ -39,7 +40,12 @@ int main() {
   write_npy("max_pool_out.npy", out);
   std::cout << "wrote " << read_npy("max_pool_out.npy").type_str() << "\n";
 
-  // 5. Bad input is a UserError that names the object.
+  // 5. Common subexpressions: the square root is computed once, x*y + x*y is 2 * (x*y).
+  Program twice = parse_program(
+      "function (X[N], Y[N]) -> (A, B) { A = X / sqrt(Y * Y + 1) + X * Y + X * Y; B = exp(X) * sqrt(Y * Y + 1); }");
+  std::cout << print(eliminate_common_subexpressions(twice));
+
+  // 6. Bad input is a UserError that names the object.
   try {
     parse_program("function (A[N]) -> (B) { B[i : N] = +(A[i*i]); }", "bad.tile");
   } catch (const UserError& e) {

@@ -22,6 +22,7 @@ int main() {
 
   cpu::CompileOptions options;
   options.threads = 2;
+  options.verify = true;  // every rewriting pass proves itself with isl while compiling
   auto compiled = cpu::compile(layer, types, options);
   std::cout << compiled->schedule().tree() << compiled->schedule().ast();
   for (const auto& nest : compiled->schedule().nests)

@@ -1,9 +1,10 @@
 // The polyhedral stage of polytile's C++ API: isl analysis of a contraction, the reduce and defract
-// passes on the post's gradient, and the lattice library underneath.
+// passes on the post's gradient (with their isl proofs), and the lattice library underneath.
 #include <polytile/lattice.h>
 #include <polytile/parser.h>
 #include <polytile/passes.h>
 #include <polytile/polyhedral.h>
+#include <polytile/verify.h>
 
 #include <iostream>
 
@@ -25,6 +26,14 @@ int main() {
   poly::PassResult defracted = poly::defract(reduced.contraction, ctx);
   std::cout << print(Statement(reduced.contraction)) << "\n" << print(Statement(defracted.contraction)) << "\n";
   std::cout << "each element written once: " << poly::writes_each_output_once(defracted.contraction, types) << "\n";
+
+  // Translation validation: each pass's change of variables is a bijection of valid points that commutes
+  // with every access (an isl proof; a failure would throw InternalError naming the pass).
+  poly::RewriteContext proof;
+  proof.types = &types;
+  poly::verify_rewrite("reduce", c, reduced.contraction, proof, reduced.substitution);
+  poly::verify_rewrite("defract", reduced.contraction, defracted.contraction, proof, defracted.substitution);
+  std::cout << "reduce and defract proven\n";
 
   // 3. The lattice behind defract: integer points where 1/3*v1 - 2/3*v4 is an integer.
   auto lat = lattice::integrality_lattice(lattice::RatMatrix{lattice::IntMatrix{{1, -2}}, 3}, {0});
