@@ -42,7 +42,7 @@ int main() {
 
   // 5. Common subexpressions: the square root is computed once, x*y + x*y is 2 * (x*y).
   Program twice = parse_program(
-      "function (X[N], Y[N]) -> (A, B) { A = X / sqrt(Y * Y + 1) + X * Y + X * Y; B = exp(X) * sqrt(Y * Y + 1); }");
+      "function (X[N], Y[N]) -> (A, B) { A = X * Y + X * Y + X / sqrt(Y * Y + 1); B = exp(X) * sqrt(Y * Y + 1); }");
   std::cout << print(eliminate_common_subexpressions(twice));
 
   // 6. Bad input is a UserError that names the object.
