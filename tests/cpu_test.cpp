@@ -222,6 +222,16 @@ TEST(CpuTest, ZeroSizeDimensionsWork) {
   for (int64_t e = 0; e < out.at("DK").size(); ++e) ASSERT_EQ(out.at("DK").get(e), 0.0);
 }
 
+// Ten thousand chained elementwise statements: fusion stops at bounded expression sizes, so this compiles in
+// about two seconds (it overflowed the stack in the emitter, and took minutes, when fusion made one
+// ten-thousand-level expression in a quadratic loop).
+TEST(CpuTest, TenThousandChainedStatementsCompile) {
+  std::string text = "function (A[N]) -> (O) { T0 = A + 1;";
+  for (int i = 1; i < 10000; ++i) text += " T" + std::to_string(i) + " = T" + std::to_string(i - 1) + " * 0.5 + 1;";
+  text += " O = T9999; }";
+  expect_same(parse_program(text), inputs_for({{"A", {5}}}, DType::f32, 9), "10000 statements");
+}
+
 TEST(CpuTest, ElementwiseSemanticsMatchExactly) {
   Buffer i = Buffer::from_values(DType::i32, {6}, {-7, 7, 5, 0, -2147483647 - 1, 3});
   Buffer j = Buffer::from_values(DType::i32, {6}, {2, -2, 0, 3, -1, 3});
