@@ -76,6 +76,14 @@ void check_vjp(const std::string& text, const Shapes& shapes, const FdOptions& o
     Program raw = vjp(p, raw_options).program;
     ProgramTypes gtypes = types_of(raw, gin);
     ASSERT_NO_THROW(poly::reduce_and_defract(raw, poly::PassContext{&gtypes, true})) << print(raw);
+    // And for every size at once where isl can express the sizes (a UserError says where it cannot).
+    Options proven = o.ad;
+    proven.verify = true;
+    try {
+      vjp(p, proven);
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("for all sizes"), std::string::npos) << e.what();
+    }
   }
   std::mt19937_64 rng(seed);
   const double h = 1e-6;

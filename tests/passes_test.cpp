@@ -210,6 +210,37 @@ TEST(VerifyTest, RefutesTheOldReduceOfRationalOffsets) {
   EXPECT_NO_THROW(reduce_and_defract(p, ctx));
 }
 
+TEST(VerifyTest, ProvesForAllSizesWithDimsAsParameters) {
+  Program p = parse_program(kSeedGradient);
+  const Contraction& c = only_contraction(p);
+  std::map<std::string, std::vector<DimExpr>> shapes;
+  for (const auto& in : p.inputs) shapes[in.name] = in.dims;
+  PassResult r = reduce(c), d = defract(r.contraction);
+  EXPECT_TRUE(verify_rewrite_for_all_sizes("reduce", c, r.contraction, shapes, *r.substitution));
+  EXPECT_TRUE(verify_rewrite_for_all_sizes("defract", r.contraction, d.contraction, shapes, *d.substitution));
+  // A digit constraint dropped: refuted without any sizes.
+  Contraction dropped = d.contraction;
+  dropped.constraints.pop_back();
+  EXPECT_THROW(verify_rewrite_for_all_sizes("defract", r.contraction, dropped, shapes, *d.substitution), InternalError);
+  // The old rational-offset reduce, refuted for all sizes.
+  Program old = parse_program("function (F[L]) -> (O) { O[(l + k + 1)/2 : 4] = +(F[l]), l < 3; }");
+  Program wrong = parse_program("function (F[L]) -> (O) { O[v0 + 1/2 : 4] = +(F[v1]), v1 < 3; }");
+  Substitution sub{{"k", "l"}, {Polynomial::index("v0") * Rational(2) - Polynomial::index("v1"), Polynomial::index("v1")}};
+  try {
+    verify_rewrite_for_all_sizes("reduce", only_contraction(old), only_contraction(wrong), {{"F", {DimExpr::symbol("L")}}}, sub);
+    ADD_FAILURE() << "not refuted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("lost for some sizes"), std::string::npos) << e.what();
+  }
+  // Sizes isl cannot express (a product of dims) prove nothing, and say so.
+  Program product = parse_program("function (A[N, M]) -> (O) { O[i + j : N*M] = +(A[i, j]); }");
+  const Contraction& pc = only_contraction(product);
+  PassResult pr = reduce(pc);
+  ASSERT_TRUE(pr.changed);
+  EXPECT_FALSE(verify_rewrite_for_all_sizes("reduce", pc, pr.contraction, {{"A", {DimExpr::symbol("N"), DimExpr::symbol("M")}}},
+                                            *pr.substitution));
+}
+
 TEST(VerifyTest, MultiplicityCountsWhenAVariableReadsNothing) {
   // j appears in no access: each O[i] sums A[i] twice. Halving j's range keeps the image, not the count.
   Program p = parse_program("function (A[N]) -> (O) { O[i : N] = +(A[i]), j < 2; }");

@@ -61,9 +61,10 @@ Prints one stage of the compiler for FILE.tile:
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --verbose                   say on stderr why a pass left a contraction unchanged
-  --verify                    prove every rewrite with isl at these shapes (reduce, defract, and for the
-                              schedule stages also cond-miss lowering, fusion and layouts); a failed proof
-                              is an internal error (exit 2) naming the pass
+  --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
+                              express them (else at the --shape sizes), and for the schedule stages also
+                              cond-miss lowering, fusion and layouts at the --shape sizes; a failed proof
+                              is an internal error (exit 2) naming the pass; --verbose says what was proven
 )";
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
@@ -83,7 +84,7 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --limit N                    print at most N values per printed output (default 64)
 )";
 
-const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward]
+const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward] [--verify]
 
 Prints the derivative of FILE.tile as a Tile program that `polytile run` runs. For
   function (I, K) -> (O)
@@ -94,6 +95,7 @@ products), forward mode prints  function (I, K, TI, TK) -> (TO)  (Jacobian-vecto
   --emit STAGE   tile: the gradient as generated; defracted (default): after reduce and defract, every
                  output element written once, integer coefficients only
   --mode MODE    reverse (default), mixed (dual-number partials for elementwise statements) or forward
+  --verify       prove reduce and defract of every gradient contraction with isl, for all sizes
 )";
 
 struct Args {
@@ -233,7 +235,6 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   if (emit.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
   std::optional<ProgramTypes> types;
   if (!shapes.empty()) types = infer_types(p, shapes);
-  if (verify && !types) user_error("lower --verify needs --shape NAME=DIMS for every input (the proofs run at those sizes)");
   poly::PassContext ctx{types ? &*types : nullptr, verify};
   std::vector<std::string> log;
   if (emit == "tile") {
@@ -273,6 +274,8 @@ int cmd_grad(const Args& a, std::ostream& out) {
       emit = value;
     } else if (opt == "--mode") {
       mode = value;
+    } else if (opt == "--verify") {
+      options.verify = true;
     } else {
       user_error("grad: unknown option ", opt);
     }
@@ -282,7 +285,7 @@ int cmd_grad(const Args& a, std::ostream& out) {
   options.mixed_mode = mode == "mixed";
   ad::Result r;
   if (mode == "forward") {
-    r = ad::jvp(p, options.wrt);
+    r = ad::jvp(p, options.wrt, options.verify);
     if (emit == "tile") user_error("grad --mode forward emits the defracted form only");
   } else if (mode == "reverse" || mode == "mixed") {
     r = ad::vjp(p, options);

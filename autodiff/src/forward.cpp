@@ -18,7 +18,7 @@ namespace {
 
 class ForwardMode {
  public:
-  explicit ForwardMode(const Program& p) : forward_(p), b_(p) { b_.program.statements.clear(); }
+  ForwardMode(const Program& p, bool verify) : forward_(p), b_(p), verify_(verify) { b_.program.statements.clear(); }
 
   Result run(const std::vector<std::string>& inputs) {
     std::vector<std::string> names;  // T<output>, reserved first
@@ -64,7 +64,7 @@ class ForwardMode {
     }
     b_.program.outputs = r.gradients;
     b_.eliminate_dead_code();
-    b_.program = poly::reduce_and_defract(b_.program);
+    b_.program = poly::reduce_and_defract(b_.program, poly::PassContext{nullptr, verify_});
     b_.program = eliminate_common_subexpressions(b_.program);
     validate(b_.program);
     r.program = b_.program;
@@ -234,16 +234,17 @@ class ForwardMode {
   Builder b_;
   std::map<std::string, std::string> tangent_;
   std::set<std::string> made_;  // tangent tensors this pass created (free to rename)
+  bool verify_;
 };
 
 }  // namespace
 
-Result jvp(const Program& program, const std::vector<std::string>& tangents) {
+Result jvp(const Program& program, const std::vector<std::string>& tangents, bool verify) {
   validate(program);
   std::vector<std::string> inputs = tangents;
   if (inputs.empty())
     for (const auto& p : program.inputs) inputs.push_back(p.name);
-  return ForwardMode(program).run(inputs);
+  return ForwardMode(program, verify).run(inputs);
 }
 
 }  // namespace polytile::ad

@@ -95,7 +95,7 @@ class ReverseMode {
       for (const auto& w : wrt) r.adjoints[w] = adjoints_[w];
     }
     b_.eliminate_dead_code();
-    if (options_.reduce_and_defract) b_.program = poly::reduce_and_defract(b_.program);
+    if (options_.reduce_and_defract) b_.program = poly::reduce_and_defract(b_.program, poly::PassContext{nullptr, options_.verify});
     b_.program = eliminate_common_subexpressions(b_.program);
     validate(b_.program);
     r.program = b_.program;

@@ -456,26 +456,73 @@ static Program map_contractions(const Program& p, const std::function<Contractio
   return out;
 }
 
-// Runs one pass on a contraction, logs a decline, and proves a change when asked to.
+// Symbolic shapes where the program states them: inputs as declared, contractions as written, elementwise
+// results where broadcasting pairs equal dims or a constant 1 (unknown otherwise).
+static std::map<std::string, std::vector<DimExpr>> symbolic_shapes(const Program& p) {
+  std::map<std::string, std::vector<DimExpr>> shapes;
+  for (const auto& in : p.inputs) shapes[in.name] = in.dims;
+  for (const auto& st : p.statements) {
+    if (const auto* c = std::get_if<Contraction>(&st)) {
+      shapes[c->output] = c->output_shape;
+      continue;
+    }
+    const auto& e = std::get<Elementwise>(st);
+    std::vector<std::string> used;
+    e.expr.collect_tensors(used);
+    std::vector<DimExpr> shape;
+    bool known = true;
+    for (const auto& t : used) {
+      auto it = shapes.find(t);
+      if (it == shapes.end()) {
+        known = false;
+        break;
+      }
+      std::vector<DimExpr> a = shape, b = it->second;
+      while (a.size() < b.size()) a.insert(a.begin(), DimExpr(1));
+      while (b.size() < a.size()) b.insert(b.begin(), DimExpr(1));
+      for (size_t k = 0; k < a.size() && known; ++k) {
+        if (a[k] == b[k] || (b[k].is_constant() && b[k].value() == 1)) continue;
+        if (a[k].is_constant() && a[k].value() == 1) a[k] = b[k];
+        else known = false;
+      }
+      shape = a;
+    }
+    if (known) shapes[e.output] = shape;
+  }
+  return shapes;
+}
+
+// Runs one pass on a contraction, logs a decline, and proves a change when asked to: for every size where
+// isl can express the sizes, else at the sizes in ctx.types.
 static Contraction run_pass(const char* name, PassResult (*pass)(const Contraction&, const PassContext&), const Contraction& c,
-                            const PassContext& ctx, std::vector<std::string>* log) {
+                            const PassContext& ctx, const std::map<std::string, std::vector<DimExpr>>& shapes,
+                            std::vector<std::string>* log) {
   PassResult r = pass(c, ctx);
   if (!r.changed && log) log->push_back(std::string(name) + ": " + r.reason);
   if (r.changed && ctx.verify) {
-    if (!ctx.types) user_error("verifying ", name, " of ", c.output, " needs the input shapes");
+    if (verify_rewrite_for_all_sizes(name, c, r.contraction, shapes, *r.substitution)) {
+      if (log) log->push_back(std::string(name) + ": " + c.output + " proven for all sizes");
+      return r.contraction;
+    }
+    if (!ctx.types)
+      user_error("cannot prove ", name, " of ", c.output, " for all sizes (isl cannot express its sizes); give the input shapes");
     RewriteContext rc;
     rc.types = ctx.types;
     verify_rewrite(name, c, r.contraction, rc, r.substitution);
+    if (log) log->push_back(std::string(name) + ": " + c.output + " proven at the given sizes");
   }
   return r.contraction;
 }
 
 Program reduce_program(const Program& p, const PassContext& ctx, std::vector<std::string>* log) {
-  return map_contractions(p, [&](const Contraction& c) { return run_pass("reduce", reduce, c, ctx, log); });
+  const auto shapes = ctx.verify ? symbolic_shapes(p) : std::map<std::string, std::vector<DimExpr>>{};
+  return map_contractions(p, [&](const Contraction& c) { return run_pass("reduce", reduce, c, ctx, shapes, log); });
 }
 
 Program reduce_and_defract(const Program& p, const PassContext& ctx, std::vector<std::string>* log) {
-  return map_contractions(reduce_program(p, ctx, log), [&](const Contraction& c) { return run_pass("defract", defract, c, ctx, log); });
+  Program reduced = reduce_program(p, ctx, log);
+  const auto shapes = ctx.verify ? symbolic_shapes(reduced) : std::map<std::string, std::vector<DimExpr>>{};
+  return map_contractions(reduced, [&](const Contraction& c) { return run_pass("defract", defract, c, ctx, shapes, log); });
 }
 
 }  // namespace polytile::poly

@@ -72,6 +72,7 @@ struct Options {
   bool all_adjoints = false;                     // also output the adjoint of every intermediate tensor
   bool mixed_mode = false;                       // dual-number partials for elementwise statements
   bool reduce_and_defract = true;                // clean up the gradient contractions
+  bool verify = false;                           // prove that clean-up with isl for all sizes (passes.h)
 };
 
 struct Result {
@@ -94,7 +95,7 @@ Result differentiate(const Program& program, const std::string& output, const Op
                      std::optional<size_t> head_prefix_rank = std::nullopt);
 
 // Forward mode: function (inputs..., T<tangent inputs>...) -> (T<outputs>...): Jacobian-vector products.
-// `tangents` lists the inputs that get a tangent (empty: all).
-Result jvp(const Program& program, const std::vector<std::string>& tangents = {});
+// `tangents` lists the inputs that get a tangent (empty: all); `verify` proves the clean-up with isl.
+Result jvp(const Program& program, const std::vector<std::string>& tangents = {}, bool verify = false);
 
 }  // namespace polytile::ad

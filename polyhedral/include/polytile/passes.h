@@ -30,7 +30,8 @@ namespace polytile::poly {
 
 struct PassContext {
   const ProgramTypes* types = nullptr;  // optional: concrete shapes rank the basis candidates
-  // Prove every rewrite with verify_rewrite (needs `types`); a failed proof is an InternalError.
+  // Prove every rewrite (verify.h): for all sizes where isl can express them, else at `types`' sizes (a
+  // UserError when there are none); a failed proof is an InternalError.
   bool verify = false;
 };
 

@@ -4,7 +4,8 @@
 // A contraction denotes the multiset of tuples (output element, input element 1, ..., input element k)
 // over its valid points, folded by its aggregation from its default. Two contractions with the same
 // output, shape, aggregation, combination and default denote the same computation when those multisets
-// agree. verify_rewrite proves that at the sizes in `types`:
+// agree. verify_rewrite proves that at the sizes in `types` (verify_rewrite_for_all_sizes for every size
+// where isl can express them):
 //  * with a Substitution (the old variables as affine functions of the new ones, which reduce and defract
 //    report), the map z -> x is injective on the new valid domain, maps it onto the old valid domain, and
 //    carries every access of the new contraction to the element the old one reads -- a bijection of
@@ -43,5 +44,12 @@ struct RewriteContext {
 
 void verify_rewrite(const std::string& pass, const Contraction& before, const Contraction& after,
                     const RewriteContext& ctx, const std::optional<Substitution>& substitution = std::nullopt);
+
+// The same proof for every size at once: dims stay isl parameters (each >= 0), tensors have the symbolic
+// shapes in `shapes` (inputs as declared, contraction outputs as written). Returns false, proving
+// nothing, where isl cannot express a size or an index (a product of dims, max, min, a tensor whose shape
+// is unknown); a refutation throws InternalError as verify_rewrite does.
+bool verify_rewrite_for_all_sizes(const std::string& pass, const Contraction& before, const Contraction& after,
+                                  const std::map<std::string, std::vector<DimExpr>>& shapes, const Substitution& substitution);
 
 }  // namespace polytile::poly
