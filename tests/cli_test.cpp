@@ -175,8 +175,10 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
     std::string needle;
   };
   std::string mm = kExamples + "matmul.tile";
-  std::string huge = temp("huge.tile"), deep = temp("deep.tile");
+  std::string huge = temp("huge.tile"), deep = temp("deep.tile"), cond_assign = temp("cond_assign.tile");
   {
+    std::ofstream c(cond_assign);
+    c << "function (A[N], B[N], C[N]) -> (O) { O[] = =(A[i] == B[i] ? C[i]); }";
     std::ofstream f(huge);
     f << "function (A[N]) -> (O) { O[i : N] = +(A[i]), j < 4611686018427387904; }";
     std::ofstream g(deep);
@@ -219,6 +221,10 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", huge, "--random", "A=3"}, "ranges over a box of about"},
       {{"run", huge, "--random", "A=3", "--backend", "interp"}, "too many candidate points"},
       {{"check", deep}, "expression nested more than 256 levels deep"},
+      // assign is static: check, the interpreter and the cpu backend all refuse a cond that could collide.
+      {{"check", cond_assign, "--shape", "A=4", "--shape", "B=4", "--shape", "C=4"}, "can write an element more than once"},
+      {{"run", cond_assign, "--random", "A=4", "--random", "B=4", "--random", "C=4", "--backend", "interp"}, "more than once"},
+      {{"run", cond_assign, "--random", "A=4", "--random", "B=4", "--random", "C=4"}, "more than once"},
   };
   for (const auto& c : cases) {
     Result r = cli(c.args);
