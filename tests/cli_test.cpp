@@ -106,6 +106,24 @@ TEST(CliTest, LowerPrintsEveryStage) {
   EXPECT_NE(verbose.err.find("polytile: reduce: every output index of C is already a single variable"), std::string::npos);
   EXPECT_NE(verbose.err.find("polytile: defract: contraction C has no fractional coefficients"), std::string::npos);
   EXPECT_NE(cli({"help", "lower"}).out.find("usage: polytile lower"), std::string::npos);
+  // The pipeline's later stages come from sched::lower without code generation: the program the schedule
+  // computes (the data gradient's kernel transposed for its micro-kernel), the schedule and the loop IR.
+  Result lowered = lower("lowered");
+  ASSERT_EQ(lowered.code, 0) << lowered.err;
+  EXPECT_NE(lowered.out.find("v1_0 < 3, v2_0 < 3;"), std::string::npos) << lowered.out;
+  Result loops = lower("loops");
+  ASSERT_EQ(loops.code, 0) << loops.err;
+  EXPECT_NE(loops.out.find("nest DI.update (update of DI; S("), std::string::npos) << loops.out;
+  EXPECT_NE(loops.out.find("for c0 = "), std::string::npos) << loops.out;
+  Result ast = lower("ast"), schedule = lower("schedule");
+  EXPECT_NE(ast.out.find("// DI.update"), std::string::npos) << ast.out;
+  EXPECT_NE(schedule.out.find("// DI.update"), std::string::npos) << schedule.out;
+  // Proven stages: --verify adds the proofs and changes nothing printed.
+  std::vector<std::string> verified = {"lower", grad, "--emit", "loops", "--verify"};
+  verified.insert(verified.end(), shapes.begin(), shapes.end());
+  Result proven = cli(verified);
+  ASSERT_EQ(proven.code, 0) << proven.err;
+  EXPECT_EQ(proven.out, loops.out);
 }
 
 TEST(CliTest, GradPrintsARunnableGradientProgram) {

@@ -10,6 +10,7 @@
 #include "polytile/autodiff.h"
 #include "polytile/buffer.h"
 #include "polytile/cpu.h"
+#include "polytile/lower.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
 #include "polytile/npy.h"
@@ -54,10 +55,13 @@ Prints one stage of the compiler for FILE.tile:
               (needs --shape for every input)
   reduced     contractions after `reduce`: every output index a single variable
   defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
+  lowered     the program after every pass of the pipeline (cond-miss lowering, fusion, layouts): what
+              the schedule computes (needs --shape)
   schedule    the isl schedule tree of every loop nest, with its marks: parallel, tile, reduction_tile, point,
               vector_RxVxL (a micro-kernel of R rows x V vectors of L lanes) (needs --shape)
   ast         the loops isl generates from those schedules, as C (needs --shape)
-  llvm        the optimized LLVM IR the CPU backend runs (needs --shape)
+  loops       the loop IR the code generators consume: nests, loops, guards, statements (needs --shape)
+  llvm        the optimized LLVM IR the CPU backend runs, without compiling it to machine code (needs --shape)
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --verbose                   say on stderr why a pass left a contraction unchanged
@@ -246,14 +250,22 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     out << print(poly::reduce_program(p, ctx, &log));
   } else if (emit == "defracted") {
     out << print(poly::reduce_and_defract(p, ctx, &log));
-  } else if (emit == "schedule" || emit == "ast" || emit == "llvm") {
+  } else if (emit == "lowered" || emit == "schedule" || emit == "ast" || emit == "loops") {
+    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
+    sched::LowerOptions options;
+    options.verify = verify;
+    sched::Lowered lowered = sched::lower(p, shapes, options);  // no code generation
+    out << (emit == "lowered"    ? print(lowered.program)
+            : emit == "schedule" ? lowered.schedule.tree()
+            : emit == "ast"      ? lowered.schedule.ast()
+                                 : sched::print_loops(lowered.schedule));
+  } else if (emit == "llvm") {
     if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
     cpu::CompileOptions options;
     options.verify = verify;
-    auto compiled = cpu::compile(p, shapes, options);
-    out << (emit == "schedule" ? compiled->schedule().tree() : emit == "ast" ? compiled->schedule().ast() : compiled->llvm_ir());
+    out << cpu::optimized_llvm_ir(p, shapes, options);
   } else {
-    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, schedule, ast, llvm)");
+    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm)");
   }
   if (verbose)
     for (const auto& line : log) err << "polytile: " << line << "\n";

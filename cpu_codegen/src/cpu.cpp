@@ -18,14 +18,14 @@
 #include <tbb/parallel_for.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <mutex>
 
 #include "polytile/llvm_ir.h"
 #include "polytile/error.h"
-#include "polytile/passes.h"
-#include "polytile/verify.h"
+#include "polytile/lower.h"
 
 namespace polytile::cpu {
 
@@ -105,128 +105,82 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
   mpm.run(m, mam);
 }
 
-// A cond contraction aggregating with max, min or product leaves an element at the aggregation's identity
-// when every point misses, where the interpreter leaves it unwritten (0). Rewrite such a contraction O into
-// O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
-Program lower_cond_misses(const Program& p, const std::map<std::string, TensorType>* verify_with) {
-  Program out = p;
-  out.statements.clear();
-  std::set<std::string> names;
-  for (const auto& in : p.inputs) names.insert(in.name);
-  for (const auto& st : p.statements) names.insert(statement_output(st));
-  auto fresh = [&names](const std::string& base) {
-    std::string n = base;
-    while (names.count(n)) n += "_";
-    names.insert(n);
-    return n;
-  };
-  std::vector<std::tuple<Contraction, Contraction, Contraction>> rewritten;  // original, raw, hits
-  for (const auto& st : p.statements) {
-    const auto* c = std::get_if<Contraction>(&st);
-    bool needs = c && c->combination == CombinationOp::cond && !c->init &&
-                 (c->aggregation == AggregationOp::max || c->aggregation == AggregationOp::min ||
-                  c->aggregation == AggregationOp::product);
-    if (!needs) {
-      out.statements.push_back(st);
-      continue;
-    }
-    Contraction raw = *c;
-    raw.output = fresh(c->output + "_raw");
-    const std::string& third = c->inputs[2].tensor;
-    Expr t = Expr::tensor(third), one = Expr::literal(1, true);
-    std::string ones = fresh("ONES_" + third);
-    Contraction hits = *c;
-    hits.output = fresh(c->output + "_hits");
-    hits.aggregation = AggregationOp::sum;
-    hits.inputs[2].tensor = ones;
-    out.statements.push_back(Elementwise{ones, Expr::call(Intrinsic::select, {Expr::binary(BinaryOp::eq, t, t), one, one})});
-    out.statements.push_back(raw);
-    out.statements.push_back(hits);
-    Expr missed = Expr::binary(BinaryOp::eq, Expr::tensor(hits.output), Expr::literal(0, true));
-    out.statements.push_back(Elementwise{c->output, Expr::call(Intrinsic::select, {missed, Expr::literal(0, true), Expr::tensor(raw.output)})});
-    rewritten.emplace_back(*c, raw, hits);
+sched::LowerOptions lower_options(const CompileOptions& options) {
+  sched::LowerOptions l;
+  l.target = options.target;
+  l.reduce_and_defract = options.reduce_and_defract;
+  l.verify = options.verify;
+  return l;
+}
+
+// Lowers `source` and emits the optimized LLVM module of its nests into `impl` (everything but the JIT).
+struct OptimizedModule {
+  std::unique_ptr<llvm::LLVMContext> context;
+  std::unique_ptr<llvm::Module> module;
+  std::optional<llvm::orc::JITTargetMachineBuilder> machine;
+};
+
+OptimizedModule lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
+                               const CompileOptions& options) {
+  impl.inputs = inputs;
+  impl.threads = options.threads > 0 ? options.threads : options.target.threads;
+  sched::Lowered lowered = sched::lower(source, inputs, lower_options(options));
+  impl.program = std::move(lowered.program);
+  impl.types = std::move(lowered.types);
+  impl.schedule = std::move(lowered.schedule);
+  impl.times.passes = lowered.times.passes;
+  impl.times.schedule = lowered.times.schedule;
+
+  auto t0 = std::chrono::steady_clock::now();
+  initialize_llvm();
+  OptimizedModule m;
+  m.context = std::make_unique<llvm::LLVMContext>();
+  m.module = std::make_unique<llvm::Module>("polytile", *m.context);
+  std::map<std::string, int> index;
+  for (const auto& p : impl.program.inputs) {
+    index[p.name] = static_cast<int>(impl.buffers.size());
+    impl.buffers.push_back(p.name);
   }
-  if (verify_with) {
-    // raw is the contraction itself; hits is its sum over the same tuples with the ones tensor standing
-    // for the conditional operand.
-    ProgramTypes types = infer_types(out, *verify_with);
-    for (const auto& [c, raw, hits] : rewritten) {
-      poly::RewriteContext rc;
-      rc.types = &types;
-      rc.renamed[hits.inputs[2].tensor] = c.inputs[2].tensor;
-      Contraction renamed_raw = raw, as_count = c;
-      renamed_raw.output = c.output;
-      as_count.aggregation = AggregationOp::sum;
-      Contraction renamed_hits = hits;
-      renamed_hits.output = c.output;
-      poly::verify_rewrite("cond-miss lowering", c, renamed_raw, rc, poly::identity_substitution(c));
-      poly::verify_rewrite("cond-miss lowering", as_count, renamed_hits, rc, poly::identity_substitution(c));
-    }
+  for (const auto& st : impl.program.statements) {
+    index[statement_output(st)] = static_cast<int>(impl.buffers.size());
+    impl.buffers.push_back(statement_output(st));
   }
-  return out;
+  llvm_ir::emit_nests(*m.module, impl.schedule, impl.types, index);
+  for (const auto& nest : impl.schedule.nests)
+    for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
+  impl.times.llvm_ir = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  m.machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+  m.machine->setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  auto tm = check(m.machine->createTargetMachine(), "creating the target machine");
+  m.module->setDataLayout(tm->createDataLayout());
+  m.module->setTargetTriple(tm->getTargetTriple().str());
+  optimize(*m.module, *tm);
+  {
+    llvm::raw_string_ostream os(impl.ir);
+    m.module->print(os, nullptr);
+  }
+  impl.times.optimize_and_jit = seconds_since(t0);
+  return m;
 }
 
 std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
                                               const CompileOptions& options) {
   auto impl = std::make_unique<CompiledProgram::Impl>();
-  impl->inputs = inputs;
-  impl->threads = options.threads > 0 ? options.threads : options.target.threads;
+  OptimizedModule m = lower_and_emit(*impl, source, inputs, options);
   auto t0 = std::chrono::steady_clock::now();
-  ProgramTypes types = infer_types(source, inputs);
-  impl->program = options.reduce_and_defract ? poly::reduce_and_defract(source, poly::PassContext{&types, options.verify}) : source;
-  impl->program = lower_cond_misses(impl->program, options.verify ? &inputs : nullptr);
-  ProgramTypes before_fusion = infer_types(impl->program, inputs);
-  Program unfused = impl->program;
-  impl->program = sched::fuse_elementwise(impl->program, before_fusion);
-  if (options.verify) sched::verify_fusion(unfused, impl->program, before_fusion);
-  impl->program = sched::prepare_layouts(impl->program, infer_types(impl->program, inputs), options.target, options.verify);
-  impl->types = infer_types(impl->program, inputs);
-  impl->times.passes = seconds_since(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  impl->schedule = sched::schedule(impl->program, impl->types, options.target);
-  impl->times.schedule = seconds_since(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  initialize_llvm();
-  auto context = std::make_unique<llvm::LLVMContext>();
-  auto module = std::make_unique<llvm::Module>("polytile", *context);
-  std::map<std::string, int> index;
-  for (const auto& p : impl->program.inputs) {
-    index[p.name] = static_cast<int>(impl->buffers.size());
-    impl->buffers.push_back(p.name);
-  }
-  for (const auto& st : impl->program.statements) {
-    index[statement_output(st)] = static_cast<int>(impl->buffers.size());
-    impl->buffers.push_back(statement_output(st));
-  }
-  llvm_ir::emit_nests(*module, impl->schedule, impl->types, index);
-  for (const auto& nest : impl->schedule.nests)
-    for (const auto& t : llvm_ir::nest_tensors(nest)) impl->touched.insert(t);
-  impl->times.llvm_ir = seconds_since(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  auto jtmb = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
-  jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
-  auto tm = check(jtmb.createTargetMachine(), "creating the target machine");
-  module->setDataLayout(tm->createDataLayout());
-  module->setTargetTriple(tm->getTargetTriple().str());
-  optimize(*module, *tm);
-  {
-    llvm::raw_string_ostream os(impl->ir);
-    module->print(os, nullptr);
-  }
-  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(), "creating the JIT");
+  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(*m.machine)).create(), "creating the JIT");
   auto& dylib = impl->jit->getMainJITDylib();
   dylib.addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                                impl->jit->getDataLayout().getGlobalPrefix()),
                            "opening the process for libm"));
-  check(impl->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(module), std::move(context))), "adding the module");
+  check(impl->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(m.module), std::move(m.context))), "adding the module");
   for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
     auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");
     impl->nests.push_back(addr.toPtr<NestFn>());
   }
-  impl->times.optimize_and_jit = seconds_since(t0);
+  impl->times.optimize_and_jit += seconds_since(t0);
   return impl;
 }
 
@@ -299,6 +253,14 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
 }
 
 }  // namespace
+
+std::string optimized_llvm_ir(const Program& program, const std::map<std::string, TensorType>& inputs,
+                              const CompileOptions& options) {
+  infer_types(program, inputs);  // user errors first
+  CompiledProgram::Impl impl;
+  lower_and_emit(impl, program, inputs, options);
+  return impl.ir;
+}
 
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options) {

@@ -69,6 +69,10 @@ class CompiledProgram {
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options = {});
 
+// The optimized LLVM IR compile() would run, without making machine code (polytile lower --emit llvm).
+std::string optimized_llvm_ir(const Program& program, const std::map<std::string, TensorType>& inputs,
+                              const CompileOptions& options = {});
+
 // compile() for the inputs' types, then run.
 TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options = {});
 

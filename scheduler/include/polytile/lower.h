@@ -1,0 +1,49 @@
+// The lowering pipeline: one entry from a Program and its input types to loop nests, as a list of passes
+// that reads like the compiler (scheduler/src/lower.cpp):
+//   reduce + defract -> cond-miss lowering -> elementwise fusion -> layouts -> isl schedule (loop IR)
+// Every stage's result prints (`polytile lower --emit tile|defracted|lowered|schedule|ast|loops`); nothing
+// here needs LLVM, and the code generators (cpu_codegen) only emit and run what `lower` produced. With
+// `verify`, every pass proves its rewrite (translation validation, polytile/verify.h).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "polytile/ir.h"
+#include "polytile/scheduler.h"
+#include "polytile/shapes.h"
+
+namespace polytile::sched {
+
+struct LowerOptions {
+  Target target = host_target();
+  bool reduce_and_defract = true;
+  bool verify = false;
+};
+
+struct LowerTimes {
+  double passes = 0, schedule = 0;  // seconds
+};
+
+struct Lowered {
+  Program defracted;   // after reduce and defract
+  Program program;     // after every program pass: what the schedule computes
+  ProgramTypes types;  // of `program`
+  Schedule schedule;
+  LowerTimes times;
+};
+
+// UserError for what the program's inputs make impossible (see infer_types, poly::analyze).
+Lowered lower(const Program& program, const std::map<std::string, TensorType>& inputs, const LowerOptions& options = {});
+
+// The cond-miss pass: a cond contraction aggregating with max, min or product leaves an element at the
+// aggregation's identity when every point misses, where the semantics leave it unwritten (0). Such a
+// contraction O becomes O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
+// With `verify_with` (the input types), both new contractions are proven against the original.
+Program lower_cond_misses(const Program& program, const std::map<std::string, TensorType>* verify_with = nullptr);
+
+// The loop IR the emitters consume, as text: every nest with its kind, variables and marks, then its loops,
+// guards and statements (iterators c0, c1, ...).
+std::string print_loops(const Schedule& schedule);
+
+}  // namespace polytile::sched

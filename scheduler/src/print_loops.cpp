@@ -1,0 +1,82 @@
+// The loop IR as text (lower.h's print_loops): what the LLVM IR emitter consumes, one nest after another.
+#include <string>
+
+#include "polytile/lower.h"
+
+namespace polytile::sched {
+namespace {
+
+const char* statement_name(LoopNode::Statement s) {
+  switch (s) {
+    case LoopNode::Statement::plain: return "S";
+    case LoopNode::Statement::zero: return "Zero";
+    case LoopNode::Statement::load: return "Load";
+    case LoopNode::Statement::fma: return "Fma";
+    case LoopNode::Statement::store: return "Store";
+    case LoopNode::Statement::epilogue: return "Epilogue";
+  }
+  return "?";
+}
+
+void print_node(const LoopNode& n, int depth, std::string& out) {
+  const std::string pad(static_cast<size_t>(2 * depth), ' ');
+  switch (n.kind) {
+    case LoopNode::Kind::block:
+      for (const auto& c : n.body) print_node(c, depth, out);
+      return;
+    case LoopNode::Kind::loop: {
+      const std::string it = "c" + std::to_string(n.iterator);
+      out += pad + (n.parallel ? "parallel for " : "for ") + it + " = " + n.lower.str() + " while " + n.condition.str() +
+             " step " + std::to_string(n.step) + "\n";
+      for (const auto& c : n.body) print_node(c, depth + 1, out);
+      return;
+    }
+    case LoopNode::Kind::guard:
+      out += pad + "if " + n.condition.str() + "\n";
+      for (const auto& c : n.body) print_node(c, depth + 1, out);
+      if (!n.otherwise.empty()) {
+        out += pad + "else\n";
+        for (const auto& c : n.otherwise) print_node(c, depth + 1, out);
+      }
+      return;
+    case LoopNode::Kind::statement: {
+      std::string args;
+      for (size_t k = 0; k < n.args.size(); ++k) args += (k ? ", " : "") + n.args[k].str();
+      out += pad + statement_name(n.statement) + (n.predicated ? "p" : "") + "(" + args + ")\n";
+      return;
+    }
+  }
+}
+
+const char* kind_name(Nest::Kind k) {
+  switch (k) {
+    case Nest::Kind::init: return "init";
+    case Nest::Kind::update: return "update";
+    case Nest::Kind::finalize: return "finalize";
+    case Nest::Kind::elementwise: return "elementwise";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string print_loops(const Schedule& schedule) {
+  std::string out;
+  for (const auto& nest : schedule.nests) {
+    std::string vars;
+    for (size_t k = 0; k < nest.variables.size(); ++k) vars += (k ? ", " : "") + nest.variables[k];
+    out += "nest " + nest.name + " (" + kind_name(nest.kind) + " of " + nest.tensor + "; S(" + vars + ")";
+    if (nest.parallel_outer)
+      out += "; threads split " + std::to_string(nest.outer_lo) + ".." + std::to_string(nest.outer_hi);
+    if (nest.microkernel)
+      out += "; micro-kernel " + std::to_string(nest.microkernel->rows) + "x" + std::to_string(nest.microkernel->chunks) + "x" +
+             std::to_string(nest.microkernel->lanes);
+    if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
+    if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
+    out += ")\n";
+    print_node(nest.root, 1, out);
+  }
+  return out;
+}
+
+}  // namespace polytile::sched
