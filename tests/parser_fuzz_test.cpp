@@ -79,5 +79,20 @@ TEST(ParserFuzzTest, MutantsParseCleanlyOrFailWithAUserError) {
   EXPECT_GT(rejected, 1000);
 }
 
+// Inputs libFuzzer found (fuzz/parser_fuzzer): each must print to text that parses back to itself.
+TEST(ParserFuzzTest, LibFuzzerFindingsRoundTrip) {
+  const char* findings[] = {
+      // A product of dims with a negated factor printed as K1*-X1, which parsed back as K1*-1*X1.
+      "function complex_conv_2d (I[N, X0, X1, G, GCI], K[K0, K1, G, GCI, GCO]) -> (O) {\n"
+      "  O[n, x0, x1, g, gco : N, (X0 + 1)/2, (X1 + 2)/3, G, GCO] = +(I[n, - div(((X0 + 1)/2)* 21-  + 2*(K0 - 1) + 1 - X0, "
+      "2), k1 + 3*x1 - div(((X1 + 2)/3 - 1)*3 + K1*- X1, 1), g, gci] * K[k0, k1, g, gci, gco]);\n}\n",
+      "function (A[N, M]) -> (O) { O[i : N*-M + 2*N*M] = +(A[i, j - N*-1]); }",
+  };
+  for (const char* text : findings) {
+    std::string once = print(parse_program(text));
+    EXPECT_EQ(print(parse_program(once)), once) << text;
+  }
+}
+
 }  // namespace
 }  // namespace polytile

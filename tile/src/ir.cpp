@@ -147,6 +147,14 @@ DimExpr DimExpr::binary(Kind k, const DimExpr& a, const DimExpr& b) {
       case Kind::min: return DimExpr(std::min(x, y));
       default: break;
     }
+  } else if (k == Kind::mul && ((a.is_constant() && a.value() == -1) || (b.is_constant() && b.value() == -1))) {
+    // One form for a negation, whichever way it was written (-X, -1*X, X*-1): printing is stable.
+    return binary(Kind::neg, a.is_constant() ? b : a, DimExpr());
+  } else if ((k == Kind::add || k == Kind::sub) && b.kind() == Kind::neg) {
+    if (a.is_constant() && a.value() == 0) return k == Kind::add ? b : b.lhs();
+    return binary(k == Kind::add ? Kind::sub : Kind::add, a, b.lhs());
+  } else if (k == Kind::sub && a.is_constant() && a.value() == 0) {
+    return binary(Kind::neg, b, DimExpr());
   } else if ((k == Kind::add || k == Kind::sub) && (b.kind() == Kind::add || b.kind() == Kind::sub)) {
     // Left-associate sums: a + (b - c) == (a + b) - c, a - (b + c) == (a - b) - c, ...
     Kind outer = (k == Kind::add) == (b.kind() == Kind::add) ? Kind::add : Kind::sub;
