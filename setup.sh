@@ -10,7 +10,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libisl-dev libntl-dev libgmp-dev
-  llvm-16-dev
+  llvm-16-dev llvm-16-tools
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libtbb-dev
 )
 
