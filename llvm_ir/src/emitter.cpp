@@ -422,7 +422,7 @@ class NestEmitter {
           v = b_.CreateVectorSplat(width_, b_.CreateLoad(storage_type(t), addr));
         } else {
           auto* vty = llvm::FixedVectorType::get(storage_type(t), width_);
-          llvm::Align align(t == DType::f64 ? 8 : t == DType::boolean ? 1 : 4);
+          llvm::Align align(dtype_bytes(t));
           v = mask_ ? static_cast<Value*>(b_.CreateMaskedLoad(vty, addr, align, mask_, llvm::Constant::getNullValue(vty)))
                     : b_.CreateAlignedLoad(vty, addr, align);
         }
@@ -806,7 +806,7 @@ class NestEmitter {
     Value* v0 = b_.CreateAdd(b_.getInt64(mk.vector_lo), b_.CreateMul(vals[no + 1], b_.getInt64(vl)));
     auto* ety = value_type(t);
     auto* vty = llvm::FixedVectorType::get(ety, static_cast<unsigned>(lanes));
-    const llvm::Align align(t == DType::f64 ? 8 : 4);
+    const llvm::Align align(dtype_bytes(t));
     // Lanes of chunk k inside the vector variable's range (predicated blocks only).
     std::vector<Value*> lane_mask;
     if (n.predicated) {
@@ -915,7 +915,7 @@ class NestEmitter {
             Value* v = convert(value, et);
             if (et == DType::boolean) v = b_.CreateZExt(v, widen(b_.getInt8Ty()));
             Value* addr = b_.CreateGEP(storage_type(et), buffer(e.output), flat_index(e.output, at));
-            llvm::Align ealign(et == DType::f64 ? 8 : et == DType::boolean ? 1 : 4);
+            llvm::Align ealign(dtype_bytes(et));
             if (mask_) b_.CreateMaskedStore(v, addr, ealign, mask_);
             else b_.CreateAlignedStore(v, addr, ealign);
             width_ = 0;

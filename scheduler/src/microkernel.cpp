@@ -79,7 +79,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   nest.microkernel = mk;
   if (epilogue && uncovered) nest.epilogue = *epilogue;
   build_microkernel(nest, domain_text, positional, range, true, weight_mode,
-                    types.tensors.at(c.output).dtype == DType::f64 ? 8 : 4, reads, uncovered != nullptr, columns_only);
+                    dtype_bytes(types.tensors.at(c.output).dtype), reads, uncovered != nullptr, columns_only);
   if (uncovered) {
     // Output elements that no block stores: those still need the init nest.
     std::vector<std::string> polys;

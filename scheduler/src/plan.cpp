@@ -66,7 +66,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   if (vector_input < 0) return std::nullopt;
   const TensorAccess& access = c.inputs[static_cast<size_t>(vector_input)];
   const TensorType& type = types.tensors.at(access.tensor);
-  const int64_t element_bytes = type.dtype == DType::f64 ? 8 : 4;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(type.dtype));
   std::vector<Polynomial> idx = bound(access.indices, types.dims);
   if (idx.size() < 2 || idx.back() != Polynomial::index(v) || type.shape.back() % vl_size != 0 ||
       type.shape.back() < 2 * vl_size)
@@ -166,7 +166,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   for (const auto& v : vars) (uses(out, v) ? outputs : reductions).push_back(v);
   if (reductions.empty() || outputs.size() < 2) return std::nullopt;
 
-  const int64_t element_bytes = t == DType::f64 ? 8 : 4;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
   MicroPlan plan;
   plan.lanes = static_cast<int>(std::max<int64_t>(1, target.vector_bits / (8 * element_bytes)));
   bool found = false;

@@ -216,7 +216,6 @@ using internal::join;
 using isl_support::text;
 
 
-size_t dtype_bytes(DType t) { return t == DType::f64 ? 8 : t == DType::boolean ? 1 : 4; }
 
 }  // namespace
 

@@ -54,15 +54,7 @@ Buffer Buffer::from_values(DType dtype, std::vector<int64_t> shape, const std::v
   return b;
 }
 
-size_t Buffer::element_bytes() const {
-  switch (dtype_) {
-    case DType::f64: return 8;
-    case DType::f32:
-    case DType::i32: return 4;
-    case DType::boolean: return 1;
-  }
-  return 1;
-}
+size_t Buffer::element_bytes() const { return dtype_bytes(dtype_); }
 
 double Buffer::get(int64_t i) const {
   POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);

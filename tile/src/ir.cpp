@@ -44,6 +44,15 @@ static int dtype_rank(DType t) {
 
 DType promote(DType a, DType b) { return dtype_rank(a) >= dtype_rank(b) ? a : b; }
 bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
+size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::f64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::boolean: return 1;
+  }
+  return 1;
+}
 
 // ----------------------------------------------------------------------------------------------------
 // Rational
@@ -54,6 +63,7 @@ int64_t checked_add(int64_t a, int64_t b) {
   if (__builtin_add_overflow(a, b, &r)) user_error("integer overflow in index arithmetic (", a, " + ", b, ")");
   return r;
 }
+
 int64_t checked_mul(int64_t a, int64_t b) {
   int64_t r;
   if (__builtin_mul_overflow(a, b, &r)) user_error("integer overflow in index arithmetic (", a, " * ", b, ")");

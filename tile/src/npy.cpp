@@ -89,7 +89,7 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   // The data must be there before anything is allocated: a header may claim any shape.
   const size_t data = offset + header_len;
   const size_t available = bytes.size() - data;
-  const size_t element = dtype == DType::f64 ? 8 : dtype == DType::boolean ? 1 : 4;
+  const size_t element = dtype_bytes(dtype);
   size_t needed = element;
   for (int64_t d : shape) {
     if (d != 0 && needed > available / static_cast<size_t>(d)) {

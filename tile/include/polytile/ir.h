@@ -55,6 +55,8 @@ std::optional<DType> parse_dtype(const std::string& s);
 // The promotion lattice bool < i32 < f32 < f64.
 DType promote(DType a, DType b);
 bool is_float(DType t);
+// Bytes of one element: f64 8, f32 and i32 4, bool 1.
+size_t dtype_bytes(DType t);
 
 // Exact rational number num/den with den > 0 and gcd(num, den) == 1. Arithmetic that overflows int64
 // throws UserError.
