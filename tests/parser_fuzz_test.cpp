@@ -87,6 +87,11 @@ TEST(ParserFuzzTest, LibFuzzerFindingsRoundTrip) {
       "  O[n, x0, x1, g, gco : N, (X0 + 1)/2, (X1 + 2)/3, G, GCO] = +(I[n, - div(((X0 + 1)/2)* 21-  + 2*(K0 - 1) + 1 - X0, "
       "2), k1 + 3*x1 - div(((X1 + 2)/3 - 1)*3 + K1*- X1, 1), g, gci] * K[k0, k1, g, gci, gco]);\n}\n",
       "function (A[N, M]) -> (O) { O[i : N*-M + 2*N*M] = +(A[i, j - N*-1]); }",
+      // A floor division inside a product of dims printed with `/`, which an index expression reads as
+      // rational division: it now prints as div(a, b).
+      "function complexnv_2d (I[N, X0, X1, G, GCI], K[K0, K1, G, GCI, GCO]) -> (O) {\n"
+      "  O[n, x0, x1, g, gco : N, (X0 + 0)/2, (X1 + 2)/3, G, GCO] = +(I[n,+ 2*x0 - div(((X0 + 1)/2 + 1)*2 / 2*(K0 - 1) + "
+      "0 - X0, 1), k1 + 3*x1 - min(((X1 + 2)/3 / 1)*3 + K1 - X1, 2), g, gck0i] * K[k0, kg,1 , gci, gco]);\n}\n",
   };
   for (const char* text : findings) {
     std::string once = print(parse_program(text));

@@ -270,36 +270,46 @@ DimExpr DimExpr::substitute(const std::map<std::string, DimExpr>& subst) const {
 }
 
 namespace {
-int dim_precedence(const DimExpr& e) {
+int dim_precedence(const DimExpr& e, bool div_as_call) {
   switch (e.kind()) {
     case DimExpr::Kind::add:
     case DimExpr::Kind::sub: return 1;
-    case DimExpr::Kind::mul:
-    case DimExpr::Kind::div: return 2;
+    case DimExpr::Kind::mul: return 2;
+    case DimExpr::Kind::div: return div_as_call ? 4 : 2;
     case DimExpr::Kind::neg: return 3;
     case DimExpr::Kind::constant: return e.value() < 0 ? 3 : 4;
     default: return 4;
   }
 }
-std::string dim_operand(const DimExpr& e, int min_prec) {
-  std::string s = e.str();
-  return dim_precedence(e) < min_prec ? "(" + s + ")" : s;
+
+// Shape-context text, where `/` is floor division; with `div_as_call`, floor divisions print as div(a, b),
+// the form an index expression reads back as a floor division (there `/` is rational).
+std::string dim_text(const DimExpr& e, bool div_as_call) {
+  using K = DimExpr::Kind;
+  auto operand = [div_as_call](const DimExpr& x, int min_prec) {
+    std::string s = dim_text(x, div_as_call);
+    return dim_precedence(x, div_as_call) < min_prec ? "(" + s + ")" : s;
+  };
+  switch (e.kind()) {
+    case K::constant: return std::to_string(e.value());
+    case K::symbol: return e.name();
+    case K::neg: return "-" + operand(e.lhs(), 3);
+    case K::max: return "max(" + e.lhs().str() + ", " + e.rhs().str() + ")";
+    case K::min: return "min(" + e.lhs().str() + ", " + e.rhs().str() + ")";
+    case K::div:
+      if (div_as_call) return "div(" + e.lhs().str() + ", " + e.rhs().str() + ")";
+      break;
+    default: break;
+  }
+  int p = dim_precedence(e, div_as_call);
+  const char* op = e.kind() == K::add ? " + " : e.kind() == K::sub ? " - " : e.kind() == K::mul ? "*" : "/";
+  return operand(e.lhs(), p) + op + operand(e.rhs(), p + 1);
 }
 }  // namespace
 
 std::string DimExpr::str() const {
   if (is_null()) return "<null>";
-  switch (kind()) {
-    case Kind::constant: return std::to_string(value());
-    case Kind::symbol: return name();
-    case Kind::neg: return "-" + dim_operand(lhs(), 3);
-    case Kind::max: return "max(" + lhs().str() + ", " + rhs().str() + ")";
-    case Kind::min: return "min(" + lhs().str() + ", " + rhs().str() + ")";
-    default: break;
-  }
-  int p = dim_precedence(*this);
-  const char* op = kind() == Kind::add ? " + " : kind() == Kind::sub ? " - " : kind() == Kind::mul ? "*" : "/";
-  return dim_operand(lhs(), p) + op + dim_operand(rhs(), p + 1);
+  return dim_text(*this, false);
 }
 
 bool DimExpr::operator==(const DimExpr& o) const {
@@ -342,7 +352,7 @@ std::string atom_text(const DimExpr& d) {
     case DimExpr::Kind::div: return "div(" + d.lhs().str() + ", " + d.rhs().str() + ")";
     case DimExpr::Kind::max:
     case DimExpr::Kind::min: return d.str();
-    default: return "(" + d.str() + ")";
+    default: return "(" + dim_text(d, /*div_as_call=*/true) + ")";  // read back in an index expression
   }
 }
 }  // namespace
