@@ -6,6 +6,7 @@
 #include "polytile/parser.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -249,6 +250,7 @@ class Parser {
       next();
       n->kind = Ast::Kind::real;
       n->real_value = std::strtod(t.text.c_str(), nullptr);
+      if (std::isinf(n->real_value)) fail(t, "real literal " + t.text + " is too large (beyond double precision)");
       n->end = t.offset + t.text.size();
       return n;
     }
