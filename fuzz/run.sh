@@ -12,7 +12,7 @@ for f in examples/*.tile; do
   cp "build-fuzz/corpus-parser/$(basename "$f")" build-fuzz/corpus-pipeline/
 done
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
-build-fuzz/fuzz/parser_fuzzer -runs="$parser_runs" -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ \
+build-fuzz/fuzz/parser_fuzzer -runs="$parser_runs" -max_len=1024 -artifact_prefix=build-fuzz/artifacts/ \
   -print_final_stats=1 build-fuzz/corpus-parser
 build-fuzz/fuzz/pipeline_fuzzer -runs="$pipeline_runs" -max_len=1024 -timeout=20 -rss_limit_mb=4096 \
   -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 build-fuzz/corpus-pipeline
