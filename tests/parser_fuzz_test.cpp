@@ -93,6 +93,18 @@ TEST(ParserFuzzTest, LibFuzzerFindingsRoundTrip) {
       "  O[n, x0, x1, g, gco : N, (X0 + 0)/2, (X1 + 2)/3, G, GCO] = +(I[n,+ 2*x0 - div(((X0 + 1)/2 + 1)*2 / 2*(K0 - 1) + "
       "0 - X0, 1), k1 + 3*x1 - min(((X1 + 2)/3 / 1)*3 + K1 - X1, 2), g, gck0i] * K[k0, kg,1 , gci, gco]);\n}\n",
   };
+  // Products of dims whose factors are sums: printed as div(X, 1), read back node for node.
+  const char* products[] = {
+      "function complexo_cnv_2d (I[N, X0, X1, G, GCI], K[K0, GCO]) -> (O) {\n"
+      "  O[n, x0, x1, g, gco : N, (X0 + 0)/2, (X1 + 2)/3, G, GCO] = +(I[n, 2*k0 + 2*x0 - div(((X0 + 0)/2 - 1)*2 + 2*(K0 - 1) +0 "
+      "- X0, 1), k1 + 3*x1 - div(((X1 + 2)/3 - 1)*2 + 2*(K0 - 1) +  X0, 1), k1 + 2*k0- div(((X0 + 0)/2 - 1)*2 * 2*(K0 - 1) +  "
+      "- X0, 1), k1 - digco]);\n}\n",
+      "function (A[N, M]) -> (O) { O[i : N] = +(A[i, (N - 1)*(M + 2) - 3*(N - 1)*M + j]), j < 2; }",
+  };
+  for (const char* text : products) {
+    std::string once = print(parse_program(text));
+    EXPECT_EQ(print(parse_program(once)), once) << text;
+  }
   // A real literal beyond double precision is refused (it printed as `inf`, which is no literal).
   EXPECT_THROW(parse_program("function (A[N]) -> (O) { O = A * 0.007936506e98507936; }"), UserError);
   for (const char* text : findings) {

@@ -346,13 +346,28 @@ void add_term(Map& m, const Key& k, const Rational& c) {
   if (it->second.is_zero()) m.erase(it);
 }
 
+bool product_of_atoms(const DimExpr& d) {
+  switch (d.kind()) {
+    case DimExpr::Kind::symbol:
+    case DimExpr::Kind::constant:
+    case DimExpr::Kind::max:
+    case DimExpr::Kind::min: return true;
+    case DimExpr::Kind::neg: return product_of_atoms(d.lhs());
+    case DimExpr::Kind::mul: return product_of_atoms(d.lhs()) && product_of_atoms(d.rhs());
+    default: return false;
+  }
+}
+
 std::string atom_text(const DimExpr& d) {
   switch (d.kind()) {
     case DimExpr::Kind::symbol: return d.name();
     case DimExpr::Kind::div: return "div(" + d.lhs().str() + ", " + d.rhs().str() + ")";
     case DimExpr::Kind::max:
     case DimExpr::Kind::min: return d.str();
-    default: return "(" + dim_text(d, /*div_as_call=*/true) + ")";  // read back in an index expression
+    // A product of symbols and calls reads back as written: (N*M), (K1*-X1). A product with a sum or a
+    // floor division among its factors would come back distributed or rational in an index expression,
+    // which reads `div(X, 1)` as the dim expression X node for node (div's arguments are dims).
+    default: return product_of_atoms(d) ? "(" + dim_text(d, /*div_as_call=*/true) + ")" : "div(" + d.str() + ", 1)";
   }
 }
 }  // namespace
