@@ -105,6 +105,8 @@ TEST(ParserFuzzTest, LibFuzzerFindingsRoundTrip) {
     std::string once = print(parse_program(text));
     EXPECT_EQ(print(parse_program(once)), once) << text;
   }
+  // A floor division of a dim by a zero constant is refused when parsed (it printed as .../0, which does not parse).
+  EXPECT_THROW(parse_program("function (A[N]) -> (O) { O[i : N] = +(A[i + div(N + 1, 2 - 2)]); }"), UserError);
   // A real literal beyond double precision is refused (it printed as `inf`, which is no literal).
   EXPECT_THROW(parse_program("function (A[N]) -> (O) { O = A * 0.007936506e98507936; }"), UserError);
   for (const char* text : findings) {

@@ -157,6 +157,8 @@ DimExpr DimExpr::binary(Kind k, const DimExpr& a, const DimExpr& b) {
       case Kind::min: return DimExpr(std::min(x, y));
       default: break;
     }
+  } else if (k == Kind::div && b.is_constant() && b.value() == 0) {
+    user_error("division by zero in dim expression (", a.str(), ")/0");
   } else if (k == Kind::mul && ((a.is_constant() && a.value() == -1) || (b.is_constant() && b.value() == -1))) {
     // One form for a negation, whichever way it was written (-X, -1*X, X*-1): printing is stable.
     return binary(Kind::neg, a.is_constant() ? b : a, DimExpr());
