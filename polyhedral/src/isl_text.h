@@ -177,10 +177,6 @@ inline isl::set simplify(isl::set s) { return isl::manage(isl_set_remove_redunda
 inline isl::map simplify(isl::map m) { return isl::manage(isl_map_remove_redundancies(m.release())).coalesce(); }
 
 using isl_support::text;
-template <typename T>
-std::string text_of(const T& x) {
-  return text(x);
-}
 
 template <typename F>
 auto with_isl_errors(const std::string& what, F&& f) -> decltype(f()) {

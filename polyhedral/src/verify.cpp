@@ -183,6 +183,21 @@ isl::map tuple_map(isl::ctx ctx, const ConcreteContraction& cc, const isl::set& 
   return *tuple;
 }
 
+// The proof with a change of variables phi (new valid domain -> old one): phi is injective, its image is the
+// old valid domain, and every access of the new contraction reads what the old one reads at phi's image.
+void prove_bijection(const isl::map& phi, const isl::set& before_domain, const isl::map& before_tuples,
+                     const isl::map& after_tuples, const std::string& qualifier,
+                     const std::function<void(const std::string&)>& fail) {
+  if (!phi.is_injective()) fail("two valid points of the rewritten contraction stand for one original point" + qualifier);
+  if (!phi.range().is_equal(before_domain)) {
+    isl::set lost = before_domain.subtract(phi.range()), gained = phi.range().subtract(before_domain);
+    fail(!lost.is_empty() ? "original points are lost" + qualifier + ": " + isl_support::text(lost)
+                          : "points are added" + qualifier + ": " + isl_support::text(gained));
+  }
+  if (!phi.apply_range(before_tuples).is_equal(after_tuples))
+    fail("a rewritten access reads another element than the original at the same point" + qualifier);
+}
+
 }  // namespace
 
 Substitution identity_substitution(const Contraction& c) {
@@ -243,14 +258,7 @@ bool verify_rewrite_for_all_sizes(const std::string& pass, const Contraction& be
     }
     std::string text = parameters_text(params) + "{ " + sa->tuple + " -> Before[" + join(outs, ", ") + "]" +
                        (eqs.empty() ? "" : " : " + join(eqs, " and ")) + " }";
-    isl::map phi = isl::map(ctx.get(), text).intersect_domain(da);
-    if (!phi.is_injective()) fail("two valid points of the rewritten contraction stand for one original point (for some sizes)");
-    if (!phi.range().is_equal(db)) {
-      isl::set lost = db.subtract(phi.range()), gained = phi.range().subtract(db);
-      fail(!lost.is_empty() ? "original points are lost for some sizes: " + text_of(lost)
-                            : "points are added for some sizes: " + text_of(gained));
-    }
-    if (!phi.apply_range(tb).is_equal(ta)) fail("a rewritten access reads another element than the original (for some sizes)");
+    prove_bijection(isl::map(ctx.get(), text).intersect_domain(da), db, tb, ta, " for some sizes", fail);
   });
   return true;
 }
@@ -285,13 +293,7 @@ void verify_rewrite(const std::string& pass, const Contraction& before, const Co
         eqs.push_back((f.den == 1 ? o : std::to_string(f.den) + "*" + o) + " = " + form_text(f, ca.vars));
       }
       std::string text = "{ " + ca.tuple + " -> Before[" + join(outs, ", ") + "]" + (eqs.empty() ? "" : " : " + join(eqs, " and ")) + " }";
-      isl::map phi = isl::map(ctx.get(), text).intersect_domain(da);
-      if (!phi.is_injective()) fail("two valid points of the rewritten contraction stand for one original point");
-      if (!phi.range().is_equal(db)) {
-        isl::set lost = db.subtract(phi.range()), gained = phi.range().subtract(db);
-        fail(!lost.is_empty() ? "original points are lost: " + text_of(lost) : "points are added: " + text_of(gained));
-      }
-      if (!phi.apply_range(tb).is_equal(ta)) fail("a rewritten access reads another element than the original at the same point");
+      prove_bijection(isl::map(ctx.get(), text).intersect_domain(da), db, tb, ta, "", fail);
       return;
     }
     if (!tb.is_injective() || !ta.is_injective())
