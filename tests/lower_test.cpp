@@ -2,9 +2,15 @@
 // compiles, deterministically, with every pass proven under `verify`; and the loop IR prints.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "polytile/cpu.h"
 #include "polytile/lower.h"
 #include "polytile/parser.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 
 namespace polytile::sched {
 namespace {
@@ -38,6 +44,34 @@ TEST(LowerTest, CondMissLoweringSplitsMaxMinAndProductOfConds) {
   EXPECT_NO_THROW(lower_cond_misses(p, &in));
   Program sum = parse_program("function (A[N], B[N], C[N]) -> (O) { O[i : N] = +(A[i] == B[j] ? C[j]); }");
   EXPECT_EQ(print(lower_cond_misses(sum, &in)), print(sum));
+}
+
+// A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found
+// when the scheduler analyzes it, after the first one's micro-kernel nest and its isl objects exist)
+// reaches the caller with its message, and every isl object is freed on the way: under AddressSanitizer
+// the test asks LeakSanitizer on the spot.
+TEST(LowerTest, UserErrorInTheMiddleOfSchedulingLeaksNothing) {
+  Program p = parse_program(R"(function (A[M, K], B[K, N]) -> (C, D) {
+    C[m, n : M, N] = +(A[m, k] * B[k, n]);
+    D[i : M] = =(C[i, j]);
+  })");
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}};
+  ProgramTypes types = infer_types(p, inputs);
+  Target target;
+  target.microkernel_min_points = 1;
+  Program first = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
+  Schedule before = schedule(first, infer_types(first, inputs), target);
+  ASSERT_TRUE(std::any_of(before.nests.begin(), before.nests.end(), [](const Nest& n) { return n.microkernel.has_value(); }));
+  try {
+    schedule(p, types, target);
+    FAIL() << "an assign that writes twice was scheduled";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("assign contraction D can write an element more than once"), std::string::npos)
+        << e.what();
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0) << "isl objects leaked when scheduling threw";
+#endif
 }
 
 }  // namespace

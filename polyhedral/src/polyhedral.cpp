@@ -1,5 +1,6 @@
 // Contractions as isl sets and maps: the analysis (domain, accesses, exact bounds, the assign proof) and the
-// single-write proof behind defract, on the isl text of isl_text.h, with one isl_ctx per call.
+// single-write proof behind defract, on the isl text of isl_text.h. The internal entries (isl_analysis.h)
+// work in the caller's isl context; the public ones allocate a context per call.
 #include "polytile/polyhedral.h"
 
 #include <algorithm>
@@ -8,25 +9,30 @@
 
 #include "isl_text.h"
 #include "polytile/error.h"
+#include "polytile/isl_analysis.h"
 
 namespace polytile::poly {
 
 using namespace isl_text;  // NOLINT: this file is the analysis the helpers exist for
 
-ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
+namespace internal {
+
+IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx) {
   ConcreteContraction cc = concretize(c, types);
-  IslContext ctx;
   return with_isl_errors("analyzing contraction " + c.output, [&] {
-    ContractionAnalysis a;
+    IslAnalysis out;
+    ContractionAnalysis& a = out.summary;
     a.output = c.output;
-    isl::set domain = simplify(isl::set(ctx.get(), domain_text(cc)));
+    isl::set domain = out.domain = simplify(isl::set(ctx, domain_text(cc)));
     a.domain = text(domain);
-    isl::map write = simplify(isl::map(ctx.get(), access_text(cc, 0)).intersect_domain(domain));
+    isl::map write = out.write = simplify(isl::map(ctx, access_text(cc, 0)).intersect_domain(domain));
     a.write = text(write);
-    for (size_t i = 1; i < cc.accesses.size(); ++i)
-      a.reads.push_back(text(simplify(isl::map(ctx.get(), access_text(cc, i)).intersect_domain(domain))));
+    for (size_t i = 1; i < cc.accesses.size(); ++i) {
+      out.reads.push_back(simplify(isl::map(ctx, access_text(cc, i)).intersect_domain(domain)));
+      a.reads.push_back(text(out.reads.back()));
+    }
     a.empty = domain.is_empty();
-    if (a.empty) return a;
+    if (a.empty) return out;
     for (size_t k = 0; k < cc.vars.size(); ++k) {
       std::string unbounded = "index variable " + cc.vars[k] + " of contraction " + c.output +
                               " is unbounded: it must appear in an index expression or a constraint that bounds it";
@@ -58,8 +64,39 @@ ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
                  point_text(cc.vars, x, 0), " and at ", point_text(cc.vars, x, n),
                  "; use an aggregation such as + or > if that is intended");
     }
-    return a;
+    return out;
   });
+}
+
+bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx) {
+  ConcreteContraction cc = concretize(c, types);
+  std::vector<std::string> out_vars;
+  for (const auto& p : c.output_indices)
+    for (const auto& [v, coeff] : p.index_terms())
+      if (std::find(out_vars.begin(), out_vars.end(), v) == out_vars.end()) out_vars.push_back(v);
+  std::vector<std::string> ov_names;
+  for (const auto& v : out_vars) ov_names.push_back(isl_name(v));
+  std::string proj = "{ " + cc.tuple + " -> T[" + join(ov_names, ", ") + "] }";
+  // The write map from output variables: the output forms only involve out_vars.
+  ConcreteContraction on_out = cc;
+  on_out.vars = out_vars;
+  on_out.tuple = "T[" + join(ov_names, ", ") + "]";
+  std::vector<Form> forms;
+  for (const auto& p : c.output_indices) forms.push_back(make_form(p.bind_dims(types.dims), out_vars));
+  on_out.accesses = {{c.output, forms}};
+  return with_isl_errors("proving single writes of " + c.output, [&] {
+    isl::set domain(ctx, domain_text(cc));
+    isl::set projected = domain.apply(isl::map(ctx, proj));
+    isl::map write = isl::map(ctx, access_text(on_out, 0)).intersect_domain(projected);
+    return write.is_injective();
+  });
+}
+
+}  // namespace internal
+
+ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
+  IslContext ctx;
+  return internal::analyze(c, types, ctx.get()).summary;
 }
 
 std::vector<ContractionAnalysis> analyze_program(const Program& p, const ProgramTypes& types) {
@@ -82,28 +119,8 @@ std::string print_analyses(const std::vector<ContractionAnalysis>& analyses) {
 }
 
 bool writes_each_output_once(const Contraction& c, const ProgramTypes& types) {
-  ConcreteContraction cc = concretize(c, types);
-  std::vector<std::string> out_vars;
-  for (const auto& p : c.output_indices)
-    for (const auto& [v, coeff] : p.index_terms())
-      if (std::find(out_vars.begin(), out_vars.end(), v) == out_vars.end()) out_vars.push_back(v);
-  std::vector<std::string> ov_names;
-  for (const auto& v : out_vars) ov_names.push_back(isl_name(v));
-  std::string proj = "{ " + cc.tuple + " -> T[" + join(ov_names, ", ") + "] }";
-  // The write map from output variables: the output forms only involve out_vars.
-  ConcreteContraction on_out = cc;
-  on_out.vars = out_vars;
-  on_out.tuple = "T[" + join(ov_names, ", ") + "]";
-  std::vector<Form> forms;
-  for (const auto& p : c.output_indices) forms.push_back(make_form(p.bind_dims(types.dims), out_vars));
-  on_out.accesses = {{c.output, forms}};
   IslContext ctx;
-  return with_isl_errors("proving single writes of " + c.output, [&] {
-    isl::set domain(ctx.get(), domain_text(cc));
-    isl::set projected = domain.apply(isl::map(ctx.get(), proj));
-    isl::map write = isl::map(ctx.get(), access_text(on_out, 0)).intersect_domain(projected);
-    return write.is_injective();
-  });
+  return internal::writes_each_output_once(c, types, ctx.get());
 }
 
 }  // namespace polytile::poly

@@ -1,9 +1,8 @@
-// isl AST -> LoopNode/Aff (see nest_builder.h). isl's C API is used for the AST walk (the C++ bindings of
-// 0.25 do not expose all of it); isl names the loop of schedule dimension k "c<k>", which is how
-// "parallel" marks are matched to the dimensions the scheduler proved safe.
-#include <isl/ast.h>
-#include <isl/ast_build.h>
-
+// isl AST -> LoopNode/Aff (see nest_builder.h), through the isl C++ bindings: every isl object is owned by
+// RAII, so an error thrown anywhere in the walk leaks nothing. Identity travels as isl::id, never as a
+// parsed name: statements by their tuple ids (StatementIds), loops by the iterator ids the AST build is
+// given (one per schedule dimension, which is how "parallel" marks are matched to the dimensions the
+// scheduler proved safe), marks by their ids.
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -15,173 +14,147 @@ namespace polytile::sched::internal {
 
 using isl_support::text;
 
+StatementIds::StatementIds(const isl::ctx& ctx) : parallel_mark(ctx, "parallel") {
+  using St = LoopNode::Statement;
+  // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
+  const std::tuple<const char*, St, bool> kinds[] = {
+      {"S", St::plain, false},  {"Z", St::zero, false},      {"Zp", St::zero, true},     {"L", St::load, false},
+      {"Lp", St::load, true},   {"F", St::fma, false},       {"Fp", St::fma, true},      {"T", St::store, false},
+      {"Tp", St::store, true},  {"E", St::epilogue, false},  {"Ep", St::epilogue, true}};
+  for (const auto& [name, kind, predicated] : kinds) table_.push_back({isl::id(ctx, name), kind, predicated});
+}
+
+const isl::id& StatementIds::id(LoopNode::Statement kind, bool predicated) const {
+  for (const Entry& e : table_)
+    if (e.kind == kind && e.predicated == predicated) return e.id;
+  POLYTILE_CHECK(false, "no statement id for this kind");
+}
+
+std::optional<std::pair<LoopNode::Statement, bool>> StatementIds::find(const isl::id& id) const {
+  for (const Entry& e : table_)
+    if (e.id.get() == id.get()) return std::pair{e.kind, e.predicated};
+  return std::nullopt;
+}
+
 namespace {
+
+template <typename Op>
+bool is(const isl::ast_expr_op& e) {
+  return e.isa<Op>();
+}
 
 class AstTranslator {
  public:
-  std::map<std::string, int> iterators;
-  // isl names the loop of schedule dimension k "c<k>"; only the dimensions over output variables (the
-  // scheduler lists them) may run in parallel under a "parallel" mark.
-  std::set<int> parallel_dims;
-  bool parallel_dim(int k) const { return parallel_dims.count(k) != 0; }
+  AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
+                const std::set<int>& parallel_dims)
+      : statements_(statements), parallel_dims_(parallel_dims) {
+    for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
+  }
 
-  Aff expr(isl_ast_expr* e) {
+  int iterators() const { return static_cast<int>(index_of_.size()); }
+
+  Aff expr(const isl::ast_expr& e) {
     Aff a;
-    switch (isl_ast_expr_get_type(e)) {
-      case isl_ast_expr_int: {
-        isl_val* v = isl_ast_expr_get_val(e);
-        a.kind = Aff::Kind::constant;
-        a.value = isl_val_get_num_si(v);
-        isl_val_free(v);
+    if (e.isa<isl::ast_expr_int>()) {
+      a.kind = Aff::Kind::constant;
+      a.value = e.as<isl::ast_expr_int>().val().num_si();
+      return a;
+    }
+    if (e.isa<isl::ast_expr_id>()) {
+      isl::id id = e.as<isl::ast_expr_id>().id();
+      auto it = index_of_.find(id.get());
+      POLYTILE_CHECK(it != index_of_.end(), "unknown isl AST identifier ", id.name());
+      a.kind = Aff::Kind::iterator;
+      a.iterator = it->second;
+      return a;
+    }
+    POLYTILE_CHECK(e.isa<isl::ast_expr_op>(), "unexpected isl AST expression");
+    isl::ast_expr_op op = e.as<isl::ast_expr_op>();
+    for (unsigned i = 0; i < op.n_arg(); ++i) a.args.push_back(expr(op.arg(static_cast<int>(i))));
+    using K = Aff::Kind;
+    // fdiv_q, pdiv_q and the exact div are all floor divisions here; pdiv_r and zdiv_r are taken with a
+    // positive divisor.
+    static const std::pair<bool (*)(const isl::ast_expr_op&), K> kinds[] = {
+        {is<isl::ast_expr_op_and>, K::land},      {is<isl::ast_expr_op_and_then>, K::land},
+        {is<isl::ast_expr_op_or>, K::lor},        {is<isl::ast_expr_op_or_else>, K::lor},
+        {is<isl::ast_expr_op_max>, K::max},       {is<isl::ast_expr_op_min>, K::min},
+        {is<isl::ast_expr_op_minus>, K::neg},     {is<isl::ast_expr_op_add>, K::add},
+        {is<isl::ast_expr_op_sub>, K::sub},       {is<isl::ast_expr_op_mul>, K::mul},
+        {is<isl::ast_expr_op_div>, K::floordiv},  {is<isl::ast_expr_op_fdiv_q>, K::floordiv},
+        {is<isl::ast_expr_op_pdiv_q>, K::floordiv}, {is<isl::ast_expr_op_pdiv_r>, K::mod},
+        {is<isl::ast_expr_op_zdiv_r>, K::mod},    {is<isl::ast_expr_op_cond>, K::select},
+        {is<isl::ast_expr_op_select>, K::select}, {is<isl::ast_expr_op_eq>, K::eq},
+        {is<isl::ast_expr_op_le>, K::le},         {is<isl::ast_expr_op_lt>, K::lt},
+        {is<isl::ast_expr_op_ge>, K::ge},         {is<isl::ast_expr_op_gt>, K::gt}};
+    for (const auto& [matches, kind] : kinds) {
+      if (matches(op)) {
+        a.kind = kind;
         return a;
       }
-      case isl_ast_expr_id: {
-        isl_id* id = isl_ast_expr_get_id(e);
-        std::string name = isl_id_get_name(id);
-        isl_id_free(id);
-        auto it = iterators.find(name);
-        POLYTILE_CHECK(it != iterators.end(), "unknown isl AST identifier ", name);
-        a.kind = Aff::Kind::iterator;
-        a.iterator = it->second;
-        return a;
-      }
-      case isl_ast_expr_op: break;
-      default: POLYTILE_CHECK(false, "unexpected isl AST expression");
     }
-    int n = isl_ast_expr_get_op_n_arg(e);
-    for (int i = 0; i < n; ++i) {
-      isl_ast_expr* arg = isl_ast_expr_get_op_arg(e, i);
-      a.args.push_back(expr(arg));
-      isl_ast_expr_free(arg);
-    }
-    switch (isl_ast_expr_get_op_type(e)) {
-      case isl_ast_expr_op_and:
-      case isl_ast_expr_op_and_then: a.kind = Aff::Kind::land; break;
-      case isl_ast_expr_op_or:
-      case isl_ast_expr_op_or_else: a.kind = Aff::Kind::lor; break;
-      case isl_ast_expr_op_max: a.kind = Aff::Kind::max; break;
-      case isl_ast_expr_op_min: a.kind = Aff::Kind::min; break;
-      case isl_ast_expr_op_minus: a.kind = Aff::Kind::neg; break;
-      case isl_ast_expr_op_add: a.kind = Aff::Kind::add; break;
-      case isl_ast_expr_op_sub: a.kind = Aff::Kind::sub; break;
-      case isl_ast_expr_op_mul: a.kind = Aff::Kind::mul; break;
-      case isl_ast_expr_op_div:      // exact
-      case isl_ast_expr_op_fdiv_q:
-      case isl_ast_expr_op_pdiv_q: a.kind = Aff::Kind::floordiv; break;
-      case isl_ast_expr_op_pdiv_r:
-      case isl_ast_expr_op_zdiv_r: a.kind = Aff::Kind::mod; break;
-      case isl_ast_expr_op_cond:
-      case isl_ast_expr_op_select: a.kind = Aff::Kind::select; break;
-      case isl_ast_expr_op_eq: a.kind = Aff::Kind::eq; break;
-      case isl_ast_expr_op_le: a.kind = Aff::Kind::le; break;
-      case isl_ast_expr_op_lt: a.kind = Aff::Kind::lt; break;
-      case isl_ast_expr_op_ge: a.kind = Aff::Kind::ge; break;
-      case isl_ast_expr_op_gt: a.kind = Aff::Kind::gt; break;
-      default: POLYTILE_CHECK(false, "unsupported isl AST operation");
-    }
-    return a;
+    POLYTILE_CHECK(false, "unsupported isl AST operation ", e.to_C_str());
   }
 
-  LoopNode node(isl_ast_node* n, bool parallel_mark) {
-    LoopNode out;
-    switch (isl_ast_node_get_type(n)) {
-      case isl_ast_node_block: {
-        out.kind = LoopNode::Kind::block;
-        isl_ast_node_list* list = isl_ast_node_block_get_children(n);
-        for (int i = 0; i < isl_ast_node_list_n_ast_node(list); ++i) {
-          isl_ast_node* child = isl_ast_node_list_get_ast_node(list, i);
-          out.body.push_back(node(child, false));
-          isl_ast_node_free(child);
-        }
-        isl_ast_node_list_free(list);
-        return out;
-      }
-      case isl_ast_node_mark: {
-        isl_id* id = isl_ast_node_mark_get_id(n);
-        bool parallel = std::string(isl_id_get_name(id)) == "parallel";
-        isl_id_free(id);
-        isl_ast_node* child = isl_ast_node_mark_get_node(n);
-        out = node(child, parallel || parallel_mark);
-        isl_ast_node_free(child);
-        return out;
-      }
-      case isl_ast_node_for: {
-        out.kind = LoopNode::Kind::loop;
-        isl_ast_expr* it = isl_ast_node_for_get_iterator(n);
-        isl_id* id = isl_ast_expr_get_id(it);
-        std::string name = isl_id_get_name(id);
-        isl_id_free(id);
-        isl_ast_expr_free(it);
-        // Sibling loops may reuse a name (c0 for each piece of a split dimension): one iterator per name.
-        int index = iterators.emplace(name, static_cast<int>(iterators.size())).first->second;
-        out.iterator = index;
-        isl_ast_expr* init = isl_ast_node_for_get_init(n);
-        isl_ast_expr* cond = isl_ast_node_for_get_cond(n);
-        isl_ast_expr* inc = isl_ast_node_for_get_inc(n);
-        out.lower = expr(init);
-        out.condition = expr(cond);
-        Aff step = expr(inc);
-        POLYTILE_CHECK(step.kind == Aff::Kind::constant && step.value > 0, "non-constant loop step");
-        out.step = step.value;
-        isl_ast_expr_free(init);
-        isl_ast_expr_free(cond);
-        isl_ast_expr_free(inc);
-        out.parallel = parallel_mark && name.size() > 1 && name[0] == 'c' &&
-                       std::all_of(name.begin() + 1, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
-                       parallel_dim(std::stoi(name.substr(1)));
-        isl_ast_node* body = isl_ast_node_for_get_body(n);
-        out.body.push_back(node(body, false));
-        isl_ast_node_free(body);
-        return out;
-      }
-      case isl_ast_node_if: {
-        out.kind = LoopNode::Kind::guard;
-        isl_ast_expr* cond = isl_ast_node_if_get_cond(n);
-        out.condition = expr(cond);
-        isl_ast_expr_free(cond);
-        isl_ast_node* then = isl_ast_node_if_get_then_node(n);
-        out.body.push_back(node(then, false));
-        isl_ast_node_free(then);
-        if (isl_ast_node_if_has_else_node(n)) {
-          isl_ast_node* other = isl_ast_node_if_get_else_node(n);
-          out.otherwise.push_back(node(other, false));
-          isl_ast_node_free(other);
-        }
-        return out;
-      }
-      case isl_ast_node_user: {
-        out.kind = LoopNode::Kind::statement;
-        isl_ast_expr* call = isl_ast_node_user_get_expr(n);
-        {
-          isl_ast_expr* callee = isl_ast_expr_get_op_arg(call, 0);
-          isl_id* id = isl_ast_expr_get_id(callee);
-          std::string name = isl_id_get_name(id);
-          isl_id_free(id);
-          isl_ast_expr_free(callee);
-          using St = LoopNode::Statement;
-          // Statement names: S (plain nests); micro-kernels and row reductions: Z, L, F, T, E, with a p
-          // suffix in predicated blocks.
-          static const std::map<std::string, std::pair<St, bool>> kinds{
-              {"S", {St::plain, false}},   {"Z", {St::zero, false}},   {"Zp", {St::zero, true}},
-              {"L", {St::load, false}},    {"Lp", {St::load, true}},   {"F", {St::fma, false}},
-              {"Fp", {St::fma, true}},     {"T", {St::store, false}},  {"Tp", {St::store, true}},
-              {"E", {St::epilogue, false}}, {"Ep", {St::epilogue, true}}};
-          auto kind = kinds.find(name);
-          POLYTILE_CHECK(kind != kinds.end(), "unknown statement ", name, " in the isl AST");
-          std::tie(out.statement, out.predicated) = kind->second;
-        }
-        int args = isl_ast_expr_get_op_n_arg(call);
-        for (int i = 1; i < args; ++i) {
-          isl_ast_expr* arg = isl_ast_expr_get_op_arg(call, i);
-          out.args.push_back(expr(arg));
-          isl_ast_expr_free(arg);
-        }
-        isl_ast_expr_free(call);
-        return out;
-      }
-      default: POLYTILE_CHECK(false, "unexpected isl AST node");
+  LoopNode node(const isl::ast_node& n, bool parallel_mark) {
+    if (n.isa<isl::ast_node_block>()) {
+      LoopNode out;
+      out.kind = LoopNode::Kind::block;
+      n.as<isl::ast_node_block>().children().foreach([&](isl::ast_node child) { out.body.push_back(node(child, false)); });
+      return out;
     }
+    if (n.isa<isl::ast_node_mark>()) {
+      isl::ast_node_mark mark = n.as<isl::ast_node_mark>();
+      return node(mark.node(), parallel_mark || mark.id().get() == statements_.parallel_mark.get());
+    }
+    if (n.isa<isl::ast_node_for>()) return loop(n.as<isl::ast_node_for>(), parallel_mark);
+    if (n.isa<isl::ast_node_if>()) {
+      isl::ast_node_if guard = n.as<isl::ast_node_if>();
+      LoopNode out;
+      out.kind = LoopNode::Kind::guard;
+      out.condition = expr(guard.cond());
+      out.body.push_back(node(guard.then_node(), false));
+      if (guard.has_else_node()) out.otherwise.push_back(node(guard.else_node(), false));
+      return out;
+    }
+    POLYTILE_CHECK(n.isa<isl::ast_node_user>(), "unexpected isl AST node");
+    return statement(n.as<isl::ast_node_user>());
   }
+
+ private:
+  LoopNode loop(const isl::ast_node_for& f, bool parallel_mark) {
+    LoopNode out;
+    out.kind = LoopNode::Kind::loop;
+    isl::id id = f.iterator().as<isl::ast_expr_id>().id();
+    // Sibling loops may reuse an iterator (c0 for each piece of a split dimension): one index per id.
+    out.iterator = index_of_.emplace(id.get(), static_cast<int>(index_of_.size())).first->second;
+    out.lower = expr(f.init());
+    out.condition = expr(f.cond());
+    Aff step = expr(f.inc());
+    POLYTILE_CHECK(step.kind == Aff::Kind::constant && step.value > 0, "non-constant loop step");
+    out.step = step.value;
+    auto dimension = dimension_of_.find(id.get());
+    POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
+    out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
+    out.body.push_back(node(f.body(), false));
+    return out;
+  }
+
+  LoopNode statement(const isl::ast_node_user& user) {
+    LoopNode out;
+    out.kind = LoopNode::Kind::statement;
+    isl::ast_expr_op call = user.expr().as<isl::ast_expr_op>();
+    isl::id id = call.arg(0).as<isl::ast_expr_id>().id();
+    auto kind = statements_.find(id);
+    POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
+    std::tie(out.statement, out.predicated) = *kind;
+    for (unsigned i = 1; i < call.n_arg(); ++i) out.args.push_back(expr(call.arg(static_cast<int>(i))));
+    return out;
+  }
+
+  const StatementIds& statements_;
+  const std::set<int>& parallel_dims_;   // schedule dimensions whose loops may run in parallel
+  std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
+  std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
 };
 
 }  // namespace
@@ -218,22 +191,20 @@ void NestBuilder::finish_parallel(Nest& nest) {
   }
 }
 
-
 // Generates the AST of `sched` into the nest; `safe`: schedule dims whose loops may run in parallel.
 void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const std::set<int>& safe) {
   nest.tree = text(sched);
-  isl_ast_build* build = isl_ast_build_alloc(ctx.get().get());
-  isl_ast_node* ast = isl_ast_build_node_from_schedule(build, sched.copy());
-  isl_ast_build_free(build);
-  POLYTILE_CHECK(ast != nullptr, "isl failed to generate the AST of ", nest.name);
-  char* c = isl_ast_node_to_C_str(ast);
-  nest.ast = c;
-  free(c);
-  AstTranslator tr;
-  tr.parallel_dims = safe;
-  nest.root = tr.node(ast, false);
-  nest.iterators = static_cast<int>(tr.iterators.size());
-  isl_ast_node_free(ast);
+  unsigned depth = 0;
+  sched.get_map().foreach_map([&](isl::map m) { depth = std::max(depth, m.range_tuple_dim()); });
+  // isl's own names for the loops (c0, c1, ...), as ids the translator can look up.
+  std::vector<isl::id> iterators;
+  for (unsigned k = 0; k < depth; ++k) iterators.emplace_back(ctx.get(), "c" + std::to_string(k));
+  isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
+  isl::ast_node ast = build.node_from(sched);
+  nest.ast = ast.to_C_str();
+  AstTranslator translator(statements, iterators, safe);
+  nest.root = translator.node(ast, false);
+  nest.iterators = translator.iterators();
   finish_parallel(nest);
 }
 

@@ -20,8 +20,8 @@ using isl_support::text;
 
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
 bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
-                                  const poly::ContractionAnalysis& a, const std::string& domain_text,
-                                  const std::vector<std::string>& positional, int64_t out_bytes, std::string* uncovered,
+                                  const poly::ContractionAnalysis& a, const isl::set& domain,
+                                  const std::vector<std::string>& positional, int64_t out_bytes, isl::set* uncovered,
                                   const Elementwise* epilogue) {
   if (box_points(a.bounds) < target.microkernel_min_points) return false;
   std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
@@ -49,8 +49,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   }
   // The vector variable must range over the same interval at every other point: then a lane is valid
   // exactly when its row is, and only the last block column can be partial.
-  isl::set domain(ctx.get(), domain_text);
-  isl::set free_v = isl::manage(isl_set_eliminate(domain.copy(), isl_dim_set, static_cast<unsigned>(mk.vector), 1));
+  isl::set free_v = isl_support::eliminate(domain, static_cast<unsigned>(mk.vector));
   std::string tuple = "S[" + join(positional) + "]";
   free_v = free_v.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(mk.vector_lo) + " <= " +
                                                      positional[mk.vector] + " <= " + std::to_string(mk.vector_hi) + " }"));
@@ -78,7 +77,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   bool weight_mode = out_bytes * 2 <= target.l2_bytes && reduction_points >= 2048;
   nest.microkernel = mk;
   if (epilogue && uncovered) nest.epilogue = *epilogue;
-  build_microkernel(nest, domain_text, positional, range, true, weight_mode,
+  build_microkernel(nest, domain, positional, range, true, weight_mode,
                     dtype_bytes(types.tensors.at(c.output).dtype), reads, uncovered != nullptr, columns_only);
   if (uncovered) {
     // Output elements that no block stores: those still need the init nest.
@@ -90,7 +89,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     isl::set box(ctx.get(), box_text("S", dims, shape));
     isl::set stored = blocks_.apply(block_rows_)
                           .apply(isl::map(ctx.get(), "{ S[" + join(positional) + "] -> S[" + join(polys) + "] }"));
-    *uncovered = text(box.subtract(stored).coalesce());
+    *uncovered = box.subtract(stored).coalesce();
   }
   return true;
 }
@@ -100,7 +99,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
 // the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp and T/Tp over (others,
 // Bb, Bv, reduction tiles), likewise Z/Zp (first tiles) and E/Ep (last tiles, with an epilogue). Tree:
 // [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
-void NestBuilder::build_microkernel(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
+void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                                     const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel,
                                     bool weight_mode, size_t element_bytes, const std::vector<std::string>& reads,
                                     bool zero_init, bool columns_only) {
@@ -122,9 +121,11 @@ void NestBuilder::build_microkernel(Nest& nest, const std::string& domain_text, 
   const std::string s_tuple = "S[" + join(vars) + "]";
   auto set = [this](const std::string& t) { return isl::set(ctx.get(), t); };
   auto map = [this](const std::string& t) { return isl::map(ctx.get(), t); };
-  auto named = [](isl::set x, const char* name) { return isl::manage(isl_set_set_tuple_name(x.release(), name)); };
+  using St = LoopNode::Statement;
+  auto named = [this](const isl::set& x, St kind, bool predicated = false) {
+    return isl::union_set(isl_support::set_tuple_id(x, statements.id(kind, predicated)));
+  };
 
-  isl::set domain = set(domain_text);
   const std::string bb_expr = "floor(" + shifted(vars[mk.block], mk.block_lo) + "/" + s(R) + ")";
   const std::string bv_expr = "floor(" + shifted(vars[mk.vector], mk.vector_lo) + "/" + s(VL) + ")";
   isl::set hull = domain.apply(map("{ " + s_tuple + " -> F[" + join(cat(cat(others, {bb_expr, bv_expr}), reds)) + "] }"));
@@ -324,22 +325,22 @@ void NestBuilder::build_microkernel(Nest& nest, const std::string& domain_text, 
     return isl::union_map(ctx.get(), t + " }");
   };
   auto band = [](isl::schedule_node node, const isl::union_map& m) {
-    return node.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy())));
+    return node.insert_partial_schedule(isl_support::partial_schedule(m));
   };
-  isl::union_set all = isl::union_set(named(fast, "F"))
-                           .unite(isl::union_set(named(slow, "Fp")))
-                           .unite(isl::union_set(named(load, "L")))
-                           .unite(isl::union_set(named(load_p, "Lp")))
-                           .unite(isl::union_set(named(zero, "Z")))
-                           .unite(isl::union_set(named(zero_p, "Zp")))
-                           .unite(isl::union_set(named(store.subtract(last), "T")))
-                           .unite(isl::union_set(named(store_p.subtract(last_p), "Tp")))
-                           .unite(isl::union_set(named(last, "E")))
-                           .unite(isl::union_set(named(last_p, "Ep")));
+  isl::union_set all = named(fast, St::fma)
+                           .unite(named(slow, St::fma, true))
+                           .unite(named(load, St::load))
+                           .unite(named(load_p, St::load, true))
+                           .unite(named(zero, St::zero))
+                           .unite(named(zero_p, St::zero, true))
+                           .unite(named(store.subtract(last), St::store))
+                           .unite(named(store_p.subtract(last_p), St::store, true))
+                           .unite(named(last, St::epilogue))
+                           .unite(named(last_p, St::epilogue, true));
   isl::schedule sched = isl::schedule::from_domain(all);
   isl::schedule_node node = sched.root().child(0);
   node = band(node, union_map(outer, outer));
-  if (parallel) node = node.insert_mark(isl::id(ctx.get(), "parallel")).child(0);
+  if (parallel) node = node.insert_mark(statements.parallel_mark).child(0);
   node = node.insert_mark(isl::id(ctx.get(), weight_mode ? "tile_split" : "tile")).child(0).child(0);
   node = band(node, union_map(tile_exprs, tiles));
   node = node.insert_mark(isl::id(ctx.get(), "reduction_tile")).child(0).child(0);

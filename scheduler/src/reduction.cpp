@@ -16,7 +16,7 @@
 namespace polytile::sched::internal {
 
 bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types,
-                                    const poly::ContractionAnalysis& a, const std::string& domain_text,
+                                    const poly::ContractionAnalysis& a, const isl::set& domain,
                                     const std::vector<std::string>& positional, bool parallel) {
   if (c.aggregation != AggregationOp::sum && c.aggregation != AggregationOp::max && c.aggregation != AggregationOp::min)
     return false;
@@ -64,8 +64,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   if (red.hi - red.lo + 1 < 2 * lanes) return false;
   // r's range must not depend on the other variables: then every lane in range is a valid point.
   const std::string tuple = "S[" + join(positional) + "]";
-  isl::set domain(ctx.get(), domain_text);
-  isl::set free_r = isl::manage(isl_set_eliminate(domain.copy(), isl_dim_set, static_cast<unsigned>(red.vector), 1));
+  isl::set free_r = isl_support::eliminate(domain, static_cast<unsigned>(red.vector));
   free_r = free_r.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(red.lo) + " <= " +
                                                       positional[red.vector] + " <= " + std::to_string(red.hi) + " }"));
   if (!free_r.is_equal(domain)) return false;
@@ -85,18 +84,18 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   f_vars.push_back("g");
   isl::set steps = domain.apply(isl::map(ctx.get(), "{ " + tuple + " -> F[" + join(f_image) + "] }")).coalesce();
   isl::set rows = domain.apply(isl::map(ctx.get(), "{ " + tuple + " -> Z[" + join(outs) + "] }")).coalesce();
-  isl::set stores = isl::manage(isl_set_set_tuple_name(rows.copy(), "T"));
+  isl::set stores = isl_support::set_tuple_id(rows, statements.id(LoopNode::Statement::store));
   const std::string z = "Z[" + join(outs) + "]", f = "F[" + join(f_vars) + "]", st = "T[" + join(outs) + "]";
   isl::union_set all = isl::union_set(rows).unite(isl::union_set(steps)).unite(isl::union_set(stores));
   isl::schedule sched = isl::schedule::from_domain(all);
   isl::schedule_node node = sched.root().child(0);
   auto band = [](isl::schedule_node n, const isl::union_map& m) {
-    return n.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy())));
+    return n.insert_partial_schedule(isl_support::partial_schedule(m));
   };
   if (!outs.empty()) {
     node = band(node, isl::union_map(ctx.get(), "{ " + z + " -> [" + join(outs) + "]; " + f + " -> [" + join(outs) + "]; " + st +
                                                     " -> [" + join(outs) + "] }"));
-    if (parallel) node = node.insert_mark(isl::id(ctx.get(), "parallel")).child(0);
+    if (parallel) node = node.insert_mark(statements.parallel_mark).child(0);
     node = node.child(0);
   }
   isl::union_set_list filters(ctx.get(), 3);

@@ -5,21 +5,18 @@
 // isl AST is translated into LoopNode/Aff by ast.cpp. Every isl object dies before its IslContext.
 #include "polytile/scheduler.h"
 
-#include <isl/ast.h>
-#include <isl/ast_build.h>
-#include <isl/cpp.h>
-#include <isl/options.h>
-#include <isl/schedule_node.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "polytile/error.h"
+#include "polytile/isl_analysis.h"
 #include "polytile/isl_support.h"
 #include "polytile/polyhedral.h"
 #include "nest_builder.h"
@@ -132,10 +129,9 @@ std::string affine_text(const Polynomial& p, const std::vector<std::string>& var
 
 // Builds schedule tree, AST and loop IR for one statement domain. `order` permutes the variables into
 // band order; the first `parallel` band members are marked parallel.
-void NestBuilder::build(Nest& nest, const std::string& domain_text, const std::vector<std::string>& vars,
+void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t parallel, size_t element_bytes, bool tiled,
                         bool innermost_last, bool reduction_outer) {
-  isl::union_set domain(ctx.get(), domain_text);
   isl::schedule sched = isl::schedule::from_domain(domain);
   std::set<int> safe;  // schedule dimensions whose loops may run in parallel
   if (!vars.empty()) {
@@ -144,10 +140,10 @@ void NestBuilder::build(Nest& nest, const std::string& domain_text, const std::v
     std::string tuple = "S[" + join(vars) + "]";
     isl::union_map band_map(ctx.get(), "{ " + tuple + " -> [" + join(perm) + "] }");
     isl::schedule_node root = sched.root().child(0);
-    root = root.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(band_map.copy())));
+    root = root.insert_partial_schedule(isl_support::partial_schedule(band_map));
     // Extents of the band members, for the cost model.
-    isl::space band_space = isl::manage(isl_space_set_alloc(ctx.get().get(), 0, static_cast<unsigned>(perm.size())));
-    isl::set box = domain.apply(band_map).extract_set(band_space);
+    isl::space band_space = isl_support::set_space(ctx.get(), static_cast<unsigned>(perm.size()));
+    isl::set box = isl::union_set(domain).apply(band_map).extract_set(band_space);
     std::vector<int64_t> extents, lows;
     for (size_t k = 0; k < perm.size(); ++k) {
       isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
@@ -190,15 +186,15 @@ void NestBuilder::build(Nest& nest, const std::string& domain_text, const std::v
       std::string tuple_text = "{ S[" + join(vars) + "] -> ";
       isl::union_map tile_map(ctx.get(), tuple_text + "[" + join(tiles) + "] }");
       isl::union_map point_map(ctx.get(), tuple_text + "[" + join(point) + "] }");
-      root = isl::manage(isl_schedule_node_delete(root.release()));
-      root = root.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(point_map.copy())));
+      root = isl_support::delete_node(root);
+      root = root.insert_partial_schedule(isl_support::partial_schedule(point_map));
       root = root.insert_mark(isl::id(ctx.get(), "point"));
-      root = root.insert_partial_schedule(isl::manage(isl_multi_union_pw_aff_from_union_map(tile_map.copy())));
+      root = root.insert_partial_schedule(isl_support::partial_schedule(tile_map));
       root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
     }
     if (!tile || !reduction_outer)
       for (size_t k = 0; k < parallel; ++k) safe.insert(static_cast<int>(k));
-    if (parallel > 0) root = root.insert_mark(isl::id(ctx.get(), "parallel"));
+    if (parallel > 0) root = root.insert_mark(statements.parallel_mark);
     sched = root.schedule();
     nest.parallel_outer = parallel > 0;
   }
@@ -334,10 +330,13 @@ void verify_fusion(const Program& original, const Program& fused, const ProgramT
 
 Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {
   Schedule out;
-  NestBuilder nb{target, {}, {}, {}};
+  NestBuilder nb{target};
   try {
     // An elementwise statement over `domain` (its whole box unless given).
-    auto elementwise = [&](const Elementwise& e, std::string domain) {
+    auto box = [&](const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
+      return isl::set(nb.ctx.get(), box_text("S", vars, shape));
+    };
+    auto elementwise = [&](const Elementwise& e, std::optional<isl::set> domain) {
       const TensorType& t = types.tensors.at(e.output);
       Nest nest;
       nest.kind = Nest::Kind::elementwise;
@@ -347,8 +346,8 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
       for (size_t k = 0; k < t.shape.size(); ++k) nest.variables.push_back("i" + std::to_string(k));
       std::vector<size_t> order(t.shape.size());
       for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-      if (domain.empty()) domain = box_text("S", nest.variables, t.shape);
-      nb.build(nest, domain, nest.variables, order, t.shape.empty() ? 0 : 1, dtype_bytes(t.dtype));
+      if (!domain) domain = box(nest.variables, t.shape);
+      nb.build(nest, *domain, nest.variables, order, t.shape.empty() ? 0 : 1, dtype_bytes(t.dtype));
       out.nests.push_back(std::move(nest));
     };
     // Fusion decisions, from one pass over who produces and who reads each tensor.
@@ -429,12 +428,16 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
     for (size_t index = 0; index < program.statements.size(); ++index) {
       const auto& st = program.statements[index];
       if (const auto* e = std::get_if<Elementwise>(&st)) {
-        if (!fused.count(index)) elementwise(*e, "");
+        if (!fused.count(index)) elementwise(*e, std::nullopt);
         continue;
       }
       const auto& c = std::get<Contraction>(st);
       const TensorType& t = types.tensors.at(c.output);
-      poly::ContractionAnalysis a = poly::analyze(c, types);
+      poly::internal::IslAnalysis analysis = poly::internal::analyze(c, types, nb.ctx.get());
+      const poly::ContractionAnalysis& a = analysis.summary;
+      const isl::id& S = nb.statements.id(LoopNode::Statement::plain);
+      // The elements the valid points write, over S like every statement domain.
+      isl::set written = isl_support::set_tuple_id(analysis.write.range(), S);
       std::vector<std::string> out_vars;
       for (size_t k = 0; k < t.shape.size(); ++k) out_vars.push_back("i" + std::to_string(k));
       std::vector<size_t> identity(out_vars.size());
@@ -451,14 +454,12 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         return n;
       };
       Nest init = element_nest(Nest::Kind::init, ".init");
-      nb.build(init, box_text("S", out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
+      nb.build(init, box(out_vars, t.shape), out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
       const size_t init_index = out.nests.size();
       out.nests.push_back(std::move(init));
       if (c.aggregation == AggregationOp::assign && !c.init && !a.empty) {
         // An assign that writes every element (a copy, a transpose) needs no init nest.
-        isl::set box(nb.ctx.get(), box_text("O", out_vars, t.shape));
-        isl::set image = isl::manage(isl_set_set_tuple_name(isl::map(nb.ctx.get(), a.write).range().release(), "O"));
-        if (box.is_subset(image)) out.nests.pop_back();
+        if (box(out_vars, t.shape).is_subset(written)) out.nests.pop_back();
       }
 
       if (!a.empty) {
@@ -524,25 +525,22 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
           if (!in_output.count(update.variables[k]) && update.variables[k] != innermost) order.push_back(k);
         for (size_t k = 0; k < update.variables.size(); ++k)
           if (update.variables[k] == innermost) order.push_back(k);
-        bool parallel = n_out > 0 && poly::writes_each_output_once(c, types);
-        // The analysis' domain is over S_<output>; rename the tuple.
-        std::string dom = a.domain;
-        std::string from = "S_" + c.output + "[";
-        for (size_t pos = dom.find(from); pos != std::string::npos; pos = dom.find(from, pos)) dom.replace(pos, from.size(), "S[");
+        bool parallel = n_out > 0 && poly::internal::writes_each_output_once(c, types, nb.ctx.get());
+        isl::set dom = isl_support::set_tuple_id(analysis.domain, S);
         // The band map names dims positionally (isl may print fixed dims as "n = 0" in the tuple).
         std::vector<std::string> positional;
         for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
         int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
         for (int64_t d : t.shape) out_bytes *= d;
         bool reduction_outer = parallel && n_out < order.size() - (innermost.empty() ? 0 : 1) && out_bytes * 4 <= target.l2_bytes;
-        std::string uncovered;
+        isl::set uncovered;
         auto consumer = epilogue_of.find(index);
         const Elementwise* epilogue =
             consumer == epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program.statements[consumer->second]);
         if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes, c.init ? nullptr : &uncovered, epilogue)) {
           if (!c.init) {  // the init nest shrinks to the elements no block stores, or disappears
             Nest& init_nest = out.nests[init_index];
-            if (isl::set(nb.ctx.get(), uncovered).is_empty()) {
+            if (uncovered.is_empty()) {
               out.nests.erase(out.nests.begin() + static_cast<long>(init_index));
             } else {
               nb.build(init_nest, uncovered, out_vars, identity, out_vars.empty() ? 0 : 1, dtype_bytes(t.dtype));
@@ -551,7 +549,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
           out.nests.push_back(std::move(update));
           if (epilogue) {  // the consumer runs in the blocks; elsewhere (unstored elements) as a nest
             fused.insert(consumer->second);
-            if (!isl::set(nb.ctx.get(), uncovered).is_empty()) elementwise(*epilogue, uncovered);
+            if (!uncovered.is_empty()) elementwise(*epilogue, uncovered);
           }
           continue;  // a sum: no finalize nest
         }
@@ -565,23 +563,13 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
                                         c.aggregation == AggregationOp::min);
       if (needs_finalize) {
         // Elements no valid point writes: the box minus the image of the write map.
-        isl::set box(nb.ctx.get(), box_text("O", out_vars, t.shape));
-        std::string unwritten_text;
-        if (a.empty) {
-          unwritten_text = text(box);
-        } else {
-          std::string write = a.write;
-          isl::map w(nb.ctx.get(), write);
-          isl::set image = isl::manage(isl_set_set_tuple_name(w.range().release(), "O"));
-          isl::set rest = box.subtract(image).coalesce();
-          if (rest.is_empty()) continue;
-          unwritten_text = text(rest);
+        isl::set unwritten = box(out_vars, t.shape);
+        if (!a.empty) {
+          unwritten = unwritten.subtract(written).coalesce();
+          if (unwritten.is_empty()) continue;
         }
-        std::string from = "O[";
-        for (size_t pos = unwritten_text.find(from); pos != std::string::npos; pos = unwritten_text.find(from, pos))
-          unwritten_text.replace(pos, from.size(), "S[");
         Nest fin = element_nest(Nest::Kind::finalize, ".finalize");
-        nb.build(fin, unwritten_text, out_vars, identity, 0, dtype_bytes(t.dtype));
+        nb.build(fin, unwritten, out_vars, identity, 0, dtype_bytes(t.dtype));
         out.nests.push_back(std::move(fin));
       }
     }

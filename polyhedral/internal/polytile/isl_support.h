@@ -3,11 +3,13 @@
 // destroyed before their IslContext, so declare the context first in every scope.
 #pragma once
 
+#include <isl/ast_build.h>
 #include <isl/cpp.h>
 #include <isl/options.h>
 
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "polytile/error.h"
 
@@ -31,6 +33,32 @@ class IslContext {
  private:
   isl_ctx* raw_;
 };
+
+// The C calls the isl 0.25 C++ bindings lack, wrapped once so that every other use of isl is RAII.
+inline isl::set set_tuple_id(isl::set s, const isl::id& id) {
+  return isl::manage(isl_set_set_tuple_id(s.release(), id.copy()));
+}
+// Projects out nothing: drops every constraint on set dimension `pos` (the dimension stays, unbounded).
+inline isl::set eliminate(isl::set s, unsigned pos) {
+  return isl::manage(isl_set_eliminate(s.release(), isl_dim_set, pos, 1));
+}
+// A band's partial schedule from a union map (one piece per statement).
+inline isl::multi_union_pw_aff partial_schedule(const isl::union_map& m) {
+  return isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy()));
+}
+// The space of unnamed sets with `dims` dimensions.
+inline isl::space set_space(isl::ctx ctx, unsigned dims) {
+  return isl::manage(isl_space_set_alloc(ctx.get(), 0, dims));
+}
+inline isl::schedule_node delete_node(isl::schedule_node n) {
+  return isl::manage(isl_schedule_node_delete(n.release()));
+}
+// An AST build whose loop over schedule dimension k has iterator ids[k].
+inline isl::ast_build with_iterators(isl::ast_build build, const std::vector<isl::id>& ids) {
+  isl::id_list list(build.ctx(), static_cast<int>(ids.size()));
+  for (const isl::id& id : ids) list = list.add(id);
+  return isl::manage(isl_ast_build_set_iterators(build.release(), list.release()));
+}
 
 // isl's text form of any isl object.
 template <typename T>

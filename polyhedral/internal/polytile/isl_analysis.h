@@ -1,0 +1,26 @@
+// Build-internal (never installed): the contraction analysis of polyhedral.h as isl objects in the
+// caller's isl context, so that the scheduler builds on the sets and maps themselves instead of their
+// text. The public analyze() is this with a context of its own, printed.
+#pragma once
+
+#include <vector>
+
+#include "polytile/isl_support.h"
+#include "polytile/polyhedral.h"
+
+namespace polytile::poly::internal {
+
+struct IslAnalysis {
+  ContractionAnalysis summary;  // bounds, emptiness and the isl text of the objects below
+  isl::set domain;              // S_<output>[index variables]
+  isl::map write;               // domain -> output element
+  std::vector<isl::map> reads;  // domain -> input element, one per access
+};
+
+// analyze() of polyhedral.h, with every isl object in `ctx` (which must outlive the result).
+IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx);
+
+// writes_each_output_once() of polyhedral.h in `ctx`.
+bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx);
+
+}  // namespace polytile::poly::internal
