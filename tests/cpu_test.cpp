@@ -68,8 +68,8 @@ std::map<std::string, TensorType> types_of(const TensorMap& in) {
 // Register-blocked paths wherever they apply, however small the nest, for a given vector width.
 CompileOptions microkernels_forced(int vector_bits) {
   CompileOptions o;
-  o.target.vector_bits = vector_bits;
-  o.target.microkernel_min_points = 0;
+  o.target.cpu.vector_bits = vector_bits;
+  o.target.cpu.microkernel_min_points = 0;
   o.threads = 2;
   return o;
 }
@@ -397,7 +397,7 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   for (bool microkernel : {false, true}) {  // the loop-nest path and the register-blocked one
     CompileOptions two;
     two.threads = 2;
-    two.target.microkernel_min_points = microkernel ? 0 : INT64_MAX;
+    two.target.cpu.microkernel_min_points = microkernel ? 0 : INT64_MAX;
     auto compiled = compile(grad, types, two);
     EXPECT_NE(compiled->schedule().tree().find("mark: \"tile"), std::string::npos) << compiled->schedule().tree();
     EXPECT_TRUE(compiled->schedule().nests.back().parallel_outer);
@@ -468,7 +468,7 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   EXPECT_GE(predicated, 20);
   // Everything else, with micro-kernels wherever they apply.
   CompileOptions o;
-  o.target.microkernel_min_points = 0;
+  o.target.cpu.microkernel_min_points = 0;
   for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
     if (entry.path().extension() != ".tile") continue;
     std::ifstream f(entry.path());
@@ -560,8 +560,8 @@ TEST(CpuTest, InlinedProducersMatchTheInterpreter) {
   for (bool microkernel : {true, false}) {
     for (int bits : {512, 128}) {
       CompileOptions o;
-      o.target.vector_bits = bits;
-      o.target.microkernel_min_points = microkernel ? 0 : INT64_MAX;
+      o.target.cpu.vector_bits = bits;
+      o.target.cpu.microkernel_min_points = microkernel ? 0 : INT64_MAX;
       o.threads = 2;
       for (const auto& cs : cases) {
         Program p = parse_program(cs.text);

@@ -58,7 +58,7 @@ TEST(LowerTest, UserErrorInTheMiddleOfSchedulingLeaksNothing) {
   std::map<std::string, TensorType> inputs{{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}};
   ProgramTypes types = infer_types(p, inputs);
   Target target;
-  target.microkernel_min_points = 1;
+  target.cpu.microkernel_min_points = 1;
   Program first = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
   Schedule before = schedule(first, infer_types(first, inputs), target);
   ASSERT_TRUE(std::any_of(before.nests.begin(), before.nests.end(), [](const Nest& n) { return n.microkernel.has_value(); }));

@@ -253,6 +253,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   } else if (emit == "lowered" || emit == "schedule" || emit == "ast" || emit == "loops") {
     if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
     sched::LowerOptions options;
+    options.target = cpu::host_target();  // what `run` compiles on this machine
     options.verify = verify;
     sched::Lowered lowered = sched::lower(p, shapes, options);  // no code generation
     out << (emit == "lowered"    ? print(lowered.program)

@@ -194,16 +194,16 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   const sched::Target base = options.target;
   variants.emplace_back("default", base);
   sched::Target t = base;
-  t.l1_bytes = base.l1_bytes / 2;
+  t.cpu.l1_bytes = base.cpu.l1_bytes / 2;
   variants.emplace_back("half L1 budget", t);
   t = base;
-  t.l1_bytes = base.l1_bytes * 2;
+  t.cpu.l1_bytes = base.cpu.l1_bytes * 2;
   variants.emplace_back("double L1 budget", t);
   t = base;
-  t.vector_registers = base.vector_registers * 3 / 4;
+  t.cpu.vector_registers = base.cpu.vector_registers * 3 / 4;
   variants.emplace_back("fewer accumulators", t);
   t = base;
-  t.microkernel_min_points = INT64_MAX;
+  t.cpu.microkernel_min_points = INT64_MAX;
   variants.emplace_back("loop nests only", t);
   TensorMap data;
   uint64_t state = 0x9e3779b97f4a7c15ULL;
@@ -244,9 +244,10 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
 std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o) {
   std::string key = print(p);
   for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
-  key += "|" + o.target.name + "/" + std::to_string(o.target.vector_bits) + "/" + std::to_string(o.target.l1_bytes) + "/" +
-         std::to_string(o.target.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
-         std::to_string(o.target.microkernel_min_points) + "/" + std::to_string(o.target.vector_registers) + "/" +
+  const sched::CpuModel& m = o.target.cpu;
+  key += "|" + o.target.name + "/" + std::to_string(m.vector_bits) + "/" + std::to_string(m.l1_bytes) + "/" +
+         std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
+         std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
   return key;

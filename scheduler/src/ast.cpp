@@ -191,8 +191,31 @@ void NestBuilder::finish_parallel(Nest& nest) {
   }
 }
 
-// Generates the AST of `sched` into the nest; `safe`: schedule dims whose loops may run in parallel.
-void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const std::set<int>& safe) {
+namespace {
+
+// The schedule dimensions whose loops may run in parallel: the coincident members of the bands under a
+// "parallel" mark.
+std::set<int> parallel_dimensions(const isl::schedule& tree, const isl::id& parallel_mark) {
+  std::set<int> dims;
+  tree.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
+    if (!node.isa<isl::schedule_node_mark>() || isl_support::mark_id(node).get() != parallel_mark.get())
+      return true;
+    node.foreach_descendant_top_down([&](const isl::schedule_node& inner) {
+      if (inner.isa<isl::schedule_node_band>()) {
+        isl::schedule_node_band band = inner.as<isl::schedule_node_band>();
+        for (unsigned k = 0; k < band.n_member(); ++k)
+          if (band.member_get_coincident(static_cast<int>(k))) dims.insert(isl_support::schedule_depth(inner) + static_cast<int>(k));
+      }
+      return true;
+    });
+    return false;
+  });
+  return dims;
+}
+
+}  // namespace
+
+void NestBuilder::generate(Nest& nest, const isl::schedule& sched) {
   nest.tree = text(sched);
   unsigned depth = 0;
   sched.get_map().foreach_map([&](isl::map m) { depth = std::max(depth, m.range_tuple_dim()); });
@@ -202,6 +225,7 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const std::se
   isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
+  const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
   AstTranslator translator(statements, iterators, safe);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();

@@ -23,7 +23,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
                                   const poly::ContractionAnalysis& a, const isl::set& domain,
                                   const std::vector<std::string>& positional, int64_t out_bytes, isl::set* uncovered,
                                   const Elementwise* epilogue) {
-  if (box_points(a.bounds) < target.microkernel_min_points) return false;
+  if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
   if (!plan) return false;
   auto index = [&nest](const std::string& v) {
@@ -74,7 +74,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
   int64_t reduction_points = 1;
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
-  bool weight_mode = out_bytes * 2 <= target.l2_bytes && reduction_points >= 2048;
+  bool weight_mode = out_bytes * 2 <= target.cpu.l2_bytes && reduction_points >= 2048;
   nest.microkernel = mk;
   if (epilogue && uncovered) nest.epilogue = *epilogue;
   build_microkernel(nest, domain, positional, range, true, weight_mode,
@@ -194,7 +194,7 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
       return bytes;
     };
     for (size_t k = 0; k < reds.size(); ++k) red_lo[k] = range[mk.reductions[k]].first;
-    const int64_t budget = target.l1_bytes * 3 / 4;
+    const int64_t budget = target.cpu.l1_bytes * 3 / 4;
     for (size_t k = reds.size(); k-- > 0;) {
       const int64_t e = range[mk.reductions[k]].second - red_lo[k] + 1;
       int64_t lo = 1, hi = e;
@@ -257,7 +257,6 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
 
   // Outer and block bands over (others, Bb, Bv).
   std::vector<std::string> outer, inner;
-  std::set<int> safe;
   if (weight_mode) {
     // A small output: split its widest block dimension across the threads; every thread then runs the
     // reduction tiles outermost over all of its blocks.
@@ -276,7 +275,7 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
     // too, so that at least 16 blocks (up to 32 when there are enough) reuse each reduction tile of the
     // vector operand from L1. The parallel dimension is the first with enough values.
     int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
-    int64_t tb = std::clamp<int64_t>(target.l2_bytes / 2 / row_bytes, 1, n_bb);
+    int64_t tb = std::clamp<int64_t>(target.cpu.l2_bytes / 2 / row_bytes, 1, n_bb);
     const int64_t want = 2 * target.threads;
     std::vector<int64_t> counts;
     for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
@@ -315,7 +314,6 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
       if (other_tile[k] > 1) inner.push_back(others[k]);
     inner.push_back("bb");
   }
-  safe.insert(0);
 
   auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
     std::string t = "{ ";
@@ -339,7 +337,8 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
                            .unite(named(last_p, St::epilogue, true));
   isl::schedule sched = isl::schedule::from_domain(all);
   isl::schedule_node node = sched.root().child(0);
-  node = band(node, union_map(outer, outer));
+  // Distinct output blocks write distinct elements: the leading member of the block band is coincident.
+  node = band(node, union_map(outer, outer)).as<isl::schedule_node_band>().member_set_coincident(0, 1);
   if (parallel) node = node.insert_mark(statements.parallel_mark).child(0);
   node = node.insert_mark(isl::id(ctx.get(), weight_mode ? "tile_split" : "tile")).child(0).child(0);
   node = band(node, union_map(tile_exprs, tiles));
@@ -355,6 +354,6 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
   node = node.child(1).child(0);
   node = band(node, isl::union_map(ctx.get(), "{ F" + f_tuple + " -> [" + join(reds) + "]; Fp" + f_tuple + " -> [" + join(reds) + "] }"));
   nest.parallel_outer = parallel;
-  generate(nest, node.schedule(), parallel ? safe : std::set<int>{});
+  generate(nest, node.schedule());
 }
 }  // namespace polytile::sched::internal

@@ -1,6 +1,8 @@
-// Private to the scheduler: the builder of loop nests (isl schedule tree -> isl AST -> LoopNode) shared
-// by scheduler.cpp (plain nests, the driver), ast.cpp (AST translation) and microkernel.cpp
-// (register-blocked update nests). isl stays behind this header's users.
+// Private to the scheduler: the builder of loop nests, in three steps. A target-neutral schedule tree
+// (nest_builder.cpp: the domain, one permutable band, its coincident members proven by isl); the target's
+// strategy adds its decisions as marks and bands (cpu_strategy.cpp for plain nests; microkernel.cpp and
+// row_reduction.cpp build update nests for the CPU); one translator turns any marked tree into loop IR
+// (ast.cpp). scheduler.cpp drives it over a program. isl stays behind this header's users.
 #pragma once
 
 #include <isl/cpp.h>
@@ -42,6 +44,14 @@ class StatementIds {
   std::vector<Entry> table_;
 };
 
+// What the driver knows about a plain nest, for the strategy: facts, not decisions.
+struct NestFacts {
+  size_t element_bytes = 4;           // of the tensor written
+  bool update = false;                // the band's members after the coincident ones are reductions
+  bool innermost_contiguous = false;  // the band's last member is the variable contiguous in the output
+  int64_t output_bytes = 0;           // the size of the tensor written
+};
+
 struct NestBuilder {
   explicit NestBuilder(const Target& t) : target(t) {}
   const Target& target;
@@ -50,13 +60,17 @@ struct NestBuilder {
   isl::set blocks_;         // the last micro-kernel's blocks, B[others, Bb, Bv]
   isl::map block_rows_;     // from a block to the points of S its rows and in-range lanes store
 
-  // Builds schedule tree, AST and loop IR for one statement domain. `order` permutes the variables into
-  // band order; the first `parallel` band members are marked parallel.
-  void build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
-             const std::vector<size_t>& order, size_t parallel, size_t element_bytes, bool tiled = false,
-             bool innermost_last = false, bool reduction_outer = false);
-  // Generates the AST of `sched` into the nest; `safe`: schedule dims whose loops may run in parallel.
-  void generate(Nest& nest, const isl::schedule& sched, const std::set<int>& safe);
+  // A plain nest over `domain` (a set over S), its variables `vars` ordered by `order` in the band, the
+  // first `coincident` of them proven to write distinct elements: neutral tree, CPU strategy, loop IR.
+  void build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars, const std::vector<size_t>& order,
+             size_t coincident, const NestFacts& facts);
+  isl::schedule neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
+                             const std::vector<size_t>& order, size_t coincident);
+  isl::schedule cpu_plain_nest(const isl::schedule& neutral, const isl::set& domain, const std::vector<std::string>& vars,
+                               const std::vector<size_t>& order, const NestFacts& facts);
+  // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
+  // says so: coincident members of bands under a "parallel" mark.
+  void generate(Nest& nest, const isl::schedule& tree);
   // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);

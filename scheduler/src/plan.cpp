@@ -168,7 +168,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
 
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
   MicroPlan plan;
-  plan.lanes = static_cast<int>(std::max<int64_t>(1, target.vector_bits / (8 * element_bytes)));
+  plan.lanes = static_cast<int>(std::max<int64_t>(1, target.cpu.vector_bits / (8 * element_bytes)));
   bool found = false;
   for (const auto& v : outputs) {
     if (!contiguous_in(out, v)) continue;
@@ -200,7 +200,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   // Registers: rows x chunks accumulators, `chunks` vector operands and one broadcast.
   const int64_t lanes = plan.lanes;
   plan.chunks = static_cast<int>(std::clamp<int64_t>((extent[plan.vector] + lanes - 1) / lanes, 1, 4));
-  const int max_rows = std::clamp((target.vector_registers - 1 - plan.chunks) / plan.chunks, 1, 14);
+  const int max_rows = std::clamp((target.cpu.vector_registers - 1 - plan.chunks) / plan.chunks, 1, 14);
   // The block variable and the rows per block, by a small throughput model. A reduction step of a block
   // costs rows x chunks FMAs (two per cycle), rows + chunks loads (two per cycle) and loop overhead; a
   // predicated block (a border of a variable coupled to the reduction through an index or constraint,
@@ -235,7 +235,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
       stride += std::abs(out[k].coefficient(b).num()) * inner;
       inner *= shape[k];
     }
-    const bool far = stride * element_bytes > target.l1_bytes;
+    const bool far = stride * element_bytes > target.cpu.l1_bytes;
     for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
       int64_t blocks = (e + rows - 1) / rows;
       int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));

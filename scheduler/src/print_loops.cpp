@@ -1,9 +1,52 @@
-// The loop IR as text (lower.h's print_loops): what the LLVM IR emitter consumes, one nest after another.
+// The loop IR as text: expressions (Aff::str), the isl renderings a schedule keeps (Schedule::tree/ast),
+// and lower.h's print_loops -- what the LLVM IR emitter consumes, one nest after another.
 #include <string>
 
 #include "polytile/lower.h"
 
 namespace polytile::sched {
+
+std::string Aff::str() const {
+  auto a = [this](size_t i) { return args[i].str(); };
+  switch (kind) {
+    case Kind::constant: return std::to_string(value);
+    case Kind::iterator: return "c" + std::to_string(iterator);
+    case Kind::add: return "(" + a(0) + " + " + a(1) + ")";
+    case Kind::sub: return "(" + a(0) + " - " + a(1) + ")";
+    case Kind::mul: return "(" + a(0) + " * " + a(1) + ")";
+    case Kind::floordiv: return "floord(" + a(0) + ", " + a(1) + ")";
+    case Kind::mod: return "mod(" + a(0) + ", " + a(1) + ")";
+    case Kind::min:
+    case Kind::max: {
+      std::string s = kind == Kind::min ? "min(" : "max(";
+      for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + a(i);
+      return s + ")";
+    }
+    case Kind::neg: return "-" + a(0);
+    case Kind::select: return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")";
+    case Kind::eq: return "(" + a(0) + " == " + a(1) + ")";
+    case Kind::le: return "(" + a(0) + " <= " + a(1) + ")";
+    case Kind::lt: return "(" + a(0) + " < " + a(1) + ")";
+    case Kind::ge: return "(" + a(0) + " >= " + a(1) + ")";
+    case Kind::gt: return "(" + a(0) + " > " + a(1) + ")";
+    case Kind::land: return "(" + a(0) + " && " + a(1) + ")";
+    case Kind::lor: return "(" + a(0) + " || " + a(1) + ")";
+  }
+  return "?";
+}
+
+std::string Schedule::tree() const {
+  std::string s;
+  for (const auto& n : nests) s += "// " + n.name + "\n" + n.tree + "\n";
+  return s;
+}
+
+std::string Schedule::ast() const {
+  std::string s;
+  for (const auto& n : nests) s += "// " + n.name + "\n" + n.ast;
+  return s;
+}
+
 namespace {
 
 const char* statement_name(LoopNode::Statement s) {

@@ -19,8 +19,12 @@
 
 namespace polytile::cpu {
 
+// The running machine as a target: its thread count, cache sizes and the widest SIMD registers the JIT
+// may use (asked at run time, not at build time).
+sched::Target host_target();
+
 struct CompileOptions {
-  sched::Target target = sched::host_target();
+  sched::Target target = host_target();
   bool reduce_and_defract = true;
   int threads = 0;  // 0: the target's thread count
   // Tuning: compile a few variants of the target (cache budgets, register budget, loop nests instead of

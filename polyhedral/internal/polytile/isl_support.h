@@ -50,6 +50,9 @@ inline isl::multi_union_pw_aff partial_schedule(const isl::union_map& m) {
 inline isl::space set_space(isl::ctx ctx, unsigned dims) {
   return isl::manage(isl_space_set_alloc(ctx.get(), 0, dims));
 }
+// The number of schedule dimensions above a node: the first loop a band at `n` generates is c<depth>.
+inline int schedule_depth(const isl::schedule_node& n) { return isl_schedule_node_get_schedule_depth(n.get()); }
+inline isl::id mark_id(const isl::schedule_node& mark) { return isl::manage(isl_schedule_node_mark_get_id(mark.get())); }
 inline isl::schedule_node delete_node(isl::schedule_node n) {
   return isl::manage(isl_schedule_node_delete(n.release()));
 }

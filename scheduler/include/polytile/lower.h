@@ -16,7 +16,7 @@
 namespace polytile::sched {
 
 struct LowerOptions {
-  Target target = host_target();
+  Target target;  // cpu::host_target() for what runs on this machine
   bool reduce_and_defract = true;
   bool verify = false;
 };

@@ -18,18 +18,24 @@
 
 namespace polytile::sched {
 
-// What the cost model knows about the machine.
-struct Target {
-  std::string name = "host";
+// The machine model of the CPU strategy (cache tiles, micro-kernels, row reductions, the parallel split).
+struct CpuModel {
   int vector_bits = 512;        // widest SIMD register
   int64_t l1_bytes = 48 * 1024; // per core data cache
   int64_t l2_bytes = 2 * 1024 * 1024;
-  int threads = 2;
   int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
   // Update nests with at least this many points use register-blocked micro-kernels when eligible.
   int64_t microkernel_min_points = int64_t{1} << 15;
 };
-Target host_target();  // sizes read from the running machine
+
+// What a schedule is made for: the part every target has, and the model of the strategy that adds its
+// decisions (marks and bands) to the target-neutral schedule trees. The defaults describe no particular
+// machine; cpu::host_target() (polytile/cpu.h) reads the running one.
+struct Target {
+  std::string name = "cpu";
+  int threads = 2;
+  CpuModel cpu;
+};
 
 // An affine (or boolean) integer expression over loop iterators.
 struct Aff {
@@ -137,7 +143,7 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 // With `verify`, every rewritten contraction is proven equal to the original with poly::verify_rewrite
 // (the packing's change of variables v = VL*vb + vl, the copies looked through); a failed proof is an
 // InternalError naming the pass.
-Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = host_target(),
+Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = {},
                         bool verify = false);
 
 // Translation validation of fuse_elementwise: every statement of `fused`, with each cast(e, t) whose e is an
@@ -147,6 +153,6 @@ void verify_fusion(const Program& original, const Program& fused, const ProgramT
 
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).
-Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = host_target());
+Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = {});
 
 }  // namespace polytile::sched

@@ -25,11 +25,11 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   if (!is_float(t)) return false;
   for (const auto& in : c.inputs)
     if (types.tensors.at(in.tensor).dtype != t) return false;
-  if (box_points(a.bounds) < target.microkernel_min_points) return false;
+  if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
-  const int lanes = std::max(1, target.vector_bits / (t == DType::f64 ? 64 : 32));
+  const int lanes = std::max(1, target.cpu.vector_bits / (t == DType::f64 ? 64 : 32));
   // r: the reduction variable every input reads contiguously or not at all; at least one reads it.
   auto contiguous = [](const TensorAccess& in, const std::string& r) {
     for (size_t k = 0; k < in.indices.size(); ++k) {
@@ -95,7 +95,10 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   if (!outs.empty()) {
     node = band(node, isl::union_map(ctx.get(), "{ " + z + " -> [" + join(outs) + "]; " + f + " -> [" + join(outs) + "]; " + st +
                                                     " -> [" + join(outs) + "] }"));
-    if (parallel) node = node.insert_mark(statements.parallel_mark).child(0);
+    if (parallel) {  // proven: distinct rows write distinct elements
+      node = node.as<isl::schedule_node_band>().member_set_coincident(0, 1);
+      node = node.insert_mark(statements.parallel_mark).child(0);
+    }
     node = node.child(0);
   }
   isl::union_set_list filters(ctx.get(), 3);
@@ -109,7 +112,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   inner.push_back("g");
   node = band(node.child(1).child(0), isl::union_map(ctx.get(), "{ " + f + " -> [" + join(inner) + "] }"));
   nest.parallel_outer = parallel && !outs.empty();
-  generate(nest, node.schedule(), nest.parallel_outer ? std::set<int>{0} : std::set<int>{});
+  generate(nest, node.schedule());
   return true;
 }
 

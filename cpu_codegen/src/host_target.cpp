@@ -1,0 +1,24 @@
+// The running machine as a scheduling target (cpu.h): cache sizes from sysconf, threads from the hardware,
+// and the widest SIMD registers of the CPU this process runs on -- the JIT targets it, not the CPU this
+// file was compiled for.
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "polytile/cpu.h"
+
+namespace polytile::cpu {
+
+sched::Target host_target() {
+  sched::Target t;
+  t.name = "host";
+  long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l1 > 0) t.cpu.l1_bytes = l1;
+  if (l2 > 0) t.cpu.l2_bytes = l2;
+  t.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  t.cpu.vector_bits = __builtin_cpu_supports("avx512f") ? 512 : __builtin_cpu_supports("avx2") ? 256 : 128;
+  return t;
+}
+
+}  // namespace polytile::cpu

@@ -1,0 +1,129 @@
+// Elementwise fusion and its translation validation (scheduler.h): a program pass before scheduling.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "polytile/error.h"
+#include "polytile/scheduler.h"
+
+namespace polytile::sched {
+
+namespace {
+
+size_t expression_nodes(const Expr& e) {
+  size_t n = 0;
+  std::vector<Expr> stack{e};
+  while (!stack.empty()) {
+    Expr x = stack.back();
+    stack.pop_back();
+    ++n;
+    for (const auto& a : x.args()) stack.push_back(a);
+  }
+  return n;
+}
+
+}  // namespace
+
+// One pass in program order: a producer's operands were decided before it, and substituting a producer
+// into its only reader moves the producer's reads to that reader without changing how often anything is
+// read, so the reader counts of the original program stay right. A fused expression stops growing at
+// kMaxFusedNodes nodes, so ten thousand chained statements become nests of bounded size (compile time
+// linear, no deep recursion in the emitter) instead of one expression ten thousand levels deep.
+Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
+  constexpr size_t kMaxFusedNodes = 256;
+  Program p = program;
+  // Readers of every tensor, with repetition: a producer read twice by one consumer would be computed twice.
+  std::map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < p.statements.size(); ++i) {
+    if (const auto* c = std::get_if<Contraction>(&p.statements[i])) {
+      for (const auto& a : c->inputs) readers[a.tensor].push_back(i);
+      if (c->init) readers[*c->init].push_back(i);
+      continue;
+    }
+    std::vector<Expr> stack{std::get<Elementwise>(p.statements[i]).expr};
+    while (!stack.empty()) {
+      Expr x = stack.back();
+      stack.pop_back();
+      if (x.kind() == Expr::Kind::tensor) readers[x.name()].push_back(i);
+      for (const auto& a : x.args()) stack.push_back(a);
+    }
+  }
+  std::vector<bool> erased(p.statements.size(), false);
+  std::vector<size_t> nodes(p.statements.size(), 0);
+  for (size_t i = 0; i < p.statements.size(); ++i)
+    if (const auto* e = std::get_if<Elementwise>(&p.statements[i])) nodes[i] = expression_nodes(e->expr);
+  for (size_t i = 0; i < p.statements.size(); ++i) {
+    const auto* producer = std::get_if<Elementwise>(&p.statements[i]);
+    if (!producer) continue;
+    const std::string& name = producer->output;
+    if (std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end()) continue;
+    const auto& r = readers[name];
+    if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
+    if (nodes[i] + nodes[r[0]] > kMaxFusedNodes) continue;
+    auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
+    Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
+    consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+      if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
+      return std::nullopt;
+    });
+    nodes[r[0]] += nodes[i];
+    erased[i] = true;
+  }
+  std::vector<Statement> kept;
+  for (size_t i = 0; i < p.statements.size(); ++i)
+    if (!erased[i]) kept.push_back(std::move(p.statements[i]));
+  p.statements = std::move(kept);
+  return p;
+}
+
+void verify_fusion(const Program& original, const Program& fused, const ProgramTypes& types) {
+  auto fail = [](const std::string& why) { throw InternalError("translation validation failed: fusion " + why); };
+  std::map<std::string, const Statement*> before, after;
+  for (const auto& st : original.statements) before[statement_output(st)] = &st;
+  for (const auto& st : fused.statements) after[statement_output(st)] = &st;
+  std::map<std::string, const Elementwise*> absorbed;
+  for (const auto& [name, st] : before) {
+    if (after.count(name)) continue;
+    const auto* e = std::get_if<Elementwise>(st);
+    if (!e) fail("dropped contraction " + name);
+    if (std::find(original.outputs.begin(), original.outputs.end(), name) != original.outputs.end())
+      fail("absorbed the program output " + name);
+    absorbed[name] = e;
+  }
+  // A fused tree matches an original one where every read of an absorbed producer P became
+  // cast(P's expression, P's dtype), recursively; everything else is the same node.
+  std::function<bool(const Expr&, const Expr&)> matches = [&](const Expr& f, const Expr& o) {
+    if (o.kind() == Expr::Kind::tensor && absorbed.count(o.name())) {
+      return f.kind() == Expr::Kind::call && f.intrinsic() == Intrinsic::cast &&
+             f.cast_type() == types.tensors.at(o.name()).dtype && matches(f.args()[0], absorbed.at(o.name())->expr);
+    }
+    if (f.kind() != o.kind() || f.args().size() != o.args().size()) return false;
+    switch (f.kind()) {
+      case Expr::Kind::tensor:
+      case Expr::Kind::literal:
+      case Expr::Kind::dim: return f.str() == o.str();
+      case Expr::Kind::unary: if (f.unary_op() != o.unary_op()) return false; break;
+      case Expr::Kind::binary: if (f.binary_op() != o.binary_op()) return false; break;
+      case Expr::Kind::call:
+        if (f.intrinsic() != o.intrinsic() || (f.intrinsic() == Intrinsic::cast && f.cast_type() != o.cast_type())) return false;
+        break;
+    }
+    for (size_t k = 0; k < f.args().size(); ++k)
+      if (!matches(f.args()[k], o.args()[k])) return false;
+    return true;
+  };
+  for (const auto& [name, st] : after) {
+    auto it = before.find(name);
+    if (it == before.end()) fail("invented statement " + name);
+    if (const auto* e = std::get_if<Elementwise>(st)) {
+      const auto* orig = std::get_if<Elementwise>(it->second);
+      if (!orig || !matches(e->expr, orig->expr))
+        fail("changed the meaning of " + name + ": " + e->expr.str() + " does not unfold to " + print(*it->second));
+    } else if (print(*st) != print(*it->second)) {
+      fail("changed contraction " + name);
+    }
+  }
+}
+
+}  // namespace polytile::sched
