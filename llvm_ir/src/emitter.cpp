@@ -122,43 +122,43 @@ class NestEmitter {
 
  private:
   // ------------------------------------------------------------------ loops
-  Value* aff(const sched::Aff& a) {
-    using K = sched::Aff::Kind;
+  Value* loop_expr(const sched::LoopExpr& a) {
+    using K = sched::LoopExpr::Kind;
     auto* i64 = b_.getInt64Ty();
     switch (a.kind) {
       case K::constant: return b_.getInt64(a.value);
       case K::iterator: return b_.CreateLoad(i64, iters_.at(a.iterator));
-      case K::add: return b_.CreateAdd(aff(a.args[0]), aff(a.args[1]));
-      case K::sub: return b_.CreateSub(aff(a.args[0]), aff(a.args[1]));
-      case K::mul: return b_.CreateMul(aff(a.args[0]), aff(a.args[1]));
-      case K::floordiv: return floor_div(aff(a.args[0]), aff(a.args[1]));
-      case K::mod: return floor_mod(aff(a.args[0]), aff(a.args[1]));
+      case K::add: return b_.CreateAdd(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::sub: return b_.CreateSub(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::mul: return b_.CreateMul(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::floordiv: return floor_div(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::mod: return floor_mod(loop_expr(a.args[0]), loop_expr(a.args[1]));
       case K::min:
       case K::max: {  // isl's min and max take two or more arguments
-        Value* r = aff(a.args[0]);
+        Value* r = loop_expr(a.args[0]);
         for (size_t i = 1; i < a.args.size(); ++i) {
-          Value* y = aff(a.args[i]);
+          Value* y = loop_expr(a.args[i]);
           r = b_.CreateSelect(a.kind == K::min ? b_.CreateICmpSLT(r, y) : b_.CreateICmpSGT(r, y), r, y);
         }
         return r;
       }
-      case K::neg: return b_.CreateNeg(aff(a.args[0]));
-      case K::select: return b_.CreateSelect(cond(a.args[0]), aff(a.args[1]), aff(a.args[2]));
+      case K::neg: return b_.CreateNeg(loop_expr(a.args[0]));
+      case K::select: return b_.CreateSelect(cond(a.args[0]), loop_expr(a.args[1]), loop_expr(a.args[2]));
       default: return b_.CreateZExt(cond(a), i64);
     }
   }
 
-  Value* cond(const sched::Aff& a) {
-    using K = sched::Aff::Kind;
+  Value* cond(const sched::LoopExpr& a) {
+    using K = sched::LoopExpr::Kind;
     switch (a.kind) {
-      case K::eq: return b_.CreateICmpEQ(aff(a.args[0]), aff(a.args[1]));
-      case K::le: return b_.CreateICmpSLE(aff(a.args[0]), aff(a.args[1]));
-      case K::lt: return b_.CreateICmpSLT(aff(a.args[0]), aff(a.args[1]));
-      case K::ge: return b_.CreateICmpSGE(aff(a.args[0]), aff(a.args[1]));
-      case K::gt: return b_.CreateICmpSGT(aff(a.args[0]), aff(a.args[1]));
+      case K::eq: return b_.CreateICmpEQ(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::le: return b_.CreateICmpSLE(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::lt: return b_.CreateICmpSLT(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::ge: return b_.CreateICmpSGE(loop_expr(a.args[0]), loop_expr(a.args[1]));
+      case K::gt: return b_.CreateICmpSGT(loop_expr(a.args[0]), loop_expr(a.args[1]));
       case K::land: return b_.CreateAnd(cond(a.args[0]), cond(a.args[1]));
       case K::lor: return b_.CreateOr(cond(a.args[0]), cond(a.args[1]));
-      default: return b_.CreateICmpNE(aff(a), b_.getInt64(0));
+      default: return b_.CreateICmpNE(loop_expr(a), b_.getInt64(0));
     }
   }
 
@@ -208,7 +208,7 @@ class NestEmitter {
     }
     bool split = outermost && n.parallel;
     llvm::AllocaInst* it = iters_.at(n.iterator);
-    Value* start = aff(n.lower);
+    Value* start = loop_expr(n.lower);
     if (split) {  // first value >= lo in the progression lower + k*step
       Value* step = b_.getInt64(n.step);
       Value* distance = b_.CreateSub(lo_, start);
@@ -616,9 +616,9 @@ class NestEmitter {
   }
 
 
-  void statement(const std::vector<sched::Aff>& args) {
+  void statement(const std::vector<sched::LoopExpr>& args) {
     std::vector<Value*> vals;
-    for (const auto& a : args) vals.push_back(aff(a));
+    for (const auto& a : args) vals.push_back(loop_expr(a));
     using NK = sched::Nest::Kind;
     const TensorType& out = types_.tensors.at(nest_.tensor);
     switch (nest_.kind) {
@@ -699,7 +699,7 @@ class NestEmitter {
     const unsigned lanes = static_cast<unsigned>(rd.lanes);
     auto* vty = llvm::FixedVectorType::get(value_type(t), lanes);
     std::vector<Value*> vals;
-    for (const auto& a : n.args) vals.push_back(aff(a));
+    for (const auto& a : n.args) vals.push_back(loop_expr(a));
     std::map<std::string, Value*> vars;
     for (size_t k = 0; k < rd.outputs.size(); ++k) vars[names[rd.outputs[k]]] = vals[k];
     width_ = lanes;  // constants and identities as vectors
@@ -795,7 +795,7 @@ class NestEmitter {
     const DType t = types_.tensors.at(nest_.tensor).dtype;
     const auto& names = nest_.variables;
     std::vector<Value*> vals;
-    for (const auto& a : n.args) vals.push_back(aff(a));
+    for (const auto& a : n.args) vals.push_back(loop_expr(a));
     const size_t no = mk.others.size();
     std::map<std::string, Value*> vars;
     for (size_t k = 0; k < no; ++k) vars[names[mk.others[k]]] = vals[k];

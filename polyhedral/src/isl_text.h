@@ -81,11 +81,7 @@ inline std::string form_text(const Form& f, const std::vector<std::string>& vars
   return s;
 }
 
-inline std::string join(const std::vector<std::string>& parts, const std::string& sep) {
-  std::string s;
-  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
-  return s;
-}
+using isl_support::join;
 
 // The contraction with dims bound, as text fragments.
 struct ConcreteContraction {

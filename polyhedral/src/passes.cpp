@@ -127,13 +127,6 @@ std::set<std::string> dim_symbols(const Contraction& c) {
   return {used.begin(), used.end()};
 }
 
-std::string fresh(const std::string& base, std::set<std::string>& taken) {
-  std::string name = base;
-  while (taken.count(name)) name.push_back('_');
-  taken.insert(name);
-  return name;
-}
-
 // Index expressions (they must be integral); constraints are not.
 std::vector<Polynomial> index_expressions(const Contraction& c) {
   std::vector<Polynomial> out = c.output_indices;
@@ -298,7 +291,7 @@ PassResult reduce(const Contraction& c, const PassContext& ctx) {
   for (size_t k = 0; k < n; ++k) {
     std::string base = "v";
     base += std::to_string(k);
-    new_vars.push_back(fresh(base, taken));
+    new_vars.push_back(fresh_name(base, taken));
   }
   // z = B x + b, so x = B^-1 (z - b).
   std::vector<RatRow> inv = invert(basis);
@@ -410,13 +403,13 @@ PassResult defract(const Contraction& c, const PassContext& /*ctx*/) {
       bool plain = x0[owner] == 0 && cols[j].values[owner] == 1;
       for (size_t l = 0; l < cols.size() && plain; ++l)
         if (l != j && cols[l].values[owner] != 0) plain = false;
-      if (plain) names[j] = fresh(vars[owner], taken);
+      if (plain) names[j] = fresh_name(vars[owner], taken);
     }
     for (size_t j = 0; j < cols.size(); ++j)
       if (names[j].empty()) {
         std::string base = vars[cols[j].owner];
         base.append(cols[j].kind == 1 ? "_1" : "_0");
-        names[j] = fresh(base, taken);
+        names[j] = fresh_name(base, taken);
       }
 
     std::vector<Polynomial> exprs(n);

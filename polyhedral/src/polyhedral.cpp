@@ -25,10 +25,12 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
     a.output = c.output;
     isl::set domain = out.domain = simplify(isl::set(ctx, domain_text(cc)));
     a.domain = text(domain);
-    isl::map write = out.write = simplify(isl::map(ctx, access_text(cc, 0)).intersect_domain(domain));
+    out.write_function = isl::map(ctx, access_text(cc, 0));
+    isl::map write = out.write = simplify(out.write_function.intersect_domain(domain));
     a.write = text(write);
     for (size_t i = 1; i < cc.accesses.size(); ++i) {
-      out.reads.push_back(simplify(isl::map(ctx, access_text(cc, i)).intersect_domain(domain)));
+      out.read_functions.emplace_back(ctx, access_text(cc, i));
+      out.reads.push_back(simplify(out.read_functions.back().intersect_domain(domain)));
       a.reads.push_back(text(out.reads.back()));
     }
     a.empty = domain.is_empty();

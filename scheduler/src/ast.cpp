@@ -1,4 +1,4 @@
-// isl AST -> LoopNode/Aff (see nest_builder.h), through the isl C++ bindings: every isl object is owned by
+// isl AST -> LoopNode/LoopExpr (see nest_builder.h), through the isl C++ bindings: every isl object is owned by
 // RAII, so an error thrown anywhere in the walk leaks nothing. Identity travels as isl::id, never as a
 // parsed name: statements by their tuple ids (StatementIds), loops by the iterator ids the AST build is
 // given (one per schedule dimension, which is how "parallel" marks are matched to the dimensions the
@@ -53,10 +53,10 @@ class AstTranslator {
 
   int iterators() const { return static_cast<int>(index_of_.size()); }
 
-  Aff expr(const isl::ast_expr& e) {
-    Aff a;
+  LoopExpr expr(const isl::ast_expr& e) {
+    LoopExpr a;
     if (e.isa<isl::ast_expr_int>()) {
-      a.kind = Aff::Kind::constant;
+      a.kind = LoopExpr::Kind::constant;
       a.value = e.as<isl::ast_expr_int>().val().num_si();
       return a;
     }
@@ -64,14 +64,14 @@ class AstTranslator {
       isl::id id = e.as<isl::ast_expr_id>().id();
       auto it = index_of_.find(id.get());
       POLYTILE_CHECK(it != index_of_.end(), "unknown isl AST identifier ", id.name());
-      a.kind = Aff::Kind::iterator;
+      a.kind = LoopExpr::Kind::iterator;
       a.iterator = it->second;
       return a;
     }
     POLYTILE_CHECK(e.isa<isl::ast_expr_op>(), "unexpected isl AST expression");
     isl::ast_expr_op op = e.as<isl::ast_expr_op>();
     for (unsigned i = 0; i < op.n_arg(); ++i) a.args.push_back(expr(op.arg(static_cast<int>(i))));
-    using K = Aff::Kind;
+    using K = LoopExpr::Kind;
     // fdiv_q, pdiv_q and the exact div are all floor divisions here; pdiv_r and zdiv_r are taken with a
     // positive divisor.
     static const std::pair<bool (*)(const isl::ast_expr_op&), K> kinds[] = {
@@ -129,8 +129,8 @@ class AstTranslator {
     out.iterator = index_of_.emplace(id.get(), static_cast<int>(index_of_.size())).first->second;
     out.lower = expr(f.init());
     out.condition = expr(f.cond());
-    Aff step = expr(f.inc());
-    POLYTILE_CHECK(step.kind == Aff::Kind::constant && step.value > 0, "non-constant loop step");
+    LoopExpr step = expr(f.inc());
+    POLYTILE_CHECK(step.kind == LoopExpr::Kind::constant && step.value > 0, "non-constant loop step");
     out.step = step.value;
     auto dimension = dimension_of_.find(id.get());
     POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
@@ -172,14 +172,14 @@ void NestBuilder::finish_parallel(Nest& nest) {
   bool simple = !loops.empty();
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   for (LoopNode* r : loops) {
-    const Aff& c = r->condition;
-    bool ok = r->kind == LoopNode::Kind::loop && r->parallel && r->lower.kind == Aff::Kind::constant &&
-              (c.kind == Aff::Kind::le || c.kind == Aff::Kind::lt) && c.args[0].kind == Aff::Kind::iterator &&
-              c.args[1].kind == Aff::Kind::constant;
+    const LoopExpr& c = r->condition;
+    bool ok = r->kind == LoopNode::Kind::loop && r->parallel && r->lower.kind == LoopExpr::Kind::constant &&
+              (c.kind == LoopExpr::Kind::le || c.kind == LoopExpr::Kind::lt) && c.args[0].kind == LoopExpr::Kind::iterator &&
+              c.args[1].kind == LoopExpr::Kind::constant;
     simple = simple && ok;
     if (!ok) continue;
     lo = std::min(lo, r->lower.value);
-    hi = std::max(hi, c.args[1].value - (c.kind == Aff::Kind::lt ? 1 : 0));
+    hi = std::max(hi, c.args[1].value - (c.kind == LoopExpr::Kind::lt ? 1 : 0));
   }
   nest.parallel_outer = simple;
   if (simple) {

@@ -15,12 +15,7 @@ Program lower_cond_misses(const Program& p, const std::map<std::string, TensorTy
   std::set<std::string> names;
   for (const auto& in : p.inputs) names.insert(in.name);
   for (const auto& st : p.statements) names.insert(statement_output(st));
-  auto fresh = [&names](const std::string& base) {
-    std::string n = base;
-    while (names.count(n)) n += "_";
-    names.insert(n);
-    return n;
-  };
+  auto fresh = [&names](const std::string& base) { return fresh_name(base, names); };
   std::vector<std::tuple<Contraction, Contraction, Contraction>> rewritten;  // original, raw, hits
   for (const auto& st : p.statements) {
     const auto* c = std::get_if<Contraction>(&st);

@@ -20,9 +20,10 @@ using isl_support::text;
 
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
 bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
-                                  const poly::ContractionAnalysis& a, const isl::set& domain,
+                                  const poly::internal::IslAnalysis& analysis, const isl::set& domain,
                                   const std::vector<std::string>& positional, int64_t out_bytes, isl::set* uncovered,
                                   const Elementwise* epilogue) {
+  const poly::ContractionAnalysis& a = analysis.summary;
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
   if (!plan) return false;
@@ -65,12 +66,9 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   }
   // The inputs' access functions over S, not restricted to the domain: footprints are then those of
   // interior blocks, where every point of a tile is valid.
-  std::vector<std::string> reads;
-  for (const auto& in : c.inputs) {
-    std::vector<std::string> idx;
-    for (const auto& p : in.indices) idx.push_back(affine_text(p.bind_dims(types.dims), nest.variables, positional));
-    reads.push_back("{ S[" + join(positional) + "] -> " + in.tensor + "[" + join(idx) + "] }");
-  }
+  const isl::id& S = statements.id(LoopNode::Statement::plain);
+  std::vector<isl::map> reads;
+  for (const isl::map& f : analysis.read_functions) reads.push_back(f.set_domain_tuple(S));
   // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
   int64_t reduction_points = 1;
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
@@ -81,14 +79,11 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
                     dtype_bytes(types.tensors.at(c.output).dtype), reads, uncovered != nullptr, columns_only);
   if (uncovered) {
     // Output elements that no block stores: those still need the init nest.
-    std::vector<std::string> polys;
-    for (const auto& p : c.output_indices) polys.push_back(affine_text(p.bind_dims(types.dims), nest.variables, positional));
     std::vector<std::string> dims;
     const auto& shape = types.tensors.at(c.output).shape;
     for (size_t k = 0; k < shape.size(); ++k) dims.push_back("i" + std::to_string(k));
     isl::set box(ctx.get(), box_text("S", dims, shape));
-    isl::set stored = blocks_.apply(block_rows_)
-                          .apply(isl::map(ctx.get(), "{ S[" + join(positional) + "] -> S[" + join(polys) + "] }"));
+    isl::set stored = blocks_.apply(block_rows_).apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
     *uncovered = box.subtract(stored).coalesce();
   }
   return true;
@@ -101,7 +96,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
 // [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
 void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                                     const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel,
-                                    bool weight_mode, size_t element_bytes, const std::vector<std::string>& reads,
+                                    bool weight_mode, size_t element_bytes, const std::vector<isl::map>& reads,
                                     bool zero_init, bool columns_only) {
   const Microkernel& mk = *nest.microkernel;
   const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
@@ -173,15 +168,13 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
     isl::set points = representative
                           .apply(map("{ B[" + join(block_dims) + "] -> " + y_tuple + " : 0 <= dd < " + s(R) + " and 0 <= l < " + s(VL) + " }"))
                           .apply(map("{ " + y_tuple + " -> S[" + join(at_lane) + "] }"));
-    std::vector<isl::map> accesses;
-    for (const auto& r : reads) accesses.push_back(map(r));
     auto footprint = [&]() {
       std::vector<std::string> in_tile;
       for (size_t k = 0; k < reds.size(); ++k)
         in_tile.push_back(s(red_lo[k]) + " <= " + reds[k] + " < " + s(red_lo[k] + tile[k]));
       isl::set piece = points.intersect(set("{ " + s_tuple + " : " + join(in_tile, " and ") + " }"));
       int64_t bytes = 0;
-      for (const auto& access : accesses) {
+      for (const auto& access : reads) {
         isl::set image = piece.apply(access);
         if (image.is_empty()) continue;
         int64_t volume = 1;

@@ -7,13 +7,6 @@
 
 namespace polytile::sched::internal {
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
-}
-
-
 std::string box_text(const std::string& tuple, const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
   std::vector<std::string> conds;
   for (size_t k = 0; k < vars.size(); ++k) conds.push_back("0 <= " + vars[k] + " < " + std::to_string(shape[k]));
@@ -21,18 +14,6 @@ std::string box_text(const std::string& tuple, const std::vector<std::string>& v
   if (!conds.empty()) s += " : " + join(conds, " and ");
   return s + " }";
 }
-
-// An integral polynomial (dims bound) as isl affine text over positional variable names.
-std::string affine_text(const Polynomial& p, const std::vector<std::string>& vars, const std::vector<std::string>& positional) {
-  std::string t = std::to_string(p.constant().num());
-  for (const auto& [v, c] : p.index_terms()) {
-    size_t k = static_cast<size_t>(std::find(vars.begin(), vars.end(), v) - vars.begin());
-    int64_t n = c.num();
-    t += (n < 0 ? " - " : " + ") + std::to_string(n < 0 ? -n : n) + "*" + positional.at(k);
-  }
-  return t;
-}
-
 
 // The target-neutral tree of a plain nest: its domain scheduled by one band over the variables in `order`,
 // permutable (distinct points write distinct elements, or aggregate associatively), the first `coincident`

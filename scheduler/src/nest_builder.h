@@ -13,17 +13,16 @@
 #include <utility>
 #include <vector>
 
+#include "polytile/isl_analysis.h"
 #include "polytile/isl_support.h"
 #include "polytile/polyhedral.h"
 #include "polytile/scheduler.h"
 
 namespace polytile::sched::internal {
 
-std::string join(const std::vector<std::string>& v, const std::string& sep = ", ");
+using isl_support::join;
 // "{ tuple[vars] : 0 <= var_k < shape_k }"
 std::string box_text(const std::string& tuple, const std::vector<std::string>& vars, const std::vector<int64_t>& shape);
-// An integral polynomial (dims bound) as isl affine text over positional variable names.
-std::string affine_text(const Polynomial& p, const std::vector<std::string>& vars, const std::vector<std::string>& positional);
 
 // Statement identity in the schedule trees: every statement's tuple id is one of these (the names are
 // for printing only: S in plain nests; Z, L, F, T, E with a p suffix in predicated micro-kernel blocks),
@@ -77,7 +76,7 @@ struct NestBuilder {
   // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it; with
   // `uncovered`, blocks start from zero and it receives the output elements no block stores (a set over
   // S); `epilogue` is fused when given.
-  bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
+  bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::internal::IslAnalysis& analysis,
                        const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
                        isl::set* uncovered, const Elementwise* epilogue);
   // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
@@ -85,7 +84,7 @@ struct NestBuilder {
                          const isl::set& domain, const std::vector<std::string>& positional, bool parallel);
   void build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                          const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                         size_t element_bytes, const std::vector<std::string>& reads, bool zero_init, bool columns_only);
+                         size_t element_bytes, const std::vector<isl::map>& reads, bool zero_init, bool columns_only);
 };
 
 }  // namespace polytile::sched::internal

@@ -46,12 +46,6 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
   return out;
 }
 
-std::string fresh_name(std::set<std::string>& names, std::string base) {
-  while (names.count(base)) base += "_";
-  names.insert(base);
-  return base;
-}
-
 // Packing: when consecutive reduction steps read the vector operand rows a page or more apart (a wide
 // matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace.
 // The operand is then copied into panels of chunks x lanes columns, P[vb, ..., vl] = B[..., VL*vb + vl],
@@ -87,8 +81,8 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   if (nearest == INT64_MAX || nearest < 2048) return std::nullopt;
 
   std::set<std::string> taken(vars.begin(), vars.end());
-  const std::string vb = fresh_name(taken, v + "_blk"), vl = fresh_name(taken, v + "_lane");
-  const std::string panel = fresh_name(names, access.tensor + "_P");
+  const std::string vb = fresh_name(v + "_blk", taken), vl = fresh_name(v + "_lane", taken);
+  const std::string panel = fresh_name(access.tensor + "_P", names);
   // P[tb, t0, ..., tl : S_last / VL, S0, ..., VL] = =(B[t0, ..., VL*tb + tl])
   Contraction copy;
   copy.output = panel;
@@ -335,7 +329,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
       else order.push_back(k);
     }
     order.push_back(vdim);
-    std::string name = fresh_name(names, access.tensor + "_T");
+    std::string name = fresh_name(access.tensor + "_T", names);
     Contraction copy;
     copy.output = name;
     copy.aggregation = AggregationOp::assign;

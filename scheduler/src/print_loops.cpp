@@ -1,4 +1,4 @@
-// The loop IR as text: expressions (Aff::str), the isl renderings a schedule keeps (Schedule::tree/ast),
+// The loop IR as text: expressions (LoopExpr::str), the isl renderings a schedule keeps (Schedule::tree/ast),
 // and lower.h's print_loops -- what the LLVM IR emitter consumes, one nest after another.
 #include <string>
 
@@ -6,7 +6,7 @@
 
 namespace polytile::sched {
 
-std::string Aff::str() const {
+std::string LoopExpr::str() const {
   auto a = [this](size_t i) { return args[i].str(); };
   switch (kind) {
     case Kind::constant: return std::to_string(value);

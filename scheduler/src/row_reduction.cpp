@@ -29,7 +29,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
-  const int lanes = std::max(1, target.cpu.vector_bits / (t == DType::f64 ? 64 : 32));
+  const int lanes = std::max(1, target.cpu.vector_bits / static_cast<int>(8 * dtype_bytes(t)));
   // r: the reduction variable every input reads contiguously or not at all; at least one reads it.
   auto contiguous = [](const TensorAccess& in, const std::string& r) {
     for (size_t k = 0; k < in.indices.size(); ++k) {

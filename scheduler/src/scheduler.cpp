@@ -234,7 +234,7 @@ Schedule schedule(const Program& program, const ProgramTypes& types, const Targe
         auto consumer = epilogue_of.find(index);
         const Elementwise* epilogue =
             consumer == epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program.statements[consumer->second]);
-        if (parallel && nb.try_microkernel(update, c, types, a, dom, positional, out_bytes, c.init ? nullptr : &uncovered, epilogue)) {
+        if (parallel && nb.try_microkernel(update, c, types, analysis, dom, positional, out_bytes, c.init ? nullptr : &uncovered, epilogue)) {
           if (!c.init) {  // the init nest shrinks to the elements no block stores, or disappears
             Nest& init_nest = out.nests[init_index];
             if (uncovered.is_empty()) {

@@ -807,6 +807,12 @@ const std::string& statement_output(const Statement& s) {
   return std::visit([](const auto& st) -> const std::string& { return st.output; }, s);
 }
 
+std::string fresh_name(std::string base, std::set<std::string>& taken) {
+  while (taken.count(base)) base += "_";
+  taken.insert(base);
+  return base;
+}
+
 std::vector<std::string> statement_operands(const Statement& s) {
   std::vector<std::string> used;
   if (const auto* c = std::get_if<Contraction>(&s)) {

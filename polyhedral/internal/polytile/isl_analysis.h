@@ -15,6 +15,10 @@ struct IslAnalysis {
   isl::set domain;              // S_<output>[index variables]
   isl::map write;               // domain -> output element
   std::vector<isl::map> reads;  // domain -> input element, one per access
+  // The same accesses as functions of the index variables, not restricted to the domain (the footprint
+  // of a box of points, even where some are invalid).
+  isl::map write_function;
+  std::vector<isl::map> read_functions;
 };
 
 // analyze() of polyhedral.h, with every isl object in `ctx` (which must outlive the result).

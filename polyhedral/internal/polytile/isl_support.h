@@ -63,6 +63,13 @@ inline isl::ast_build with_iterators(isl::ast_build build, const std::vector<isl
   return isl::manage(isl_ast_build_set_iterators(build.release(), list.release()));
 }
 
+// Parts joined by `sep`, for building isl text (tuples, constraint lists).
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
+  return s;
+}
+
 // isl's text form of any isl object.
 template <typename T>
 std::string text(const T& x) {

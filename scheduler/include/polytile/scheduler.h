@@ -37,13 +37,14 @@ struct Target {
   CpuModel cpu;
 };
 
-// An affine (or boolean) integer expression over loop iterators.
-struct Aff {
+// An integer or boolean expression over loop iterators, as isl's AST writes loop bounds, guards and
+// statement arguments: affine arithmetic, floor division and remainder, min/max, comparisons, and/or, select.
+struct LoopExpr {
   enum class Kind { constant, iterator, add, sub, mul, floordiv, mod, min, max, neg, select, eq, le, lt, ge, gt, land, lor };
   Kind kind = Kind::constant;
   int64_t value = 0;  // constant
   int iterator = -1;  // iterator index
-  std::vector<Aff> args;
+  std::vector<LoopExpr> args;
   std::string str() const;
 };
 
@@ -56,14 +57,14 @@ struct LoopNode {
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
   // loop: for (it = lower; condition; it += step)
   int iterator = -1;
-  Aff lower, condition;
+  LoopExpr lower, condition;
   int64_t step = 1;
   bool parallel = false;
   // guard: if (condition) body else otherwise
   std::vector<LoopNode> body;  // block children, loop body, guard body
   std::vector<LoopNode> otherwise;
   // statement: the values of the statement's domain variables
-  std::vector<Aff> args;
+  std::vector<LoopExpr> args;
 };
 
 // A register-blocked update: the output is computed in blocks of `rows` consecutive values of the block

@@ -34,7 +34,7 @@
 // division. Every tensor dim must evaluate to a non-negative integer at run time; a dim of 0 (an empty
 // batch) makes an empty tensor, and a contraction over an empty domain writes only zeros or its default.
 //
-// Nodes are immutable values; everything prints deterministically (see printer.h).
+// Nodes are immutable values; everything prints deterministically (print() and the str() methods below).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -252,6 +253,9 @@ struct Elementwise {
 
 using Statement = std::variant<Contraction, Elementwise>;
 const std::string& statement_output(const Statement& s);
+// A name for something a pass adds (a tensor, a variable): `base` when `taken` lacks it, else `base` with
+// underscores appended until it is free. The name is added to `taken`.
+std::string fresh_name(std::string base, std::set<std::string>& taken);
 // The tensors a statement reads, in order and with repetition: a contraction's inputs then its default
 // tensor; an elementwise statement's leaves.
 std::vector<std::string> statement_operands(const Statement& s);
