@@ -46,6 +46,36 @@ TEST(LowerTest, CondMissLoweringSplitsMaxMinAndProductOfConds) {
   EXPECT_EQ(print(lower_cond_misses(sum, &in)), print(sum));
 }
 
+// Types are inferred once and carried through the passes: after cond-miss lowering (O_raw, O_hits and a
+// ones tensor added), fusion (a chain absorbed) and layouts (a transposed weight copy added) the carried
+// types are exactly those of typing the lowered program from scratch, with and without verification.
+TEST(LowerTest, CarriedTypesAreTheTypesOfTheLoweredProgram) {
+  Program p = parse_program(R"(function (I[N, H, W, CI], K[KH, KW, CI, CO], DO[N, Y, X, CO], A[M], B[M]) -> (DI, O, R) {
+    DI[n, j + y - 1, i + x - 1, ci : N, H, W, CI] = +(K[j, i, ci, co] * DO[n, y, x, co]);
+    O[m : M] = >(A[m] == B[k] ? A[k]);
+    T = exp(A) + 1;
+    U = T * 2;
+    R = U - B;
+  })");
+  std::map<std::string, TensorType> inputs{{"I", {DType::f32, {2, 16, 16, 32}}}, {"K", {DType::f32, {3, 3, 32, 32}}},
+                                           {"DO", {DType::f32, {2, 16, 16, 32}}}, {"A", {DType::f32, {8}}},
+                                           {"B", {DType::f32, {8}}}};
+  for (bool verify : {false, true}) {
+    LowerOptions options;
+    options.verify = verify;
+    options.target.cpu.microkernel_min_points = 1;
+    Lowered lowered = lower(p, inputs, options);
+    const std::string text = print(lowered.program);
+    ASSERT_NE(text.find("O_hits"), std::string::npos) << text;  // every pass did something
+    ASSERT_EQ(text.find("U = "), std::string::npos) << text;
+    ASSERT_NE(text.find("K_T"), std::string::npos) << text;
+    ProgramTypes again = infer_types(lowered.program, inputs);
+    ASSERT_EQ(lowered.types.tensors.size(), again.tensors.size());
+    for (const auto& [name, t] : again.tensors) EXPECT_EQ(lowered.types.tensors.at(name).str(), t.str()) << name;
+    EXPECT_EQ(lowered.types.dims, again.dims);
+  }
+}
+
 // A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found
 // when the scheduler analyzes it, after the first one's micro-kernel nest and its isl objects exist)
 // reaches the caller with its message, and every isl object is freed on the way: under AddressSanitizer

@@ -105,6 +105,43 @@ static std::vector<int64_t> expr_shape(const Expr& e, const std::map<std::string
   return shape;
 }
 
+void infer_statement_type(const Statement& st, ProgramTypes& pt) {
+  auto eval_dim = [&pt](const DimExpr& d, const std::string& tensor, size_t axis) {
+    int64_t v = d.evaluate(pt.dims);
+    if (v < 0)
+      user_error("dim ", axis, " of tensor ", tensor, " evaluates to ", v, " (", d.str(), "); dims must not be negative");
+    return v;
+  };
+  if (const auto* e = std::get_if<Elementwise>(&st)) {
+    TensorType t;
+    t.shape = expr_shape(e->expr, pt.tensors, "elementwise statement " + e->output);
+    ExprType et = expr_type(e->expr, pt.tensors);
+    t.dtype = et.dtype;
+    pt.tensors[e->output] = t;
+    return;
+  }
+  const auto& c = std::get<Contraction>(st);
+  TensorType t;
+  for (size_t k = 0; k < c.output_shape.size(); ++k) t.shape.push_back(eval_dim(c.output_shape[k], c.output, k));
+  auto in = [&](size_t i) { return pt.tensors.at(c.inputs[i].tensor).dtype; };
+  switch (c.combination) {
+    case CombinationOp::none: t.dtype = in(0); break;
+    case CombinationOp::mul:
+    case CombinationOp::add: t.dtype = promote(promote(in(0), in(1)), DType::i32); break;
+    case CombinationOp::eq: t.dtype = DType::boolean; break;
+    case CombinationOp::cond: t.dtype = in(2); break;
+  }
+  if (t.dtype == DType::boolean && (c.aggregation == AggregationOp::sum || c.aggregation == AggregationOp::product))
+    t.dtype = DType::i32;
+  if (c.init) {
+    auto shape = broadcast_shapes(pt.tensors.at(*c.init).shape, t.shape, "the default of contraction " + c.output);
+    if (shape != t.shape)
+      user_error("default tensor ", *c.init, " of shape ", shape_str(pt.tensors.at(*c.init).shape),
+                 " does not broadcast to the shape ", shape_str(t.shape), " of ", c.output);
+  }
+  pt.tensors[c.output] = t;
+}
+
 ProgramTypes infer_types(const Program& program, const std::map<std::string, TensorType>& inputs) {
   ProgramTypes pt;
   for (const auto& [name, type] : inputs) {
@@ -137,43 +174,7 @@ ProgramTypes infer_types(const Program& program, const std::map<std::string, Ten
     pt.tensors[p.name] = t;
   }
 
-  auto eval_dim = [&pt](const DimExpr& d, const std::string& tensor, size_t axis) {
-    int64_t v = d.evaluate(pt.dims);
-    if (v < 0)
-      user_error("dim ", axis, " of tensor ", tensor, " evaluates to ", v, " (", d.str(), "); dims must not be negative");
-    return v;
-  };
-
-  for (const auto& st : program.statements) {
-    if (const auto* e = std::get_if<Elementwise>(&st)) {
-      TensorType t;
-      t.shape = expr_shape(e->expr, pt.tensors, "elementwise statement " + e->output);
-      ExprType et = expr_type(e->expr, pt.tensors);
-      t.dtype = et.dtype;
-      pt.tensors[e->output] = t;
-      continue;
-    }
-    const auto& c = std::get<Contraction>(st);
-    TensorType t;
-    for (size_t k = 0; k < c.output_shape.size(); ++k) t.shape.push_back(eval_dim(c.output_shape[k], c.output, k));
-    auto in = [&](size_t i) { return pt.tensors.at(c.inputs[i].tensor).dtype; };
-    switch (c.combination) {
-      case CombinationOp::none: t.dtype = in(0); break;
-      case CombinationOp::mul:
-      case CombinationOp::add: t.dtype = promote(promote(in(0), in(1)), DType::i32); break;
-      case CombinationOp::eq: t.dtype = DType::boolean; break;
-      case CombinationOp::cond: t.dtype = in(2); break;
-    }
-    if (t.dtype == DType::boolean && (c.aggregation == AggregationOp::sum || c.aggregation == AggregationOp::product))
-      t.dtype = DType::i32;
-    if (c.init) {
-      auto shape = broadcast_shapes(pt.tensors.at(*c.init).shape, t.shape, "the default of contraction " + c.output);
-      if (shape != t.shape)
-        user_error("default tensor ", *c.init, " of shape ", shape_str(pt.tensors.at(*c.init).shape),
-                   " does not broadcast to the shape ", shape_str(t.shape), " of ", c.output);
-    }
-    pt.tensors[c.output] = t;
-  }
+  for (const auto& st : program.statements) infer_statement_type(st, pt);
   return pt;
 }
 

@@ -26,6 +26,10 @@ struct ProgramTypes {
 // UserError naming the input, dim or tensor on any mismatch.
 ProgramTypes infer_types(const Program& program, const std::map<std::string, TensorType>& inputs);
 
+// Types one statement whose operands `types` already has and records its output there: what a pass
+// that adds statements does instead of typing the whole program again. UserError as infer_types.
+void infer_statement_type(const Statement& statement, ProgramTypes& types);
+
 // numpy broadcasting of two shapes; UserError mentioning `what` when incompatible.
 std::vector<int64_t> broadcast_shapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
                                       const std::string& what);
