@@ -217,11 +217,15 @@ std::set<int> parallel_dimensions(const isl::schedule& tree, const isl::id& para
 
 void NestBuilder::generate(Nest& nest, const isl::schedule& sched) {
   nest.tree = text(sched);
-  unsigned depth = 0;
-  sched.get_map().foreach_map([&](isl::map m) { depth = std::max(depth, m.range_tuple_dim()); });
+  int depth = 0;  // schedule dimensions: the deepest band's depth plus its members
+  sched.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
+    if (node.isa<isl::schedule_node_band>())
+      depth = std::max(depth, isl_support::schedule_depth(node) + static_cast<int>(node.as<isl::schedule_node_band>().n_member()));
+    return true;
+  });
   // isl's own names for the loops (c0, c1, ...), as ids the translator can look up.
   std::vector<isl::id> iterators;
-  for (unsigned k = 0; k < depth; ++k) iterators.emplace_back(ctx.get(), "c" + std::to_string(k));
+  for (int k = 0; k < depth; ++k) iterators.emplace_back(ctx.get(), "c" + std::to_string(k));
   isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
