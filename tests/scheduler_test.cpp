@@ -1,0 +1,213 @@
+// The scheduler and the lowering pipeline on their own: this binary links the scheduler, polyhedral and
+// the front end, no LLVM. Schedules are checked with isl, not by substring: the schedule tree a nest
+// prints is parsed back and its domain compared with isl equality against what the contraction's
+// analysis says the nest must execute, and every loop marked parallel is proven dependence-free.
+#include <gtest/gtest.h>
+#include <isl/cpp.h>
+
+#include <algorithm>
+
+#include "polytile/error.h"
+#include "polytile/isl_support.h"
+#include "polytile/lower.h"
+#include "polytile/parser.h"
+#include "polytile/polyhedral.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
+namespace polytile::sched {
+namespace {
+
+using isl_support::IslContext;
+
+isl::set renamed(const isl::ctx& ctx, const std::string& set_text, const std::string& tuple) {
+  isl::set s(ctx, set_text);
+  return isl_support::set_tuple_id(s, isl::id(ctx, tuple));
+}
+
+const Contraction& contraction(const Program& p, const std::string& output) {
+  for (const auto& st : p.statements)
+    if (const auto* c = std::get_if<Contraction>(&st); c && c->output == output) return *c;
+  throw std::runtime_error("no contraction " + output);
+}
+
+// Plain nests (one statement S) of a lowered program, checked against the analysis of their contraction:
+// an update executes exactly the valid points, a finalize exactly the output elements no valid point
+// writes; the elements of an init nest and the image of the update cover the whole output; and under a
+// "parallel" mark, two points of the update that write the same element run in the same iteration of
+// the outermost loop.
+void check_plain_nests(const Lowered& lowered) {
+  IslContext ctx;
+  int checked = 0;
+  for (const Nest& nest : lowered.schedule.nests) {
+    if (nest.kind == Nest::Kind::elementwise || nest.microkernel || nest.reduction) continue;
+    const Contraction& c = contraction(lowered.program, nest.tensor);
+    poly::ContractionAnalysis a = poly::analyze(c, lowered.types);
+    isl::schedule tree(ctx.get(), nest.tree);
+    isl::union_set executed = tree.domain();
+    std::vector<std::string> vars;
+    const auto& shape = lowered.types.tensors.at(c.output).shape;
+    std::vector<std::string> conditions;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      vars.push_back("o" + std::to_string(k));
+      conditions.push_back("0 <= o" + std::to_string(k) + " < " + std::to_string(shape[k]));
+    }
+    isl::set box(ctx.get(), "{ S[" + isl_support::join(vars) + "]" +
+                                (conditions.empty() ? "" : " : " + isl_support::join(conditions, " and ")) + " }");
+    isl::map write = isl::map(ctx.get(), a.write).set_domain_tuple(isl::id(ctx.get(), "S")).set_range_tuple(isl::id(ctx.get(), "S"));
+    isl::set written = a.empty ? box.subtract(box) : write.range();
+    switch (nest.kind) {
+      case Nest::Kind::update: {
+        isl::set domain = renamed(ctx.get(), a.domain, "S");
+        EXPECT_TRUE(executed.is_equal(isl::union_set(domain))) << nest.name << ": " << executed << " vs " << domain;
+        if (nest.parallel_outer) {
+          // The outermost schedule dimension, and the pairs of points that write the same element.
+          isl::map schedule = tree.get_map().as_map();  // one statement: one map
+          std::vector<std::string> dims;
+          for (unsigned k = 0; k < schedule.range_tuple_dim(); ++k) dims.push_back("c" + std::to_string(k));
+          isl::map outermost = schedule.apply_range(isl::map(ctx.get(), "{ [" + isl_support::join(dims) + "] -> [c0] }"));
+          isl::map same_element = write.intersect_domain(domain).apply_range(write.intersect_domain(domain).reverse());
+          isl::map iterations = same_element.apply_domain(outermost).apply_range(outermost);
+          EXPECT_TRUE(iterations.is_subset(isl::map(ctx.get(), "{ [a] -> [a] }")))
+              << nest.name << ": a parallel outer loop has iterations writing the same element";
+        }
+        ++checked;
+        break;
+      }
+      case Nest::Kind::finalize:
+        EXPECT_TRUE(executed.is_equal(isl::union_set(box.subtract(written)))) << nest.name << ": " << executed;
+        ++checked;
+        break;
+      case Nest::Kind::init:
+        EXPECT_TRUE(box.is_subset(executed.extract_set(box.space()).unite(written))) << nest.name;
+        ++checked;
+        break;
+      case Nest::Kind::elementwise: break;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(SchedulerTest, PlainNestsExecuteExactlyTheirPointsAndParallelLoopsAreProven) {
+  Program p = parse_program(R"(function (A[M, K], B[K, N], P[H, W]) -> (C, X, Y, Z) {
+    C[m, n : M, N] = +(A[m, k] * B[k, n]);
+    X[y, x : 5, 5] = >(P[2*y + j - 1, 2*x + i - 1]), j < 3, i < 3;
+    Y[i : M] = >(A[i, k] == B[k, i] ? A[i, k]);
+    Z[i, j : N, M] = =(A[j, i]);
+  })");
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {48, 40}}}, {"B", {DType::f32, {40, 48}}},
+                                           {"P", {DType::f32, {10, 10}}}};
+  for (int64_t microkernel_min_points : {INT64_MAX, int64_t{1}}) {
+    LowerOptions options;
+    options.target.cpu.microkernel_min_points = microkernel_min_points;  // plain tiled nests, then micro-kernels
+    options.target.cpu.l2_bytes = 64 * 1024;
+    Lowered lowered = lower(p, inputs, options);
+    check_plain_nests(lowered);
+  }
+}
+
+// Without reduce/defract, an output index i + j leaves two output variables that do not write distinct
+// elements: no parallel mark may be placed on i, and the check above would catch one.
+TEST(SchedulerTest, OutputVariablesThatShareElementsAreNotParallel) {
+  Program p = parse_program("function (A[M, N]) -> (V) { V[i + j : M + N - 1] = +(A[i, j]); }");
+  LowerOptions options;
+  options.reduce_and_defract = false;
+  Lowered lowered = lower(p, {{"A", {DType::f32, {30, 20}}}}, options);
+  check_plain_nests(lowered);
+  for (const Nest& n : lowered.schedule.nests) {
+    if (n.kind == Nest::Kind::update) {
+      EXPECT_FALSE(n.parallel_outer) << n.tree;
+    }
+  }
+}
+
+// A big sum as plain nests gets cache tiles, and its parallel outer loop is the tile loop: the proof above
+// covers tiled trees too.
+TEST(SchedulerTest, TiledUpdatesKeepTheirPointsAndTheirParallelProof) {
+  Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {96, 80}}}, {"B", {DType::f32, {80, 72}}}};
+  LowerOptions options;
+  options.target.cpu.microkernel_min_points = INT64_MAX;
+  Lowered lowered = lower(p, inputs, options);
+  bool tiled = false;
+  for (const Nest& n : lowered.schedule.nests) tiled |= n.kind == Nest::Kind::update && n.tree.find("\"tile\"") != std::string::npos;
+  ASSERT_TRUE(tiled) << lowered.schedule.tree();
+  check_plain_nests(lowered);
+}
+
+TEST(SchedulerTest, CondMissLoweringSplitsMaxMinAndProductOfConds) {
+  Program p = parse_program("function (A[N], B[N], C[N]) -> (O) { O[i : N] = >(A[i] == B[j] ? C[j]); }");
+  Program lowered = lower_cond_misses(p, nullptr);
+  std::string text = print(lowered);
+  EXPECT_NE(text.find("O_raw[i : N] = >(A[i] == B[j] ? C[j]);"), std::string::npos) << text;
+  EXPECT_NE(text.find("O_hits[i : N] = +(A[i] == B[j] ? ONES_C[j]);"), std::string::npos) << text;
+  EXPECT_NE(text.find("O = select(O_hits == 0, 0, O_raw);"), std::string::npos) << text;
+  // Proven at concrete sizes; a sum needs no lowering.
+  std::map<std::string, TensorType> in{{"A", {DType::f32, {4}}}, {"B", {DType::f32, {4}}}, {"C", {DType::f32, {4}}}};
+  EXPECT_NO_THROW(lower_cond_misses(p, &in));
+  Program sum = parse_program("function (A[N], B[N], C[N]) -> (O) { O[i : N] = +(A[i] == B[j] ? C[j]); }");
+  EXPECT_EQ(print(lower_cond_misses(sum, &in)), print(sum));
+}
+
+// Types are inferred once and carried through the passes: after cond-miss lowering (O_raw, O_hits and a
+// ones tensor added), fusion (a chain absorbed) and layouts (a transposed weight copy added) the carried
+// types are exactly those of typing the lowered program from scratch, with and without verification.
+TEST(SchedulerTest, CarriedTypesAreTheTypesOfTheLoweredProgram) {
+  Program p = parse_program(R"(function (I[N, H, W, CI], K[KH, KW, CI, CO], DO[N, Y, X, CO], A[M], B[M]) -> (DI, O, R) {
+    DI[n, j + y - 1, i + x - 1, ci : N, H, W, CI] = +(K[j, i, ci, co] * DO[n, y, x, co]);
+    O[m : M] = >(A[m] == B[k] ? A[k]);
+    T = exp(A) + 1;
+    U = T * 2;
+    R = U - B;
+  })");
+  std::map<std::string, TensorType> inputs{{"I", {DType::f32, {2, 16, 16, 32}}}, {"K", {DType::f32, {3, 3, 32, 32}}},
+                                           {"DO", {DType::f32, {2, 16, 16, 32}}}, {"A", {DType::f32, {8}}},
+                                           {"B", {DType::f32, {8}}}};
+  for (bool verify : {false, true}) {
+    LowerOptions options;
+    options.verify = verify;
+    options.target.cpu.microkernel_min_points = 1;
+    Lowered lowered = lower(p, inputs, options);
+    const std::string text = print(lowered.program);
+    ASSERT_NE(text.find("O_hits"), std::string::npos) << text;  // every pass did something
+    ASSERT_EQ(text.find("U = "), std::string::npos) << text;
+    ASSERT_NE(text.find("K_T"), std::string::npos) << text;
+    ProgramTypes again = infer_types(lowered.program, inputs);
+    ASSERT_EQ(lowered.types.tensors.size(), again.tensors.size());
+    for (const auto& [name, t] : again.tensors) EXPECT_EQ(lowered.types.tensors.at(name).str(), t.str()) << name;
+    EXPECT_EQ(lowered.types.dims, again.dims);
+  }
+}
+
+// A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found
+// when the scheduler analyzes it, after the first one's micro-kernel nest and its isl objects exist)
+// reaches the caller with its message, and every isl object is freed on the way: under AddressSanitizer
+// the test asks LeakSanitizer on the spot.
+TEST(SchedulerTest, UserErrorInTheMiddleOfSchedulingLeaksNothing) {
+  Program p = parse_program(R"(function (A[M, K], B[K, N]) -> (C, D) {
+    C[m, n : M, N] = +(A[m, k] * B[k, n]);
+    D[i : M] = =(C[i, j]);
+  })");
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}};
+  ProgramTypes types = infer_types(p, inputs);
+  Target target;
+  target.cpu.microkernel_min_points = 1;
+  Program first = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
+  Schedule before = schedule(first, infer_types(first, inputs), target);
+  ASSERT_TRUE(std::any_of(before.nests.begin(), before.nests.end(), [](const Nest& n) { return n.microkernel.has_value(); }));
+  try {
+    schedule(p, types, target);
+    FAIL() << "an assign that writes twice was scheduled";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("assign contraction D can write an element more than once"), std::string::npos)
+        << e.what();
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0) << "isl objects leaked when scheduling threw";
+#endif
+}
+
+}  // namespace
+}  // namespace polytile::sched
