@@ -1,0 +1,30 @@
+// Private to the scheduler: which statements share a loop nest instead of materializing a tensor between
+// them, decided from one pass over who produces and who reads each tensor (nest_fusion.cpp).
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "polytile/ir.h"
+#include "polytile/shapes.h"
+
+namespace polytile::sched::internal {
+
+struct NestFusion {
+  // Elementwise consumers that may run as a contraction's epilogue (contraction statement -> consumer):
+  // the contraction's output has the consumer's shape, is no program output and is read by nothing else,
+  // and every other tensor the consumer reads exists before the contraction runs.
+  std::map<size_t, size_t> epilogue_of;
+  // Elementwise producers an update evaluates where it reads them (contraction -> input -> producer): read
+  // only by that contraction's inputs, not program outputs, cheap (a few operations, no transcendental
+  // calls; an input element is read many times), and not an epilogue candidate -- an epilogue
+  // materializes its consumer while the contraction it reads stays scratch, so that consumer must be
+  // read, not recomputed.
+  std::map<size_t, std::map<std::string, size_t>> inlined_into;
+  std::set<size_t> inlined;  // the producers of inlined_into: they get no nest of their own
+};
+
+NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types);
+
+}  // namespace polytile::sched::internal
