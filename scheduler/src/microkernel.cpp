@@ -2,11 +2,6 @@
 // micro-kernel plan, the split of blocks into uniform and predicated ones, the isl footprint cost model,
 // zero-initialized first tiles, fused epilogues, and the schedule tree
 //   [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
-#include <isl/ast.h>
-#include <isl/ast_build.h>
-#include <isl/cpp.h>
-#include <isl/schedule_node.h>
-
 #include <algorithm>
 #include <set>
 
@@ -75,104 +70,99 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   bool weight_mode = out_bytes * 2 <= target.cpu.l2_bytes && reduction_points >= 2048;
   nest.microkernel = mk;
   if (epilogue && uncovered) nest.epilogue = *epilogue;
-  build_microkernel(nest, domain, positional, range, true, weight_mode,
-                    dtype_bytes(types.tensors.at(c.output).dtype), reads, uncovered != nullptr, columns_only);
+  MicrokernelChoices choices;
+  choices.weight_mode = weight_mode;
+  choices.zero_init = uncovered != nullptr;
+  choices.columns_only = columns_only;
+  isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (uncovered) {
     // Output elements that no block stores: those still need the init nest.
     std::vector<std::string> dims;
     const auto& shape = types.tensors.at(c.output).shape;
     for (size_t k = 0; k < shape.size(); ++k) dims.push_back("i" + std::to_string(k));
     isl::set box(ctx.get(), box_text("S", dims, shape));
-    isl::set stored = blocks_.apply(block_rows_).apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
-    *uncovered = box.subtract(stored).coalesce();
+    *uncovered = box.subtract(stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S))).coalesce();
   }
   return true;
 }
 
-// The micro-kernel nest of an update (see Microkernel in scheduler.h). Statement domains: F (fast
-// blocks: every row has the same reduction points, every lane in range) and Fp (the other blocks, over
-// the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp and T/Tp over (others,
-// Bb, Bv, reduction tiles), likewise Z/Zp (first tiles) and E/Ep (last tiles, with an epilogue). Tree:
-// [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
-void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
-                                    const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel,
-                                    bool weight_mode, size_t element_bytes, const std::vector<isl::map>& reads,
-                                    bool zero_init, bool columns_only) {
-  const Microkernel& mk = *nest.microkernel;
-  const int64_t R = mk.rows, VL = int64_t{mk.chunks} * mk.lanes;
-  auto s = [](int64_t v) { return std::to_string(v); };
-  auto shifted = [&s](const std::string& v, int64_t lo) { return lo == 0 ? v : "(" + v + " - (" + s(lo) + "))"; };
-  std::vector<std::string> others, reds, tiles;
-  for (size_t k : mk.others) others.push_back(vars[k]);
-  for (size_t k : mk.reductions) reds.push_back(vars[k]);
-  for (size_t k = 0; k < reds.size(); ++k) tiles.push_back("t" + s(static_cast<int64_t>(k)));
-  auto cat = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  const std::vector<std::string> block_dims = cat(others, {"bb", "bv"});
-  const std::string f_tuple = "[" + join(cat(block_dims, reds)) + "]";
-  const std::string l_tuple = "[" + join(cat(block_dims, tiles)) + "]";
-  const std::string s_tuple = "S[" + join(vars) + "]";
-  auto set = [this](const std::string& t) { return isl::set(ctx.get(), t); };
-  auto map = [this](const std::string& t) { return isl::map(ctx.get(), t); };
-  using St = LoopNode::Statement;
-  auto named = [this](const isl::set& x, St kind, bool predicated = false) {
-    return isl::union_set(isl_support::set_tuple_id(x, statements.id(kind, predicated)));
-  };
+namespace {
 
-  const std::string bb_expr = "floor(" + shifted(vars[mk.block], mk.block_lo) + "/" + s(R) + ")";
-  const std::string bv_expr = "floor(" + shifted(vars[mk.vector], mk.vector_lo) + "/" + s(VL) + ")";
-  isl::set hull = domain.apply(map("{ " + s_tuple + " -> F[" + join(cat(cat(others, {bb_expr, bv_expr}), reds)) + "] }"));
-  // Rows that differ from row 0 of their block: X = (block dims, reductions, row).
-  std::vector<std::string> at_row;
-  for (size_t k = 0; k < vars.size(); ++k) {
-    if (k == mk.block) at_row.push_back(s(mk.block_lo) + " + " + s(R) + "*bb + dd");
-    else if (k == mk.vector) at_row.push_back(s(mk.vector_lo) + " + " + s(VL) + "*bv");
-    else at_row.push_back(vars[k]);
+// One micro-kernel nest under construction: the names of its isl tuples, and its steps in order.
+// Statement domains: F (fast blocks: every row has the same reduction points, every lane in range) and Fp
+// (the other blocks, over the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp
+// and T/Tp over (others, Bb, Bv, reduction tiles), likewise Z/Zp (first tiles) and E/Ep (last tiles, with
+// an epilogue). Tree: [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
+class MicrokernelNest {
+ public:
+  MicrokernelNest(NestBuilder& nb, const Microkernel& mk, const std::vector<std::string>& vars,
+                  const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes)
+      : nb_(nb), mk_(mk), vars_(vars), range_(range), eb_(static_cast<int64_t>(element_bytes)), R_(mk.rows),
+        VL_(int64_t{mk.chunks} * mk.lanes) {
+    for (size_t k : mk.others) others_.push_back(vars[k]);
+    for (size_t k : mk.reductions) reds_.push_back(vars[k]);
+    for (size_t k = 0; k < reds_.size(); ++k) tiles_.push_back("t" + s(static_cast<int64_t>(k)));
+    block_dims_ = cat(others_, {"bb", "bv"});
+    f_tuple_ = "[" + join(cat(block_dims_, reds_)) + "]";
+    l_tuple_ = "[" + join(cat(block_dims_, tiles_)) + "]";
+    s_tuple_ = "S[" + join(vars) + "]";
+    for (size_t k = 0; k < vars.size(); ++k) {
+      if (k == mk.block) at_row_.push_back(s(mk.block_lo) + " + " + s(R_) + "*bb + dd");
+      else if (k == mk.vector) at_row_.push_back(s(mk.vector_lo) + " + " + s(VL_) + "*bv");
+      else at_row_.push_back(vars[k]);
+    }
+    at_lane_ = at_row_;
+    at_lane_[mk.vector] = s(mk.vector_lo) + " + " + s(VL_) + "*bv + l";
+    y_tuple_ = "Y[" + join(cat(block_dims_, {"dd", "l"})) + "]";
+    n_bb_ = (range[mk.block].second - mk.block_lo + R_) / R_;
+    n_bv_ = (mk.vector_hi - mk.vector_lo + VL_) / VL_;
   }
-  const std::vector<std::string> x_vars = cat(cat(block_dims, reds), {"dd"});
-  isl::set rows = domain.apply(map("{ X[" + join(x_vars) + "] -> S[" + join(at_row) + "] : 0 <= dd < " + s(R) + " }").reverse());
-  std::vector<std::string> x_row0 = x_vars;
-  x_row0.back() = "e";
-  isl::set row0 = rows.apply(map("{ X[" + join(x_vars) + "] -> X[" + join(x_row0) + "] : dd = 0 and 0 <= e < " + s(R) + " }"));
-  isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
-  isl::set blocks = hull.apply(map("{ F" + f_tuple + " -> B[" + join(block_dims) + "] }"));
-  isl::set bad = differ.apply(map("{ X[" + join(x_vars) + "] -> B[" + join(block_dims) + "] }"))
-                     .unite(set("{ B[" + join(block_dims) + "] : " + s(mk.vector_lo) + " + " + s(VL) + "*bv + " + s(VL - 1) +
-                                " > " + s(mk.vector_hi) + " }"))
-                     .intersect(blocks);
-  isl::set good = blocks.subtract(bad).coalesce();
-  isl::set fast = hull.intersect(good.apply(map("{ B[" + join(block_dims) + "] -> F" + f_tuple + " }"))).coalesce();
-  isl::set slow = hull.subtract(fast).coalesce();
+
+  // The blocks, split into uniform ones (every row has the reduction points of row 0, every lane is in
+  // range: they run unpredicated) and the others.
+  void classify_blocks(const isl::set& domain) {
+    const std::string bb_expr = "floor(" + shifted(vars_[mk_.block], mk_.block_lo) + "/" + s(R_) + ")";
+    const std::string bv_expr = "floor(" + shifted(vars_[mk_.vector], mk_.vector_lo) + "/" + s(VL_) + ")";
+    hull_ = domain.apply(map("{ " + s_tuple_ + " -> F[" + join(cat(cat(others_, {bb_expr, bv_expr}), reds_)) + "] }"));
+    // Rows that differ from row 0 of their block: X = (block dims, reductions, row).
+    const std::vector<std::string> x_vars = cat(cat(block_dims_, reds_), {"dd"});
+    isl::set rows = domain.apply(map("{ X[" + join(x_vars) + "] -> S[" + join(at_row_) + "] : 0 <= dd < " + s(R_) + " }").reverse());
+    std::vector<std::string> x_row0 = x_vars;
+    x_row0.back() = "e";
+    isl::set row0 = rows.apply(map("{ X[" + join(x_vars) + "] -> X[" + join(x_row0) + "] : dd = 0 and 0 <= e < " + s(R_) + " }"));
+    isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
+    blocks_ = hull_.apply(map("{ F" + f_tuple_ + " -> B[" + join(block_dims_) + "] }"));
+    isl::set bad = differ.apply(map("{ X[" + join(x_vars) + "] -> B[" + join(block_dims_) + "] }"))
+                       .unite(set("{ B[" + join(block_dims_) + "] : " + s(mk_.vector_lo) + " + " + s(VL_) + "*bv + " +
+                                  s(VL_ - 1) + " > " + s(mk_.vector_hi) + " }"))
+                       .intersect(blocks_);
+    isl::set good = blocks_.subtract(bad).coalesce();
+    fast_ = hull_.intersect(good.apply(map("{ B[" + join(block_dims_) + "] -> F" + f_tuple_ + " }"))).coalesce();
+    slow_ = hull_.subtract(fast_).coalesce();
+  }
 
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
   // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
   // bounding box of the image of the tile's points under each access function -- must fit in three
   // quarters of L1: the vector operand is then reused from L1 by every block row. Filled innermost
   // reduction variable first, each as large as fits (binary search), then balanced.
-  const int64_t eb = static_cast<int64_t>(element_bytes);
-  const int64_t n_bb = (range[mk.block].second - mk.block_lo + R) / R;
-  const int64_t n_bv = (mk.vector_hi - mk.vector_lo + VL) / VL;
-  std::vector<int64_t> tile(reds.size(), 1), red_lo(reds.size());
-  {
-    isl::set representative = blocks.lexmin();
+  void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode) {
+    tile_.assign(reds_.size(), 1);
+    red_lo_.assign(reds_.size(), 0);
+    isl::set representative = blocks_.lexmin();
     if (weight_mode) {
-      std::vector<std::string> any_column = block_dims;
+      std::vector<std::string> any_column = block_dims_;
       any_column.back() = "bv2";
-      representative = representative.apply(map("{ B[" + join(block_dims) + "] -> B[" + join(any_column) + "] }")).intersect(blocks);
+      representative = representative.apply(map("{ B[" + join(block_dims_) + "] -> B[" + join(any_column) + "] }")).intersect(blocks_);
     }
-    std::vector<std::string> at_lane = at_row;
-    at_lane[mk.vector] = s(mk.vector_lo) + " + " + s(VL) + "*bv + l";
-    const std::string y_tuple = "Y[" + join(cat(block_dims, {"dd", "l"})) + "]";
     isl::set points = representative
-                          .apply(map("{ B[" + join(block_dims) + "] -> " + y_tuple + " : 0 <= dd < " + s(R) + " and 0 <= l < " + s(VL) + " }"))
-                          .apply(map("{ " + y_tuple + " -> S[" + join(at_lane) + "] }"));
+                          .apply(map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " + s(VL_) + " }"))
+                          .apply(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
     auto footprint = [&]() {
       std::vector<std::string> in_tile;
-      for (size_t k = 0; k < reds.size(); ++k)
-        in_tile.push_back(s(red_lo[k]) + " <= " + reds[k] + " < " + s(red_lo[k] + tile[k]));
-      isl::set piece = points.intersect(set("{ " + s_tuple + " : " + join(in_tile, " and ") + " }"));
+      for (size_t k = 0; k < reds_.size(); ++k)
+        in_tile.push_back(s(red_lo_[k]) + " <= " + reds_[k] + " < " + s(red_lo_[k] + tile_[k]));
+      isl::set piece = points.intersect(set("{ " + s_tuple_ + " : " + join(in_tile, " and ") + " }"));
       int64_t bytes = 0;
       for (const auto& access : reads) {
         isl::set image = piece.apply(access);
@@ -182,171 +172,222 @@ void NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const st
           isl::val lo = image.dim_min_val(d), hi = image.dim_max_val(d);
           if (lo.is_int() && hi.is_int()) volume *= hi.get_num_si() - lo.get_num_si() + 1;
         }
-        bytes += volume * eb;
+        bytes += volume * eb_;
       }
       return bytes;
     };
-    for (size_t k = 0; k < reds.size(); ++k) red_lo[k] = range[mk.reductions[k]].first;
-    const int64_t budget = target.cpu.l1_bytes * 3 / 4;
-    for (size_t k = reds.size(); k-- > 0;) {
-      const int64_t e = range[mk.reductions[k]].second - red_lo[k] + 1;
+    for (size_t k = 0; k < reds_.size(); ++k) red_lo_[k] = range_[mk_.reductions[k]].first;
+    const int64_t budget = nb_.target.cpu.l1_bytes * 3 / 4;
+    for (size_t k = reds_.size(); k-- > 0;) {
+      const int64_t e = range_[mk_.reductions[k]].second - red_lo_[k] + 1;
       int64_t lo = 1, hi = e;
       while (lo < hi) {
-        tile[k] = (lo + hi + 1) / 2;
-        if (footprint() <= budget) lo = tile[k];
-        else hi = tile[k] - 1;
+        tile_[k] = (lo + hi + 1) / 2;
+        if (footprint() <= budget) lo = tile_[k];
+        else hi = tile_[k] - 1;
       }
       int64_t n = (e + lo - 1) / lo;
-      tile[k] = (e + n - 1) / n;  // balanced: equal tiles
-      if (tile[k] < e) break;     // the outer reduction variables stay at one value per tile
+      tile_[k] = (e + n - 1) / n;  // balanced: equal tiles
+      if (tile_[k] < e) break;     // the outer reduction variables stay at one value per tile
     }
-  }
-  int64_t tile_points = 1;
-  for (int64_t t : tile) tile_points *= t;
-  std::vector<std::string> tile_exprs;
-  for (size_t k = 0; k < reds.size(); ++k)
-    tile_exprs.push_back("floor(" + shifted(reds[k], red_lo[k]) + "/" + s(tile[k]) + ")");
-  isl::map to_tiles = map("{ F" + f_tuple + " -> L[" + join(cat(block_dims, tile_exprs)) + "] }");
-  isl::set load = fast.apply(to_tiles), load_p = slow.apply(to_tiles);
-  // A block's first reduction tile (lexicographically) starts from zero accumulators.
-  std::vector<std::string> earlier_tiles, lexless;
-  for (size_t k = 0; k < tiles.size(); ++k) earlier_tiles.push_back("s" + s(static_cast<int64_t>(k)));
-  for (size_t k = 0; k < tiles.size(); ++k) {
-    std::string term;
-    for (size_t j = 0; j < k; ++j) term += earlier_tiles[j] + " = " + tiles[j] + " and ";
-    lexless.push_back("(" + term + earlier_tiles[k] + " < " + tiles[k] + ")");
-  }
-  isl::map later = map("{ L[" + join(cat(block_dims, earlier_tiles)) + "] -> L[" + join(cat(block_dims, tiles)) + "] : " +
-                       join(lexless, " or ") + " }");
-  load = load.coalesce();
-  load_p = load_p.coalesce();
-  isl::set store = load, store_p = load_p;
-  isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
-  if (zero_init) {
-    zero = zero.coalesce();
-    zero_p = zero_p.coalesce();
-    load = load.subtract(zero).coalesce();
-    load_p = load_p.subtract(zero_p).coalesce();
-  } else {
-    zero = isl::set::empty(zero.get_space());
-    zero_p = isl::set::empty(zero_p.get_space());
-  }
-  // A fused consumer runs at each block's last reduction tile, in place of the store.
-  isl::set last = store.subtract(store.apply(later.reverse())), last_p = store_p.subtract(store_p.apply(later.reverse()));
-  if (!nest.epilogue) {
-    last = isl::set::empty(last.get_space());
-    last_p = isl::set::empty(last_p.get_space());
-  }
-  // For the init nest: the blocks, and their rows and in-range lanes as points of S.
-  blocks_ = blocks;
-  {
-    std::vector<std::string> at_lane = at_row;
-    at_lane[mk.vector] = s(mk.vector_lo) + " + " + s(VL) + "*bv + l";
-    const std::string y_tuple = "Y[" + join(cat(block_dims, {"dd", "l"})) + "]";
-    block_rows_ = map("{ B[" + join(block_dims) + "] -> " + y_tuple + " : 0 <= dd < " + s(R) + " and 0 <= l < " + s(VL) +
-                      " and " + s(mk.vector_lo) + " + " + s(VL) + "*bv + l <= " + s(mk.vector_hi) + " }")
-                      .apply_range(map("{ " + y_tuple + " -> S[" + join(at_lane) + "] }"));
+    for (size_t k = 0; k < reds_.size(); ++k)
+      tile_exprs_.push_back("floor(" + shifted(reds_[k], red_lo_[k]) + "/" + s(tile_[k]) + ")");
   }
 
-  // Outer and block bands over (others, Bb, Bv).
-  std::vector<std::string> outer, inner;
-  if (weight_mode) {
-    // A small output: split its widest block dimension across the threads; every thread then runs the
-    // reduction tiles outermost over all of its blocks.
-    std::vector<int64_t> counts;
-    for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
-    counts.push_back(n_bb);
-    counts.push_back(n_bv);
-    size_t widest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
-    int64_t chunk = (counts[widest] + target.threads - 1) / std::max(1, target.threads);
-    int64_t lo = widest < mk.others.size() ? range[mk.others[widest]].first : 0;
-    outer.push_back("floor(" + shifted(block_dims[widest], lo) + "/" + s(chunk) + ")");
-    inner = cat(others, {"bv", "bb"});
-  } else {
+  // Every statement's domain, with its id: F/Fp (blocks x reduction points); per block and reduction
+  // tile, L/Lp (load the accumulators), Z/Zp instead at a block's first tile when it starts from zero,
+  // T/Tp (store) and E/Ep instead at its last tile when an epilogue is fused.
+  isl::union_set statement_domains(bool zero_init, bool epilogue) {
+    using St = LoopNode::Statement;
+    auto named = [this](const isl::set& x, St kind, bool predicated = false) {
+      return isl::union_set(isl_support::set_tuple_id(x, nb_.statements.id(kind, predicated)));
+    };
+    isl::map to_tiles = map("{ F" + f_tuple_ + " -> L[" + join(cat(block_dims_, tile_exprs_)) + "] }");
+    isl::set load = fast_.apply(to_tiles), load_p = slow_.apply(to_tiles);
+    // A block's first reduction tile (lexicographically) starts from zero accumulators.
+    std::vector<std::string> earlier_tiles, lexless;
+    for (size_t k = 0; k < tiles_.size(); ++k) earlier_tiles.push_back("s" + s(static_cast<int64_t>(k)));
+    for (size_t k = 0; k < tiles_.size(); ++k) {
+      std::string term;
+      for (size_t j = 0; j < k; ++j) term += earlier_tiles[j] + " = " + tiles_[j] + " and ";
+      lexless.push_back("(" + term + earlier_tiles[k] + " < " + tiles_[k] + ")");
+    }
+    isl::map later = map("{ L[" + join(cat(block_dims_, earlier_tiles)) + "] -> L[" + join(cat(block_dims_, tiles_)) + "] : " +
+                         join(lexless, " or ") + " }");
+    load = load.coalesce();
+    load_p = load_p.coalesce();
+    isl::set store = load, store_p = load_p;
+    isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
+    if (zero_init) {
+      zero = zero.coalesce();
+      zero_p = zero_p.coalesce();
+      load = load.subtract(zero).coalesce();
+      load_p = load_p.subtract(zero_p).coalesce();
+    } else {
+      zero = isl::set::empty(zero.get_space());
+      zero_p = isl::set::empty(zero_p.get_space());
+    }
+    // A fused consumer runs at each block's last reduction tile, in place of the store.
+    isl::set last = store.subtract(store.apply(later.reverse())), last_p = store_p.subtract(store_p.apply(later.reverse()));
+    if (!epilogue) {
+      last = isl::set::empty(last.get_space());
+      last_p = isl::set::empty(last_p.get_space());
+    }
+    return named(fast_, St::fma)
+        .unite(named(slow_, St::fma, true))
+        .unite(named(load, St::load))
+        .unite(named(load_p, St::load, true))
+        .unite(named(zero, St::zero))
+        .unite(named(zero_p, St::zero, true))
+        .unite(named(store.subtract(last), St::store))
+        .unite(named(store_p.subtract(last_p), St::store, true))
+        .unite(named(last, St::epilogue))
+        .unite(named(last_p, St::epilogue, true));
+  }
+
+  // The points of S whose output elements the blocks store: their rows and in-range lanes.
+  isl::set stored_points() {
+    isl::map block_rows = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " +
+                              s(VL_) + " and " + s(mk_.vector_lo) + " + " + s(VL_) + "*bv + l <= " + s(mk_.vector_hi) + " }")
+                              .apply_range(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
+    return blocks_.apply(block_rows);
+  }
+
+  // The outer band (over which the threads split) and the block band inside the reduction tiles.
+  void block_bands(bool weight_mode, bool columns_only) {
+    int64_t tile_points = 1;
+    for (int64_t t : tile_) tile_points *= t;
+    if (weight_mode) {
+      // A small output: split its widest block dimension across the threads; every thread then runs the
+      // reduction tiles outermost over all of its blocks.
+      std::vector<int64_t> counts;
+      for (size_t k : mk_.others) counts.push_back(range_[k].second - range_[k].first + 1);
+      counts.push_back(n_bb_);
+      counts.push_back(n_bv_);
+      size_t widest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+      int64_t chunk = (counts[widest] + nb_.target.threads - 1) / std::max(1, nb_.target.threads);
+      int64_t lo = widest < mk_.others.size() ? range_[mk_.others[widest]].first : 0;
+      outer_.push_back("floor(" + shifted(block_dims_[widest], lo) + "/" + s(chunk) + ")");
+      inner_ = cat(others_, {"bv", "bb"});
+      return;
+    }
     // One block column (Bv) at a time; the rows of a tile of Bb blocks share it while their broadcast
     // operand stays in half of L2. When a column has few blocks, the other output variables are tiled
     // too, so that at least 16 blocks (up to 32 when there are enough) reuse each reduction tile of the
     // vector operand from L1. The parallel dimension is the first with enough values.
-    int64_t row_bytes = std::max<int64_t>(1, R * tile_points * eb);
-    int64_t tb = std::clamp<int64_t>(target.cpu.l2_bytes / 2 / row_bytes, 1, n_bb);
-    const int64_t want = 2 * target.threads;
+    int64_t row_bytes = std::max<int64_t>(1, R_ * tile_points * eb_);
+    int64_t tb = std::clamp<int64_t>(nb_.target.cpu.l2_bytes / 2 / row_bytes, 1, n_bb_);
+    const int64_t want = 2 * nb_.target.threads;
     std::vector<int64_t> counts;
-    for (size_t k : mk.others) counts.push_back(range[k].second - range[k].first + 1);
-    counts.push_back(n_bv);
-    counts.push_back((n_bb + tb - 1) / tb);
+    for (size_t k : mk_.others) counts.push_back(range_[k].second - range_[k].first + 1);
+    counts.push_back(n_bv_);
+    counts.push_back((n_bb_ + tb - 1) / tb);
     size_t lead = 0;
-    std::vector<int64_t> other_tile(others.size(), 1);
-    if (columns_only && !others.empty() && n_bb >= want) {
+    std::vector<int64_t> other_tile(others_.size(), 1);
+    if (columns_only && !others_.empty() && n_bb_ >= want) {
       // The other output variables only pick columns of the vector operand (a packed matrix's panels):
       // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
-      tb = std::min(tb, (n_bb + want - 1) / want);
+      tb = std::min(tb, (n_bb_ + want - 1) / want);
       lead = counts.size() - 1;
-      for (size_t k = 0; k < others.size(); ++k) other_tile[k] = counts[k];
+      for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
     } else {
       while (lead < counts.size() && counts[lead] < want) ++lead;
       if (lead == counts.size()) {
         // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
-        tb = std::max<int64_t>(1, std::min(tb, n_bb / want));
-        counts.back() = (n_bb + tb - 1) / tb;
+        tb = std::max<int64_t>(1, std::min(tb, n_bb_ / want));
+        counts.back() = (n_bb_ + tb - 1) / tb;
         lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
       }
       int64_t per_tile = tb;
-      for (size_t k = others.size(); k-- > 0 && per_tile < 16;) {
+      for (size_t k = others_.size(); k-- > 0 && per_tile < 16;) {
         if (k == lead) continue;  // the parallel dimension keeps its values
         other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
         per_tile *= other_tile[k];
       }
     }
-    for (size_t k = 0; k < others.size(); ++k)
-      outer.push_back(other_tile[k] == 1 ? others[k]
-                                         : "floor(" + shifted(others[k], range[mk.others[k]].first) + "/" + s(other_tile[k]) + ")");
-    outer.push_back("bv");
-    outer.push_back("floor(bb/" + s(tb) + ")");
-    std::rotate(outer.begin(), outer.begin() + static_cast<long>(lead), outer.begin() + static_cast<long>(lead) + 1);
-    for (size_t k = 0; k < others.size(); ++k)
-      if (other_tile[k] > 1) inner.push_back(others[k]);
-    inner.push_back("bb");
+    for (size_t k = 0; k < others_.size(); ++k)
+      outer_.push_back(other_tile[k] == 1 ? others_[k]
+                                          : "floor(" + shifted(others_[k], range_[mk_.others[k]].first) + "/" + s(other_tile[k]) + ")");
+    outer_.push_back("bv");
+    outer_.push_back("floor(bb/" + s(tb) + ")");
+    std::rotate(outer_.begin(), outer_.begin() + static_cast<long>(lead), outer_.begin() + static_cast<long>(lead) + 1);
+    for (size_t k = 0; k < others_.size(); ++k)
+      if (other_tile[k] > 1) inner_.push_back(others_[k]);
+    inner_.push_back("bb");
   }
 
-  auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
-    std::string t = "{ ";
-    for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple + " -> [" + join(f_exprs) + "]; ";
-    for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp", "E", "Ep"}) t += std::string(name) + l_tuple + " -> [" + join(l_exprs) + "]; ";
-    t.resize(t.size() - 2);
-    return isl::union_map(ctx.get(), t + " }");
-  };
-  auto band = [](isl::schedule_node node, const isl::union_map& m) {
-    return node.insert_partial_schedule(isl_support::partial_schedule(m));
-  };
-  isl::union_set all = named(fast, St::fma)
-                           .unite(named(slow, St::fma, true))
-                           .unite(named(load, St::load))
-                           .unite(named(load_p, St::load, true))
-                           .unite(named(zero, St::zero))
-                           .unite(named(zero_p, St::zero, true))
-                           .unite(named(store.subtract(last), St::store))
-                           .unite(named(store_p.subtract(last_p), St::store, true))
-                           .unite(named(last, St::epilogue))
-                           .unite(named(last_p, St::epilogue, true));
-  isl::schedule sched = isl::schedule::from_domain(all);
-  isl::schedule_node node = sched.root().child(0);
-  // Distinct output blocks write distinct elements: the leading member of the block band is coincident.
-  node = band(node, union_map(outer, outer)).as<isl::schedule_node_band>().member_set_coincident(0, 1);
-  if (parallel) node = node.insert_mark(statements.parallel_mark).child(0);
-  node = node.insert_mark(isl::id(ctx.get(), weight_mode ? "tile_split" : "tile")).child(0).child(0);
-  node = band(node, union_map(tile_exprs, tiles));
-  node = node.insert_mark(isl::id(ctx.get(), "reduction_tile")).child(0).child(0);
-  node = band(node, union_map(inner, inner));
-  node = node.insert_mark(isl::id(ctx.get(), "point")).child(0).child(0);
-  isl::union_set_list filters(ctx.get(), 3);
-  filters = filters.add(isl::union_set(ctx.get(), "{ Z" + l_tuple + "; Zp" + l_tuple + "; L" + l_tuple + "; Lp" + l_tuple + " }"))
-                .add(isl::union_set(ctx.get(), "{ F" + f_tuple + "; Fp" + f_tuple + " }"))
-                .add(isl::union_set(ctx.get(), "{ T" + l_tuple + "; Tp" + l_tuple + "; E" + l_tuple + "; Ep" + l_tuple + " }"));
-  node = node.insert_sequence(filters);
-  node = node.insert_mark(isl::id(ctx.get(), "vector_" + s(R) + "x" + s(mk.chunks) + "x" + s(mk.lanes))).child(0);
-  node = node.child(1).child(0);
-  node = band(node, isl::union_map(ctx.get(), "{ F" + f_tuple + " -> [" + join(reds) + "]; Fp" + f_tuple + " -> [" + join(reds) + "] }"));
-  nest.parallel_outer = parallel;
-  generate(nest, node.schedule());
+  // The marked tree over `domains`: parallel outer band, reduction tiles, block band, the statements'
+  // sequence with the vector mark, and the reductions band of F/Fp.
+  isl::schedule tree(const isl::union_set& domains, bool weight_mode) {
+    auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
+      std::string t = "{ ";
+      for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple_ + " -> [" + join(f_exprs) + "]; ";
+      for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp", "E", "Ep"}) t += std::string(name) + l_tuple_ + " -> [" + join(l_exprs) + "]; ";
+      t.resize(t.size() - 2);
+      return isl::union_map(nb_.ctx.get(), t + " }");
+    };
+    auto band = [](isl::schedule_node node, const isl::union_map& m) {
+      return node.insert_partial_schedule(isl_support::partial_schedule(m));
+    };
+    auto mark = [this](isl::schedule_node node, const std::string& name) { return node.insert_mark(isl::id(nb_.ctx.get(), name)); };
+    isl::schedule_node node = isl::schedule::from_domain(domains).root().child(0);
+    // Distinct output blocks write distinct elements: the leading member of the block band is coincident.
+    node = band(node, union_map(outer_, outer_)).as<isl::schedule_node_band>().member_set_coincident(0, 1);
+    node = node.insert_mark(nb_.statements.parallel_mark).child(0);
+    node = mark(node, weight_mode ? "tile_split" : "tile").child(0).child(0);
+    node = band(node, union_map(tile_exprs_, tiles_));
+    node = mark(node, "reduction_tile").child(0).child(0);
+    node = band(node, union_map(inner_, inner_));
+    node = mark(node, "point").child(0).child(0);
+    isl::union_set_list filters(nb_.ctx.get(), 3);
+    filters = filters.add(uset("{ Z" + l_tuple_ + "; Zp" + l_tuple_ + "; L" + l_tuple_ + "; Lp" + l_tuple_ + " }"))
+                  .add(uset("{ F" + f_tuple_ + "; Fp" + f_tuple_ + " }"))
+                  .add(uset("{ T" + l_tuple_ + "; Tp" + l_tuple_ + "; E" + l_tuple_ + "; Ep" + l_tuple_ + " }"));
+    node = node.insert_sequence(filters);
+    node = mark(node, "vector_" + s(R_) + "x" + s(mk_.chunks) + "x" + s(mk_.lanes)).child(0);
+    node = node.child(1).child(0);
+    node = band(node, isl::union_map(nb_.ctx.get(), "{ F" + f_tuple_ + " -> [" + join(reds_) + "]; Fp" + f_tuple_ + " -> [" +
+                                                        join(reds_) + "] }"));
+    return node.schedule();
+  }
+
+ private:
+  static std::string s(int64_t v) { return std::to_string(v); }
+  static std::string shifted(const std::string& v, int64_t lo) { return lo == 0 ? v : "(" + v + " - (" + s(lo) + "))"; }
+  static std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  isl::set set(const std::string& t) const { return isl::set(nb_.ctx.get(), t); }
+  isl::map map(const std::string& t) const { return isl::map(nb_.ctx.get(), t); }
+  isl::union_set uset(const std::string& t) const { return isl::union_set(nb_.ctx.get(), t); }
+
+  NestBuilder& nb_;
+  const Microkernel& mk_;
+  const std::vector<std::string>& vars_;
+  const std::vector<std::pair<int64_t, int64_t>>& range_;
+  const int64_t eb_, R_, VL_;
+  std::vector<std::string> others_, reds_, tiles_, block_dims_, at_row_, at_lane_;
+  std::string f_tuple_, l_tuple_, s_tuple_, y_tuple_;
+  int64_t n_bb_ = 0, n_bv_ = 0;
+  isl::set hull_, blocks_, fast_, slow_;
+  std::vector<int64_t> tile_, red_lo_;
+  std::vector<std::string> tile_exprs_, outer_, inner_;
+};
+
+}  // namespace
+
+isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
+                                        const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
+                                        const std::vector<isl::map>& reads, const MicrokernelChoices& choices) {
+  MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
+  mk.classify_blocks(domain);
+  mk.size_reduction_tiles(reads, choices.weight_mode);
+  isl::union_set domains = mk.statement_domains(choices.zero_init, nest.epilogue.has_value());
+  mk.block_bands(choices.weight_mode, choices.columns_only);
+  nest.parallel_outer = true;
+  generate(nest, mk.tree(domains, choices.weight_mode));
+  return mk.stored_points();
 }
+
 }  // namespace polytile::sched::internal

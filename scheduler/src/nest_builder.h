@@ -51,13 +51,18 @@ struct NestFacts {
   int64_t output_bytes = 0;           // the size of the tensor written
 };
 
+// How a micro-kernel nest is laid out, decided by try_microkernel.
+struct MicrokernelChoices {
+  bool weight_mode = false;   // a small output with long reductions: reduction tiles outside the blocks
+  bool zero_init = false;     // blocks start from zero accumulators (no default tensor)
+  bool columns_only = false;  // the other output variables only pick columns of the vector operand
+};
+
 struct NestBuilder {
   explicit NestBuilder(const Target& t) : target(t) {}
   const Target& target;
   isl_support::IslContext ctx;
   StatementIds statements{ctx.get()};
-  isl::set blocks_;         // the last micro-kernel's blocks, B[others, Bb, Bv]
-  isl::map block_rows_;     // from a block to the points of S its rows and in-range lanes store
 
   // A plain nest over `domain` (a set over S), its variables `vars` ordered by `order` in the band, the
   // first `coincident` of them proven to write distinct elements: neutral tree, CPU strategy, loop IR.
@@ -82,9 +87,11 @@ struct NestBuilder {
   // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
   bool try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                          const isl::set& domain, const std::vector<std::string>& positional, bool parallel);
-  void build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
-                         const std::vector<std::pair<int64_t, int64_t>>& range, bool parallel, bool weight_mode,
-                         size_t element_bytes, const std::vector<isl::map>& reads, bool zero_init, bool columns_only);
+  // The micro-kernel nest (nest.microkernel says its shape); returns the points of S whose output elements
+  // its blocks store.
+  isl::set build_microkernel(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
+                             const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
+                             const std::vector<isl::map>& reads, const MicrokernelChoices& choices);
 };
 
 }  // namespace polytile::sched::internal
