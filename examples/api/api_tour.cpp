@@ -31,6 +31,9 @@ int main() {
   // 3. Concrete types for concrete inputs.
   ProgramTypes types = infer_types(pool, {{"I", TensorType{DType::f32, {7}}}});
   std::cout << "O: " << types.tensors.at("O").str() << "\n";
+  // A pass that adds a statement types only that statement (the others keep theirs).
+  infer_statement_type(Elementwise{"Scaled", Expr::binary(BinaryOp::mul, Expr::tensor("O"), Expr::literal(2, true))}, types);
+  std::cout << "Scaled: " << types.tensors.at("Scaled").str() << "\n";
 
   // 4. Run it, then write the output as .npy.
   Buffer input = Buffer::from_values(DType::f32, {7}, {3, -1, 7, 2, 5, 0, 1});

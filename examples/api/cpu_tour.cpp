@@ -20,7 +20,8 @@ int main() {
   // The layout pass alone: B's rows are 2400 bytes apart, so B is first copied into contiguous panels.
   std::cout << print(sched::prepare_layouts(layer, infer_types(layer, types))) << "\n";
 
-  cpu::CompileOptions options;
+  cpu::CompileOptions options;  // its target is cpu::host_target(): this machine's caches and vector width
+  std::cout << "host: " << options.target.threads << " threads, " << options.target.cpu.vector_bits << "-bit vectors\n";
   options.threads = 2;
   options.verify = true;  // every rewriting pass proves itself with isl while compiling
   auto compiled = cpu::compile(layer, types, options);
