@@ -383,164 +383,194 @@ std::vector<Node*> node_deps(const Node& n) {
   return out;
 }
 
-std::string fresh_name(const std::string& prefix, int& counter, const std::set<std::string>& taken) {
+// prefix0, prefix1, ...: the first not taken from `counter` on.
+std::string numbered_name(const std::string& prefix, int& counter, const std::set<std::string>& taken) {
   for (;;) {
     std::string n = prefix + std::to_string(counter++);
     if (!taken.count(n)) return n;
   }
 }
 
-}  // namespace
+// make_program's steps, in order: the nodes in dependence order, the checks of inputs and outputs,
+// which nodes become statements, tensor names, dim names (and the program's parameters), then one
+// statement per materialized node.
+class ProgramAssembler {
+ public:
+  ProgramAssembler(const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs)
+      : name_(name), inputs_(inputs), outputs_(outputs) {
+    p_.name = name;
+  }
 
-Program make_program(const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  Program assemble() {
+    order_nodes();
+    check_inputs_and_outputs();
+    count_uses();
+    name_tensors();
+    name_dims();
+    for (Node* n : order_) by_key_[n->key] = n;
+    for (Node* n : order_) {
+      if (n->kind == Node::Kind::input || !materialized(n)) continue;
+      if (n->kind == Node::Kind::elementwise) {
+        p_.statements.push_back(elementwise(n));
+      } else {
+        p_.statements.push_back(contraction(n));
+      }
+    }
+    for (const auto& o : outputs_) p_.outputs.push_back(names_.at(o.node.get()));
+    validate(p_);
+    return std::move(p_);
+  }
+
+ private:
   // Topological order by depth-first search from the outputs.
-  std::vector<Node*> order;
-  std::set<Node*> visited, on_stack;
-  std::function<void(Node*)> visit = [&](Node* n) {
-    if (visited.count(n)) return;
-    if (on_stack.count(n)) user_error("tensor ", display_name(*n), " depends on itself");
-    on_stack.insert(n);
-    for (Node* d : node_deps(*n)) visit(d);
-    on_stack.erase(n);
-    visited.insert(n);
-    order.push_back(n);
-  };
-  for (const auto& o : outputs) {
-    if (!o.node) user_error("make_program ", name, ": an output is an empty Tensor handle");
-    visit(o.node.get());
+  void order_nodes() {
+    std::set<Node*> visited, on_stack;
+    std::function<void(Node*)> visit = [&](Node* n) {
+      if (visited.count(n)) return;
+      if (on_stack.count(n)) user_error("tensor ", display_name(*n), " depends on itself");
+      on_stack.insert(n);
+      for (Node* d : node_deps(*n)) visit(d);
+      on_stack.erase(n);
+      visited.insert(n);
+      order_.push_back(n);
+    };
+    for (const auto& o : outputs_) {
+      if (!o.node) user_error("make_program ", name_, ": an output is an empty Tensor handle");
+      visit(o.node.get());
+    }
   }
 
-  std::set<Node*> input_set, output_set;
-  for (const auto& i : inputs) {
-    if (!i.node || i.node->kind != Node::Kind::input)
-      user_error("make_program ", name, ": input ", i.node ? display_name(*i.node) : "", " is not a Placeholder");
-    if (!input_set.insert(i.node.get()).second) user_error("make_program ", name, ": input ", i.node->name, " is listed twice");
+  void check_inputs_and_outputs() {
+    for (const auto& i : inputs_) {
+      if (!i.node || i.node->kind != Node::Kind::input)
+        user_error("make_program ", name_, ": input ", i.node ? display_name(*i.node) : "", " is not a Placeholder");
+      if (!input_set_.insert(i.node.get()).second)
+        user_error("make_program ", name_, ": input ", i.node->name, " is listed twice");
+    }
+    for (const auto& o : outputs_) output_set_.insert(o.node.get());
+    for (Node* n : order_) {
+      if (n->kind == Node::Kind::input && !input_set_.count(n))
+        user_error("make_program ", name_, ": tensor ", n->name, " is used but is not among the program's inputs");
+      if (n->kind == Node::Kind::contraction && !n->defined)
+        user_error("make_program ", name_, ": TensorOutput ", display_name(*n), " is never written by a contraction");
+    }
   }
-  for (const auto& o : outputs) output_set.insert(o.node.get());
 
   // Which nodes become statements, and how often each is used.
-  std::map<Node*, int> uses;
-  std::set<Node*> used_by_contraction;
-  for (Node* n : order) {
-    for (Node* d : node_deps(*n)) {
-      ++uses[d];
-      if (n->kind == Node::Kind::contraction) used_by_contraction.insert(d);
+  void count_uses() {
+    for (Node* n : order_) {
+      for (Node* d : node_deps(*n)) {
+        ++uses_[d];
+        if (n->kind == Node::Kind::contraction) used_by_contraction_.insert(d);
+      }
     }
   }
-  auto materialized = [&](Node* n) {
+
+  bool materialized(Node* n) {
     if (n->kind != Node::Kind::elementwise) return true;
-    return !n->name.empty() || output_set.count(n) || used_by_contraction.count(n) || uses[n] != 1;
-  };
+    return !n->name.empty() || output_set_.count(n) || used_by_contraction_.count(n) || uses_[n] != 1;
+  }
 
-  // Tensor names.
-  std::set<std::string> taken;
-  std::map<Node*, std::string> names;
-  for (Node* n : order) {
-    if (n->kind == Node::Kind::input && !input_set.count(n))
-      user_error("make_program ", name, ": tensor ", n->name, " is used but is not among the program's inputs");
-    if (n->kind == Node::Kind::contraction && !n->defined)
-      user_error("make_program ", name, ": TensorOutput ", display_name(*n), " is never written by a contraction");
-  }
-  for (const auto& i : inputs) {
-    names[i.node.get()] = i.node->name;
-    taken.insert(i.node->name);
-  }
-  for (Node* n : order) {
-    if (n->kind == Node::Kind::input || !materialized(n) || n->name.empty()) continue;
-    if (!taken.insert(n->name).second) user_error("make_program ", name, ": two tensors are named ", n->name);
-    names[n] = n->name;
-  }
-  int tcount = 0;
-  for (Node* n : order)
-    if (materialized(n) && !names.count(n)) {
-      names[n] = fresh_name("T", tcount, taken);
-      taken.insert(names[n]);
+  // Inputs keep their names, named tensors theirs (distinct), the others become T0, T1, ...
+  void name_tensors() {
+    for (const auto& i : inputs_) {
+      names_[i.node.get()] = i.node->name;
+      taken_.insert(i.node->name);
     }
+    for (Node* n : order_) {
+      if (n->kind == Node::Kind::input || !materialized(n) || n->name.empty()) continue;
+      if (!taken_.insert(n->name).second) user_error("make_program ", name_, ": two tensors are named ", n->name);
+      names_[n] = n->name;
+    }
+    int count = 0;
+    for (Node* n : order_)
+      if (materialized(n) && !names_.count(n)) {
+        names_[n] = numbered_name("T", count, taken_);
+        taken_.insert(names_[n]);
+      }
+  }
 
-  // Dim names: placeholders of input-bound dims become user names or D0, D1, ... in order of appearance.
-  Program p;
-  p.name = name;
-  std::map<std::string, std::string> dim_rename;
-  std::map<std::string, DimExpr> dim_subst;
-  std::set<std::string> dim_taken;
-  std::map<std::string, std::string> user_dim_owner;  // user name -> placeholder
-  for (const auto& i : inputs)
-    for (auto& d : i.node->dims)
-      if (d.is_null()) d = DimExpr::symbol(placeholder('$'));
-  std::vector<std::string> symbols;
-  for (const auto& i : inputs)
-    for (const auto& d : i.node->dims) d.collect_symbols(symbols);
-  for (const auto& s : symbols) {
-    const std::string& user = dim_names()[s];
-    if (user.empty()) continue;
-    auto [it, fresh] = user_dim_owner.emplace(user, s);
-    if (!fresh && it->second != s) user_error("make_program ", name, ": two distinct TensorDims are named ", user);
-    if (taken.count(user)) user_error("make_program ", name, ": dim ", user, " has the name of a tensor");
-    dim_rename[s] = user;
-    dim_taken.insert(user);
-  }
-  int dcount = 0;
-  for (const auto& s : symbols)
-    if (!dim_rename.count(s)) {
-      std::set<std::string> all = dim_taken;
-      all.insert(taken.begin(), taken.end());
-      dim_rename[s] = fresh_name("D", dcount, all);
-      dim_taken.insert(dim_rename[s]);
+  // Placeholders of input-bound dims become user names or D0, D1, ... in order of appearance; the
+  // program's parameters get them.
+  void name_dims() {
+    std::set<std::string> dim_taken;
+    std::map<std::string, std::string> user_dim_owner;  // user name -> placeholder
+    for (const auto& i : inputs_)
+      for (auto& d : i.node->dims)
+        if (d.is_null()) d = DimExpr::symbol(placeholder('$'));
+    std::vector<std::string> symbols;
+    for (const auto& i : inputs_)
+      for (const auto& d : i.node->dims) d.collect_symbols(symbols);
+    for (const auto& s : symbols) {
+      const std::string& user = dim_names()[s];
+      if (user.empty()) continue;
+      auto [it, fresh] = user_dim_owner.emplace(user, s);
+      if (!fresh && it->second != s) user_error("make_program ", name_, ": two distinct TensorDims are named ", user);
+      if (taken_.count(user)) user_error("make_program ", name_, ": dim ", user, " has the name of a tensor");
+      dim_rename_[s] = user;
+      dim_taken.insert(user);
     }
-  for (const auto& [from, to] : dim_rename) dim_subst[from] = DimExpr::symbol(to);
-  auto check_dims_known = [&](const std::vector<std::string>& used, const std::string& where) {
+    int count = 0;
+    for (const auto& s : symbols)
+      if (!dim_rename_.count(s)) {
+        std::set<std::string> all = dim_taken;
+        all.insert(taken_.begin(), taken_.end());
+        dim_rename_[s] = numbered_name("D", count, all);
+        dim_taken.insert(dim_rename_[s]);
+      }
+    for (const auto& [from, to] : dim_rename_) dim_subst_[from] = DimExpr::symbol(to);
+    for (const auto& i : inputs_) {
+      Param param{i.node->name, {}};
+      for (const auto& d : i.node->dims) param.dims.push_back(d.substitute(dim_subst_));
+      p_.inputs.push_back(param);
+    }
+  }
+
+  void check_dims_known(const std::vector<std::string>& used, const std::string& where) {
     for (const auto& s : used)
-      if (!dim_rename.count(s))
-        user_error("make_program ", name, ": ", where, " uses a dim bound by a tensor that is not an input");
-  };
-
-  for (const auto& i : inputs) {
-    Param param{i.node->name, {}};
-    for (const auto& d : i.node->dims) param.dims.push_back(d.substitute(dim_subst));
-    p.inputs.push_back(param);
+      if (!dim_rename_.count(s))
+        user_error("make_program ", name_, ": ", where, " uses a dim bound by a tensor that is not an input");
   }
 
-  // Inlined elementwise expressions, by node key.
-  std::map<std::string, Node*> by_key;
-  for (Node* n : order) by_key[n->key] = n;
-  std::function<Expr(Node*)> expand = [&](Node* n) -> Expr {
-    // Tensor leaves (node keys) become names or inlined expressions; dim placeholders get their names.
+  // A node's expression with tensor leaves (node keys) as names or inlined expressions, and dim
+  // placeholders with their names.
+  Expr expand(Node* n) {
     return n->expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
       if (leaf.kind() == Expr::Kind::dim) {
-        auto it = dim_rename.find(leaf.name());
-        if (it == dim_rename.end()) return std::nullopt;
+        auto it = dim_rename_.find(leaf.name());
+        if (it == dim_rename_.end()) return std::nullopt;
         return Expr::dim(it->second);
       }
-      Node* d = by_key.at(leaf.name());
-      if (materialized(d)) return Expr::tensor(names.at(d));
+      Node* d = by_key_.at(leaf.name());
+      if (materialized(d)) return Expr::tensor(names_.at(d));
       return expand(d);
     });
-  };
+  }
 
-  for (Node* n : order) {
-    if (n->kind == Node::Kind::input || !materialized(n)) continue;
-    const std::string& out = names.at(n);
-    if (n->kind == Node::Kind::elementwise) {
-      std::vector<std::string> used;
-      std::vector<Expr> stack{n->expr};
-      while (!stack.empty()) {
-        Expr x = stack.back();
-        stack.pop_back();
-        if (x.kind() == Expr::Kind::dim) used.push_back(x.name());
-        for (const auto& a : x.args()) stack.push_back(a);
-      }
-      check_dims_known(used, "elementwise " + out);
-      p.statements.push_back(Elementwise{out, expand(n)});
-      continue;
+  Statement elementwise(Node* n) {
+    const std::string& out = names_.at(n);
+    std::vector<std::string> used;
+    std::vector<Expr> stack{n->expr};
+    while (!stack.empty()) {
+      Expr x = stack.back();
+      stack.pop_back();
+      if (x.kind() == Expr::Kind::dim) used.push_back(x.name());
+      for (const auto& a : x.args()) stack.push_back(a);
     }
-    // Contraction: rename index placeholders to user names or x0, x1, ... in order of appearance.
+    check_dims_known(used, "elementwise " + out);
+    return Elementwise{out, expand(n)};
+  }
+
+  // Index placeholders become user names or x0, x1, ... in order of appearance.
+  Statement contraction(Node* n) {
+    const std::string& out = names_.at(n);
     Contraction c;
     c.output = out;
     c.aggregation = n->aggregation;
     c.combination = n->combination;
     for (const auto& ix : n->out_indices) c.output_indices.push_back(ix.poly);
     for (const auto& [dep, idx] : n->accesses) {
-      TensorAccess a{names.at(dep.get()), {}};
+      TensorAccess a{names_.at(dep.get()), {}};
       for (const auto& ix : idx) a.indices.push_back(ix.poly);
       c.inputs.push_back(a);
     }
@@ -553,18 +583,17 @@ Program make_program(const std::string& name, const std::vector<Tensor>& inputs,
       const std::string& user = index_names()[v];
       if (user.empty()) continue;
       auto [it, fresh] = user_owner.emplace(user, v);
-      if (!fresh && it->second != v)
-        user_error("contraction ", out, " uses two distinct TensorIndex objects named ", user);
+      if (!fresh && it->second != v) user_error("contraction ", out, " uses two distinct TensorIndex objects named ", user);
       idx_rename[v] = user;
       idx_taken.insert(user);
     }
-    int icount = 0;
+    int count = 0;
     for (const auto& v : vars)
-      if (!idx_rename.count(v)) idx_rename[v] = fresh_name("x", icount, idx_taken);
+      if (!idx_rename.count(v)) idx_rename[v] = numbered_name("x", count, idx_taken);
     std::vector<std::string> used_dims;
     auto fix = [&](const Polynomial& poly) {
       poly.collect_dim_symbols(used_dims);
-      return poly.rename_indices(idx_rename).substitute_dims(dim_subst);
+      return poly.rename_indices(idx_rename).substitute_dims(dim_subst_);
     };
     for (auto& ix : c.output_indices) ix = fix(ix);
     for (auto& a : c.inputs)
@@ -572,19 +601,35 @@ Program make_program(const std::string& name, const std::vector<Tensor>& inputs,
     for (auto& k : c.constraints) {
       k.poly = fix(k.poly);
       k.bound.collect_symbols(used_dims);
-      k.bound = k.bound.substitute(dim_subst);
+      k.bound = k.bound.substitute(dim_subst_);
     }
     for (const auto& d : n->dims) {
       d.collect_symbols(used_dims);
-      c.output_shape.push_back(d.substitute(dim_subst));
+      c.output_shape.push_back(d.substitute(dim_subst_));
     }
     check_dims_known(used_dims, "contraction " + out);
-    if (n->init) c.init = names.at(n->init.get());
-    p.statements.push_back(std::move(c));
+    if (n->init) c.init = names_.at(n->init.get());
+    return c;
   }
-  for (const auto& o : outputs) p.outputs.push_back(names.at(o.node.get()));
-  validate(p);
-  return p;
+
+  const std::string& name_;
+  const std::vector<Tensor>& inputs_;
+  const std::vector<Tensor>& outputs_;
+  Program p_;
+  std::vector<Node*> order_;
+  std::set<Node*> input_set_, output_set_, used_by_contraction_;
+  std::map<Node*, int> uses_;
+  std::set<std::string> taken_;                 // tensor names
+  std::map<Node*, std::string> names_;
+  std::map<std::string, std::string> dim_rename_;  // placeholder -> dim name
+  std::map<std::string, DimExpr> dim_subst_;
+  std::map<std::string, Node*> by_key_;
+};
+
+}  // namespace
+
+Program make_program(const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  return ProgramAssembler(name, inputs, outputs).assemble();
 }
 
 }  // namespace polytile::edsl
