@@ -1,0 +1,182 @@
+// NestEmitter (nest_emitter.h): the statements of a register-blocked micro-kernel (see Microkernel in
+// scheduler.h): zero or load the accumulators, broadcast-and-vector fused multiply-adds, predicated rows
+// and masked lanes in partial blocks, the store, and a fused epilogue on the accumulators.
+#include "nest_emitter.h"
+
+namespace polytile::llvm_ir::internal {
+
+Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
+  return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
+}
+
+// The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
+// micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
+// block variable can differ between rows: the others hold at every point of the block's domain, which
+// is the union of its rows' valid points.
+Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output_only) {
+  const Contraction& c = nest_.contraction;
+  const std::string& b = nest_.variables[nest_.microkernel->block];
+  Value* ok = b_.getTrue();
+  auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+    const auto& shape = types_.tensors.at(tensor).shape;
+    for (size_t k = 0; k < idx.size(); ++k)
+      if (idx[k].coefficient(b) != Rational(0)) ok = b_.CreateAnd(ok, in_range(poly(idx[k], vars), shape[k]));
+  };
+  access(c.output, c.output_indices);
+  if (output_only) return ok;
+  for (const auto& a : c.inputs) access(a.tensor, a.indices);
+  for (const auto& k : c.constraints) {
+    if (k.poly.coefficient(b) == Rational(0)) continue;
+    auto [x, den] = scaled_poly(k.poly, vars);
+    ok = b_.CreateAnd(ok, in_range(x, k.bound.evaluate(types_.dims) * den));
+  }
+  return ok;
+}
+
+// load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
+void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
+  using St = sched::LoopNode::Statement;
+  const auto& mk = *nest_.microkernel;
+  const Contraction& c = nest_.contraction;
+  const DType t = types_.tensors.at(nest_.tensor).dtype;
+  const auto& names = nest_.variables;
+  std::vector<Value*> vals;
+  for (const auto& a : n.args) vals.push_back(loop_expr(a));
+  const size_t no = mk.others.size();
+  std::map<std::string, Value*> vars;
+  for (size_t k = 0; k < no; ++k) vars[names[mk.others[k]]] = vals[k];
+  if (n.statement == St::fma)
+    for (size_t k = 0; k < mk.reductions.size(); ++k) vars[names[mk.reductions[k]]] = vals[no + 2 + k];
+  const int64_t lanes = mk.lanes, vl = lanes * mk.chunks;
+  Value* b0 = b_.CreateAdd(b_.getInt64(mk.block_lo), b_.CreateMul(vals[no], b_.getInt64(mk.rows)));
+  Value* v0 = b_.CreateAdd(b_.getInt64(mk.vector_lo), b_.CreateMul(vals[no + 1], b_.getInt64(vl)));
+  auto* ety = value_type(t);
+  auto* vty = llvm::FixedVectorType::get(ety, static_cast<unsigned>(lanes));
+  const llvm::Align align(dtype_bytes(t));
+  // Lanes of chunk k inside the vector variable's range (predicated blocks only).
+  std::vector<Value*> lane_mask;
+  if (n.predicated) {
+    std::vector<llvm::Constant*> iota;
+    for (int64_t l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
+    Value* steps = llvm::ConstantVector::get(iota);
+    for (int k = 0; k < mk.chunks; ++k) {
+      Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAdd(v0, b_.getInt64(k * lanes)));
+      lane_mask.push_back(b_.CreateICmpSLE(b_.CreateAdd(first, steps), b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt64(mk.vector_hi))));
+    }
+  }
+  auto address = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+    std::vector<Value*> at;
+    for (const auto& p : idx) at.push_back(poly(p, vars));
+    return b_.CreateGEP(storage_type(types_.tensors.at(tensor).dtype), buffer(tensor), flat_index(tensor, at));
+  };
+  // Per input: read along v (a vector operand), and different for every row.
+  auto uses = [](const TensorAccess& a, const std::string& v) {
+    return std::any_of(a.indices.begin(), a.indices.end(), [&](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
+  };
+  std::vector<bool> along_v, per_row;
+  for (const auto& in : c.inputs) {
+    along_v.push_back(uses(in, names[mk.vector]));
+    per_row.push_back(uses(in, names[mk.block]));
+  }
+  for (int d = 0; d < mk.rows; ++d) {
+    vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
+    vars[names[mk.vector]] = v0;
+    Value* row = nullptr;
+    if (n.predicated) row = valid(vars, n.statement != St::fma);
+    std::vector<Value*> scalars(c.inputs.size(), nullptr);
+    if (n.statement == St::fma) {
+      for (size_t i = 0; i < c.inputs.size(); ++i) {
+        if (along_v[i]) continue;
+        std::vector<Value*> at;
+        for (const auto& p : c.inputs[i].indices) {
+          Value* x = poly(p, vars);
+          at.push_back(row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);  // an invalid row reads element 0
+        }
+        scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
+      }
+    }
+    for (int k = 0; k < mk.chunks; ++k) {
+      vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * lanes));
+      llvm::AllocaInst* acc = acc_[static_cast<size_t>(d * mk.chunks + k)];
+      Value* mask = row ? b_.CreateAnd(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), lane_mask[static_cast<size_t>(k)]) : nullptr;
+      auto vload = [&](Value* addr, Value* m) -> Value* {
+        if (!m) return b_.CreateAlignedLoad(vty, addr, align);
+        return b_.CreateMaskedLoad(vty, addr, align, m, llvm::Constant::getNullValue(vty));
+      };
+      switch (n.statement) {
+        case St::zero: b_.CreateStore(llvm::Constant::getNullValue(vty), acc); break;
+        case St::load: b_.CreateStore(vload(address(c.output, c.output_indices), mask), acc); break;
+        case St::store: {
+          Value* value = b_.CreateLoad(vty, acc);
+          Value* addr = address(c.output, c.output_indices);
+          if (mask) b_.CreateMaskedStore(value, addr, align, mask);
+          else b_.CreateAlignedStore(value, addr, align);
+          break;
+        }
+        case St::fma: {
+          Value* x[2];
+          // A vector operand that does not depend on the row is read once for all rows (lanes masked
+          // only); an invalid row's product is then discarded by the select below.
+          for (size_t i = 0; i < 2; ++i) {
+            Value* m = per_row[i] || !mask ? mask : lane_mask[static_cast<size_t>(k)];
+            if (scalars[i]) {
+              x[i] = scalars[i];
+            } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
+              x[i] = vload(address(c.inputs[i].tensor, c.inputs[i].indices), m);
+            } else {  // the producer, on the lanes
+              std::vector<Value*> at;
+              for (const auto& p : c.inputs[i].indices) {
+                Value* x = poly(p, vars);
+                at.push_back(row && per_row[i] ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
+              }
+              width_ = static_cast<unsigned>(lanes);
+              mask_ = m;
+              x[i] = convert(input(c.inputs[i].tensor, at), t);
+              width_ = 0;
+              mask_ = nullptr;
+            }
+          }
+          Value* old = b_.CreateLoad(vty, acc);
+          Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
+          b_.CreateStore(row ? b_.CreateSelect(row, sum, old) : sum, acc);
+          break;
+        }
+        case St::epilogue: {
+          // The elementwise consumer, on the finished accumulators; its lanes run along v.
+          const Elementwise& e = *nest_.epilogue;
+          llvm::BasicBlock* skip = nullptr;
+          if (row) {  // rows whose output is out of range compute nothing
+            auto* then_bb = llvm::BasicBlock::Create(ctx_, "epilogue.row", fn_);
+            skip = llvm::BasicBlock::Create(ctx_, "epilogue.next", fn_);
+            b_.CreateCondBr(row, then_bb, skip);
+            b_.SetInsertPoint(then_bb);
+          }
+          std::vector<Value*> at;
+          for (const auto& p : c.output_indices) at.push_back(poly(p, vars));
+          width_ = static_cast<unsigned>(lanes);
+          mask_ = row ? lane_mask[static_cast<size_t>(k)] : nullptr;
+          lanes_[c.output] = {b_.CreateLoad(vty, acc), t};
+          const DType et = types_.tensors.at(e.output).dtype;
+          Typed value = expr(e.expr, at);
+          Value* v = convert(value, et);
+          if (et == DType::boolean) v = b_.CreateZExt(v, widen(b_.getInt8Ty()));
+          Value* addr = b_.CreateGEP(storage_type(et), buffer(e.output), flat_index(e.output, at));
+          llvm::Align ealign(dtype_bytes(et));
+          if (mask_) b_.CreateMaskedStore(v, addr, ealign, mask_);
+          else b_.CreateAlignedStore(v, addr, ealign);
+          width_ = 0;
+          mask_ = nullptr;
+          lanes_.clear();
+          if (skip) {
+            b_.CreateBr(skip);
+            b_.SetInsertPoint(skip);
+          }
+          break;
+        }
+        case St::plain: break;
+      }
+    }
+  }
+}
+
+}  // namespace polytile::llvm_ir::internal

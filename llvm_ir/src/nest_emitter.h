@@ -1,0 +1,132 @@
+// Private to llvm_ir: the emitter of one loop nest as LLVM IR functions, one class whose parts live in one
+// file each: emitter.cpp (the entry function, loops, guards and loop expressions), values.cpp (dtypes,
+// conversions, arithmetic, elementwise expressions), statements.cpp (accesses, aggregation, the plain
+// statement), row_reduction.cpp and microkernel.cpp (the vectorized update statements).
+#pragma once
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/Module.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "polytile/error.h"
+#include "polytile/llvm_ir.h"
+
+namespace polytile::llvm_ir::internal {
+
+using llvm::Value;
+
+struct Typed {
+  Value* v;
+  DType t;
+};
+
+class NestEmitter {
+ public:
+  NestEmitter(llvm::Module& m, const sched::Nest& nest, const ProgramTypes& types,
+              const std::map<std::string, int>& buffer_index)
+      : m_(m), ctx_(m.getContext()), b_(ctx_), nest_(nest), types_(types), buffer_index_(buffer_index) {}
+
+  // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
+  // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array.
+  llvm::Function* emit(const std::string& name);
+  std::vector<std::string> tensors_used() const { return nest_tensors(nest_); }
+
+ public:
+  static std::vector<std::string> nest_tensors(const sched::Nest& nest_);
+
+ private:
+  // ------------------------------------------------------------------ loops
+  Value* loop_expr(const sched::LoopExpr& a);
+  Value* cond(const sched::LoopExpr& a);
+  Value* floor_div(Value* x, Value* y);
+  Value* floor_mod(Value* x, Value* y);
+  void node(const sched::LoopNode& n, bool outermost);
+
+  // ------------------------------------------------------------------ values
+  llvm::Type* storage_type(DType t);
+  // Expressions are evaluated on scalars, or on vectors of width_ lanes (a micro-kernel's epilogue).
+  llvm::Type* widen(llvm::Type* scalar) { return width_ ? llvm::FixedVectorType::get(scalar, width_) : scalar; }
+  llvm::Type* value_type(DType t) { return widen(t == DType::boolean ? b_.getInt1Ty() : storage_type(t)); }
+  Value* i32(int32_t v) { return llvm::ConstantInt::get(widen(b_.getInt32Ty()), static_cast<uint64_t>(static_cast<int64_t>(v)), true); }
+  Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
+  Typed load(const std::string& tensor, Value* offset);
+  void store(const std::string& tensor, Value* offset, Typed value);
+
+  // round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
+  Value* convert(Typed x, DType to);
+  Typed constant(double v, DType t);
+  Value* fn_call(const char* name, Typed x);
+  Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args);
+
+  // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
+  Value* int_div(Value* x, Value* y, bool mod);
+  Typed arith(BinaryOp op, Typed a, Typed b, DType t);
+  Value* compare(BinaryOp op, Typed a, Typed b, DType t);
+
+  // An elementwise expression at output index `idx` (broadcasting like the interpreter).
+  Typed expr(const Expr& e, const std::vector<Value*>& idx);
+
+  // ------------------------------------------------------------------ statements
+  Value* flat_index(const std::string& tensor, const std::vector<Value*>& idx);
+
+  // An index polynomial (dims bound) at the statement's variable values; exact division by its
+  // denominator (the domain guarantees integrality).
+  Value* poly(const Polynomial& p, const std::map<std::string, Value*>& vars);
+
+  // A contraction input at index `idx`: loaded, or computed by its inlined elementwise producer (rounded
+  // to the producer's dtype, as the materialized tensor would be). Vector-wide when width_ is set.
+  Typed input(const std::string& tensor, const std::vector<Value*>& idx);
+
+  // The polynomial times its denominator, at the given variable values, and that denominator.
+  std::pair<Value*, int64_t> scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars);
+  Typed identity(AggregationOp op, DType t);
+
+  // max/min that propagate NaN, selecting exactly as the interpreter does (llvm.maximum does not lower
+  // on x86 in LLVM 16). Elementwise max(a, b) is std::max: a < b ? b : a.
+  Value* nan_max_min(bool is_max, Value* a, Value* b);
+  // The accumulator takes v when v > acc (max) or v < acc (min); any NaN makes the result NaN.
+  Value* nan_accumulate(bool is_max, Value* acc, Value* v);
+  Value* accumulate(AggregationOp op, Value* acc, Value* v, DType t);
+  void statement(const std::vector<sched::LoopExpr>& args);
+
+  // ------------------------------------------------------------------ row reductions
+  // zero / step / store of a vectorized row reduction (see RowReduction in scheduler.h).
+  void reduction_statement(const sched::LoopNode& n);
+
+  // ------------------------------------------------------------------ micro-kernels
+  Value* in_range(Value* x, int64_t hi);  // 0 <= x < hi
+
+  // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
+  // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
+  // block variable can differ between rows: the others hold at every point of the block's domain, which
+  // is the union of its rows' valid points.
+  Value* valid(const std::map<std::string, Value*>& vars, bool output_only);
+
+  // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
+  void microkernel_statement(const sched::LoopNode& n);
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const sched::Nest& nest_;
+  const ProgramTypes& types_;
+  const std::map<std::string, int>& buffer_index_;
+  llvm::Function* fn_ = nullptr;
+  Value* lo_ = nullptr;
+  Value* hi_ = nullptr;
+  std::vector<llvm::AllocaInst*> iters_;
+  std::vector<llvm::AllocaInst*> acc_;  // micro-kernel accumulators, row-major (row, chunk)
+  unsigned width_ = 0;                    // 0: scalar expressions; else lanes of vector expressions
+  std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
+  Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
+  std::map<std::string, Value*> ptrs_;
+};
+
+}  // namespace polytile::llvm_ir::internal

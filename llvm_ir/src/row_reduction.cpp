@@ -1,0 +1,75 @@
+// NestEmitter (nest_emitter.h): the statements of a vectorized row reduction (see RowReduction in
+// scheduler.h): identity accumulators, masked vector steps, the horizontal reduction into the element.
+#include "nest_emitter.h"
+
+namespace polytile::llvm_ir::internal {
+
+// zero / step / store of a vectorized row reduction (see RowReduction in scheduler.h).
+void NestEmitter::reduction_statement(const sched::LoopNode& n) {
+  using St = sched::LoopNode::Statement;
+  const auto& rd = *nest_.reduction;
+  const Contraction& c = nest_.contraction;
+  const DType t = types_.tensors.at(nest_.tensor).dtype;
+  const auto& names = nest_.variables;
+  const unsigned lanes = static_cast<unsigned>(rd.lanes);
+  auto* vty = llvm::FixedVectorType::get(value_type(t), lanes);
+  std::vector<Value*> vals;
+  for (const auto& a : n.args) vals.push_back(loop_expr(a));
+  std::map<std::string, Value*> vars;
+  for (size_t k = 0; k < rd.outputs.size(); ++k) vars[names[rd.outputs[k]]] = vals[k];
+  width_ = lanes;  // constants and identities as vectors
+  Value* identity_vector = identity(c.aggregation, t).v;
+  width_ = 0;
+  switch (n.statement) {
+    case St::zero:
+      for (auto* acc : acc_) b_.CreateStore(identity_vector, acc);
+      return;
+    case St::fma: {
+      for (size_t k = 0; k < rd.others.size(); ++k) vars[names[rd.others[k]]] = vals[rd.outputs.size() + k];
+      Value* first = b_.CreateAdd(b_.getInt64(rd.lo), b_.CreateMul(vals.back(), b_.getInt64(int64_t{rd.accumulators} * rd.lanes)));
+      std::vector<llvm::Constant*> iota;
+      for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+      for (int a = 0; a < rd.accumulators; ++a) {
+        Value* base = b_.CreateAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
+        vars[names[rd.vector]] = base;
+        Value* mask = b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
+                                       b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)));
+        std::vector<Value*> x;
+        for (const auto& in : c.inputs) {
+          std::vector<Value*> at;
+          for (const auto& p : in.indices) at.push_back(poly(p, vars));
+          bool along = !in.indices.empty() && in.indices.back().coefficient(names[rd.vector]) != Rational(0);
+          if (along) {
+            width_ = lanes;
+            mask_ = mask;
+            x.push_back(convert(input(in.tensor, at), t));
+            width_ = 0;
+            mask_ = nullptr;
+          } else {
+            x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), t)));
+          }
+        }
+        Value* value = c.combination == CombinationOp::mul ? b_.CreateFMul(x[0], x[1]) : x[0];
+        value = b_.CreateSelect(mask, value, identity_vector);  // lanes past r's range add nothing
+        Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
+        b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
+      }
+      return;
+    }
+    case St::store: {
+      Value* total = b_.CreateLoad(vty, acc_[0]);
+      for (size_t a = 1; a < acc_.size(); ++a) total = accumulate(c.aggregation, total, b_.CreateLoad(vty, acc_[a]), t);
+      Value* h = b_.CreateExtractElement(total, uint64_t{0});
+      for (unsigned l = 1; l < lanes; ++l) h = accumulate(c.aggregation, h, b_.CreateExtractElement(total, l), t);
+      std::vector<Value*> out_idx;
+      for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
+      Value* off = flat_index(c.output, out_idx);
+      Typed old = load(c.output, off);
+      store(c.output, off, {accumulate(c.aggregation, old.v, h, t), t});
+      return;
+    }
+    default: POLYTILE_CHECK(false, "unexpected statement in a row reduction");
+  }
+}
+
+}  // namespace polytile::llvm_ir::internal

@@ -1,0 +1,173 @@
+// NestEmitter (nest_emitter.h): tensor accesses at index polynomials, inlined producers, aggregation with
+// NaN-propagating max/min, and the plain statement of init, update, finalize and elementwise nests.
+#include "nest_emitter.h"
+
+namespace polytile::llvm_ir::internal {
+
+Value* NestEmitter::flat_index(const std::string& tensor, const std::vector<Value*>& idx) {
+  const auto& shape = types_.tensors.at(tensor).shape;
+  Value* flat = b_.getInt64(0);
+  for (size_t k = 0; k < shape.size(); ++k) flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), idx[k]);
+  return flat;
+}
+
+// An index polynomial (dims bound) at the statement's variable values; exact division by its
+// denominator (the domain guarantees integrality).
+Value* NestEmitter::poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
+  auto [s, den] = scaled_poly(p, vars);
+  return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
+}
+
+// A contraction input at index `idx`: loaded, or computed by its inlined elementwise producer (rounded
+// to the producer's dtype, as the materialized tensor would be). Vector-wide when width_ is set.
+Typed NestEmitter::input(const std::string& tensor, const std::vector<Value*>& idx) {
+  auto in = nest_.inlined.find(tensor);
+  if (in == nest_.inlined.end()) {
+    if (!width_) return load(tensor, flat_index(tensor, idx));
+    return expr(Expr::tensor(tensor), idx);
+  }
+  DType t = types_.tensors.at(tensor).dtype;
+  return {convert(expr(in->second.expr, idx), t), t};
+}
+
+// The polynomial times its denominator, at the given variable values, and that denominator.
+std::pair<Value*, int64_t> NestEmitter::scaled_poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
+  Polynomial q = p.bind_dims(types_.dims);
+  int64_t den = q.constant().den();
+  for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
+  Value* s = b_.getInt64((q.constant() * Rational(den)).num());
+  for (const auto& [v, c] : q.index_terms())
+    s = b_.CreateAdd(s, b_.CreateMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
+  return {s, den};
+}
+
+Typed NestEmitter::identity(AggregationOp op, DType t) {
+  double inf = std::numeric_limits<double>::infinity();
+  switch (op) {
+    case AggregationOp::sum:
+    case AggregationOp::assign: return constant(0, t);
+    case AggregationOp::product: return constant(1, t);
+    case AggregationOp::max:
+      if (t == DType::i32) return constant(std::numeric_limits<int32_t>::min(), t);
+      return constant(t == DType::boolean ? 0 : -inf, t);
+    case AggregationOp::min:
+      if (t == DType::i32) return constant(std::numeric_limits<int32_t>::max(), t);
+      return constant(t == DType::boolean ? 1 : inf, t);
+  }
+  return constant(0, t);
+}
+
+// max/min that propagate NaN, selecting exactly as the interpreter does (llvm.maximum does not lower
+// on x86 in LLVM 16). Elementwise max(a, b) is std::max: a < b ? b : a.
+Value* NestEmitter::nan_max_min(bool is_max, Value* a, Value* b) {
+  Value* pick = is_max ? b_.CreateSelect(b_.CreateFCmpOLT(a, b), b, a) : b_.CreateSelect(b_.CreateFCmpOLT(b, a), b, a);
+  return b_.CreateSelect(b_.CreateFCmpUNO(a, b), b_.CreateFAdd(a, b), pick);
+}
+
+// The accumulator takes v when v > acc (max) or v < acc (min); any NaN makes the result NaN.
+Value* NestEmitter::nan_accumulate(bool is_max, Value* acc, Value* v) {
+  Value* better = is_max ? b_.CreateFCmpOGT(v, acc) : b_.CreateFCmpOLT(v, acc);
+  return b_.CreateSelect(b_.CreateFCmpUNO(acc, v), b_.CreateFAdd(acc, v), b_.CreateSelect(better, v, acc));
+}
+
+Value* NestEmitter::accumulate(AggregationOp op, Value* acc, Value* v, DType t) {
+  // Float sums and products may be reassociated (and contracted to FMA) so reductions vectorize.
+  auto reassociable = [](Value* r) {
+    llvm::FastMathFlags flags;
+    flags.setAllowReassoc();
+    flags.setAllowContract();
+    llvm::cast<llvm::Instruction>(r)->setFastMathFlags(flags);
+    return r;
+  };
+  bool boolean = t == DType::boolean;
+  switch (op) {
+    case AggregationOp::sum:
+      if (is_float(t)) return reassociable(b_.CreateFAdd(acc, v));
+      return boolean ? b_.CreateOr(acc, v) : b_.CreateAdd(acc, v);
+    case AggregationOp::product:
+      if (is_float(t)) return reassociable(b_.CreateFMul(acc, v));
+      return boolean ? b_.CreateAnd(acc, v) : b_.CreateMul(acc, v);
+    case AggregationOp::max:
+      if (is_float(t)) return nan_accumulate(true, acc, v);
+      return boolean ? b_.CreateOr(acc, v) : intrinsic(llvm::Intrinsic::smax, {acc, v});
+    case AggregationOp::min:
+      if (is_float(t)) return nan_accumulate(false, acc, v);
+      return boolean ? b_.CreateAnd(acc, v) : intrinsic(llvm::Intrinsic::smin, {acc, v});
+    case AggregationOp::assign: return v;
+  }
+  return v;
+}
+
+void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
+  std::vector<Value*> vals;
+  for (const auto& a : args) vals.push_back(loop_expr(a));
+  using NK = sched::Nest::Kind;
+  const TensorType& out = types_.tensors.at(nest_.tensor);
+  switch (nest_.kind) {
+    case NK::elementwise: {
+      store(nest_.tensor, flat_index(nest_.tensor, vals), expr(nest_.elementwise.expr, vals));
+      return;
+    }
+    case NK::finalize: store(nest_.tensor, flat_index(nest_.tensor, vals), constant(0, out.dtype)); return;
+    case NK::init: {
+      const Contraction& c = nest_.contraction;
+      if (c.init) {
+        store(nest_.tensor, flat_index(nest_.tensor, vals), expr(Expr::tensor(*c.init), vals));
+      } else {
+        store(nest_.tensor, flat_index(nest_.tensor, vals), identity(c.aggregation, out.dtype));
+      }
+      return;
+    }
+    case NK::update: break;
+  }
+  const Contraction& c = nest_.contraction;
+  std::map<std::string, Value*> vars;
+  for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
+  std::vector<Value*> out_idx;
+  for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
+  Value* out_off = flat_index(c.output, out_idx);
+  std::vector<Typed> in;
+  for (const auto& a : c.inputs) {
+    std::vector<Value*> idx;
+    for (const auto& p : a.indices) idx.push_back(poly(p, vars));
+    in.push_back(input(a.tensor, idx));
+  }
+  llvm::BasicBlock* skip = nullptr;
+  Typed value{nullptr, out.dtype};
+  switch (c.combination) {
+    case CombinationOp::none: value = in[0]; break;
+    case CombinationOp::mul:
+    case CombinationOp::add: {
+      DType t = promote(promote(in[0].t, in[1].t), DType::i32);
+      value = arith(c.combination == CombinationOp::mul ? BinaryOp::mul : BinaryOp::add, in[0], in[1], t);
+      break;
+    }
+    case CombinationOp::eq: value = {compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t)), DType::boolean}; break;
+    case CombinationOp::cond: {
+      Value* hit = compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t));
+      if (c.aggregation != AggregationOp::assign) {
+        // A miss contributes the aggregation's identity: branch-free, so the loop can vectorize.
+        value = {b_.CreateSelect(hit, convert(in[2], out.dtype), identity(c.aggregation, out.dtype).v), out.dtype};
+        break;
+      }
+      auto* then_bb = llvm::BasicBlock::Create(ctx_, "cond.hit", fn_);
+      skip = llvm::BasicBlock::Create(ctx_, "cond.skip", fn_);
+      b_.CreateCondBr(hit, then_bb, skip);
+      b_.SetInsertPoint(then_bb);
+      value = in[2];
+      break;
+    }
+  }
+  Value* v = convert(value, out.dtype);
+  if (c.aggregation != AggregationOp::assign) {
+    Typed acc = load(c.output, out_off);
+    v = accumulate(c.aggregation, acc.v, v, out.dtype);
+  }
+  store(c.output, out_off, {v, out.dtype});
+  if (skip) {
+    b_.CreateBr(skip);
+    b_.SetInsertPoint(skip);
+  }
+}
+
+}  // namespace polytile::llvm_ir::internal

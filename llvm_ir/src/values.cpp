@@ -1,0 +1,290 @@
+// NestEmitter (nest_emitter.h): dtypes and their LLVM types, loads and stores, conversions with the
+// rounding of buffer.h, literals, arithmetic and comparisons as the interpreter defines them, and
+// elementwise expressions, on scalars or vectors.
+#include "nest_emitter.h"
+
+namespace polytile::llvm_ir::internal {
+
+llvm::Type* NestEmitter::storage_type(DType t) {
+  switch (t) {
+    case DType::f32: return b_.getFloatTy();
+    case DType::f64: return b_.getDoubleTy();
+    case DType::i32: return b_.getInt32Ty();
+    case DType::boolean: return b_.getInt8Ty();
+  }
+  return nullptr;
+}
+
+Typed NestEmitter::load(const std::string& tensor, Value* offset) {
+  DType t = types_.tensors.at(tensor).dtype;
+  Value* addr = b_.CreateGEP(storage_type(t), buffer(tensor), offset);
+  Value* v = b_.CreateLoad(storage_type(t), addr);
+  if (t == DType::boolean) v = b_.CreateICmpNE(v, b_.getInt8(0));
+  return {v, t};
+}
+
+void NestEmitter::store(const std::string& tensor, Value* offset, Typed value) {
+  DType t = types_.tensors.at(tensor).dtype;
+  Value* v = convert(value, t);
+  if (t == DType::boolean) v = b_.CreateZExt(v, b_.getInt8Ty());
+  b_.CreateStore(v, b_.CreateGEP(storage_type(t), buffer(tensor), offset));
+}
+
+// round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
+Value* NestEmitter::convert(Typed x, DType to) {
+  if (x.t == to) return x.v;
+  switch (to) {
+    case DType::f32:
+    case DType::f64: {
+      llvm::Type* ty = value_type(to);
+      if (is_float(x.t)) return b_.CreateFPCast(x.v, ty);
+      if (x.t == DType::boolean) return b_.CreateUIToFP(x.v, ty);
+      return b_.CreateSIToFP(x.v, ty);
+    }
+    case DType::i32:
+      if (x.t == DType::boolean) return b_.CreateZExt(x.v, widen(b_.getInt32Ty()));
+      {
+        // trunc, then wrap modulo 2^32: r = t - 2^32 * round(t / 2^32) lies in [-2^31, 2^31] and is exact
+        // in floating point (below 2^31 nothing changes; above, t is a multiple of 2^8 in f32, so r fits
+        // the significand), so it converts exactly and truncating to i32 wraps; inf and NaN give 0.
+        llvm::Type* fty = x.v->getType();
+        Value* t = b_.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x.v);
+        Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-32)));
+        Value* r = b_.CreateFSub(t, b_.CreateFMul(q, llvm::ConstantFP::get(fty, 0x1p32)));
+        Value* finite = b_.CreateFCmpOLT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x.v),
+                                         llvm::ConstantFP::getInfinity(fty));
+        r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
+        return b_.CreateTrunc(b_.CreateFPToSI(r, widen(b_.getInt64Ty())), widen(b_.getInt32Ty()));
+      }
+    case DType::boolean:
+      if (is_float(x.t)) return b_.CreateFCmpUNE(x.v, llvm::ConstantFP::get(x.v->getType(), 0.0));
+      return b_.CreateICmpNE(x.v, llvm::ConstantInt::get(x.v->getType(), 0));
+  }
+  return nullptr;
+}
+
+Typed NestEmitter::constant(double v, DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::f64: return {llvm::ConstantFP::get(value_type(t), v), t};
+    case DType::i32: return {i32(static_cast<int32_t>(v)), t};
+    case DType::boolean: return {llvm::ConstantInt::get(value_type(t), v != 0 ? 1 : 0), t};
+  }
+  return {nullptr, t};
+}
+
+Value* NestEmitter::fn_call(const char* name, Typed x) {
+  bool f32 = x.t == DType::f32;
+  llvm::Type* ty = x.v->getType()->getScalarType();
+  llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
+  if (!width_) return b_.CreateCall(callee, {x.v});
+  Value* out = llvm::UndefValue::get(x.v->getType());  // libm has no vector versions: lane by lane
+  for (unsigned l = 0; l < width_; ++l)
+    out = b_.CreateInsertElement(out, b_.CreateCall(callee, {b_.CreateExtractElement(x.v, l)}), l);
+  return out;
+}
+
+Value* NestEmitter::intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args) {
+  return b_.CreateIntrinsic(id, {args[0]->getType()}, args);
+}
+
+// Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
+Value* NestEmitter::int_div(Value* x, Value* y, bool mod) {
+  Value* zero = i32(0);
+  Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), i32(1), y);
+  Value* minus_one = b_.CreateICmpEQ(safe_y, i32(-1));
+  safe_y = b_.CreateSelect(minus_one, i32(1), safe_y);
+  Value* q = b_.CreateSDiv(x, safe_y);
+  Value* r = b_.CreateSRem(x, safe_y);
+  Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(safe_y, zero)));
+  Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, widen(b_.getInt32Ty())));
+  Value* fr = b_.CreateSelect(adjust, b_.CreateAdd(r, safe_y), r);
+  Value* result = mod ? fr : fq;
+  Value* by_minus_one = mod ? zero : b_.CreateNeg(x);
+  result = b_.CreateSelect(minus_one, by_minus_one, result);
+  return b_.CreateSelect(b_.CreateICmpEQ(y, zero), zero, result);
+}
+
+Typed NestEmitter::arith(BinaryOp op, Typed a, Typed b, DType t) {
+  Value *x = convert(a, t), *y = convert(b, t);
+  if (is_float(t)) {
+    switch (op) {
+      case BinaryOp::add: return {b_.CreateFAdd(x, y), t};
+      case BinaryOp::sub: return {b_.CreateFSub(x, y), t};
+      case BinaryOp::mul: return {b_.CreateFMul(x, y), t};
+      case BinaryOp::div: return {b_.CreateFDiv(x, y), t};
+      case BinaryOp::mod: return {b_.CreateFRem(x, y), t};
+      default: break;
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::add: return {b_.CreateAdd(x, y), t};
+      case BinaryOp::sub: return {b_.CreateSub(x, y), t};
+      case BinaryOp::mul: return {b_.CreateMul(x, y), t};
+      case BinaryOp::div: return {int_div(x, y, false), t};
+      case BinaryOp::mod: return {int_div(x, y, true), t};
+      default: break;
+    }
+  }
+  POLYTILE_CHECK(false, "not an arithmetic operator");
+}
+
+Value* NestEmitter::compare(BinaryOp op, Typed a, Typed b, DType t) {
+  Value *x = convert(a, t), *y = convert(b, t);
+  if (is_float(t)) {
+    switch (op) {
+      case BinaryOp::eq: return b_.CreateFCmpOEQ(x, y);
+      case BinaryOp::ne: return b_.CreateFCmpUNE(x, y);
+      case BinaryOp::lt: return b_.CreateFCmpOLT(x, y);
+      case BinaryOp::gt: return b_.CreateFCmpOGT(x, y);
+      case BinaryOp::le: return b_.CreateFCmpOLE(x, y);
+      case BinaryOp::ge: return b_.CreateFCmpOGE(x, y);
+      default: break;
+    }
+  } else if (t == DType::boolean) {  // false < true: i1 compares unsigned (signed, true is -1)
+    switch (op) {
+      case BinaryOp::eq: return b_.CreateICmpEQ(x, y);
+      case BinaryOp::ne: return b_.CreateICmpNE(x, y);
+      case BinaryOp::lt: return b_.CreateICmpULT(x, y);
+      case BinaryOp::gt: return b_.CreateICmpUGT(x, y);
+      case BinaryOp::le: return b_.CreateICmpULE(x, y);
+      case BinaryOp::ge: return b_.CreateICmpUGE(x, y);
+      default: break;
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::eq: return b_.CreateICmpEQ(x, y);
+      case BinaryOp::ne: return b_.CreateICmpNE(x, y);
+      case BinaryOp::lt: return b_.CreateICmpSLT(x, y);
+      case BinaryOp::gt: return b_.CreateICmpSGT(x, y);
+      case BinaryOp::le: return b_.CreateICmpSLE(x, y);
+      case BinaryOp::ge: return b_.CreateICmpSGE(x, y);
+      default: break;
+    }
+  }
+  POLYTILE_CHECK(false, "not a comparison");
+}
+
+// An elementwise expression at output index `idx` (broadcasting like the interpreter).
+Typed NestEmitter::expr(const Expr& e, const std::vector<Value*>& idx) {
+  const auto& ts = types_.tensors;
+  switch (e.kind()) {
+    case Expr::Kind::tensor: {
+      auto given = lanes_.find(e.name());
+      if (width_ && given != lanes_.end()) return given->second;
+      const auto& shape = ts.at(e.name()).shape;
+      size_t off = idx.size() - shape.size();
+      Value* flat = b_.getInt64(0);
+      for (size_t k = 0; k < shape.size(); ++k) {
+        Value* i = shape[k] == 1 ? b_.getInt64(0) : idx[off + k];
+        flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), i);
+      }
+      if (!width_) return load(e.name(), flat);
+      // Vector lanes run along the last index: contiguous unless broadcast there.
+      DType t = ts.at(e.name()).dtype;
+      Value* addr = b_.CreateGEP(storage_type(t), buffer(e.name()), flat);
+      Value* v = nullptr;
+      if (shape.empty() || shape.back() == 1) {
+        v = b_.CreateVectorSplat(width_, b_.CreateLoad(storage_type(t), addr));
+      } else {
+        auto* vty = llvm::FixedVectorType::get(storage_type(t), width_);
+        llvm::Align align(dtype_bytes(t));
+        v = mask_ ? static_cast<Value*>(b_.CreateMaskedLoad(vty, addr, align, mask_, llvm::Constant::getNullValue(vty)))
+                  : b_.CreateAlignedLoad(vty, addr, align);
+      }
+      if (t == DType::boolean) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+      return {v, t};
+    }
+    case Expr::Kind::literal: return constant(e.value(), DType::f64);  // exact; consumers convert
+    case Expr::Kind::dim: return constant(static_cast<double>(types_.dims.at(e.name())), DType::f64);
+    default: break;
+  }
+  const DType result = expr_type(e, ts).dtype;
+  std::vector<Typed> args;
+  for (const auto& a : e.args()) args.push_back(expr(a, idx));
+  if (e.kind() == Expr::Kind::unary) {
+    if (e.unary_op() == UnaryOp::logical_not) return {b_.CreateNot(convert(args[0], DType::boolean)), DType::boolean};
+    Value* x = convert(args[0], result);
+    return {is_float(result) ? b_.CreateFNeg(x) : b_.CreateNeg(x), result};
+  }
+  if (e.kind() == Expr::Kind::binary) {
+    ExprType ct = combine_types(expr_type(e.args()[0], ts), expr_type(e.args()[1], ts));
+    BinaryOp op = e.binary_op();
+    switch (op) {
+      case BinaryOp::add:
+      case BinaryOp::sub:
+      case BinaryOp::mul:
+      case BinaryOp::div:
+      case BinaryOp::mod: return arith(op, args[0], args[1], ct.dtype == DType::boolean ? DType::i32 : ct.dtype);
+      case BinaryOp::logical_and:
+        return {b_.CreateAnd(convert(args[0], DType::boolean), convert(args[1], DType::boolean)), DType::boolean};
+      case BinaryOp::logical_or:
+        return {b_.CreateOr(convert(args[0], DType::boolean), convert(args[1], DType::boolean)), DType::boolean};
+      default: return {compare(op, args[0], args[1], ct.dtype), DType::boolean};
+    }
+  }
+  // Calls.
+  Intrinsic fn = e.intrinsic();
+  if (fn == Intrinsic::select) {
+    Value* c = convert(args[0], DType::boolean);
+    return {b_.CreateSelect(c, convert(args[1], result), convert(args[2], result)), result};
+  }
+  if (fn == Intrinsic::cast) return {convert(args[0], result), result};
+  if (fn == Intrinsic::ident) return {convert(args[0], result), result};
+  if (fn == Intrinsic::max || fn == Intrinsic::min || fn == Intrinsic::pow) {
+    Value *x = convert(args[0], result), *y = convert(args[1], result);
+    bool is_max = fn == Intrinsic::max;
+    if (fn == Intrinsic::pow) return {intrinsic(llvm::Intrinsic::pow, {x, y}), result};
+    if (is_float(result)) return {nan_max_min(is_max, x, y), result};
+    if (result == DType::boolean) return {is_max ? b_.CreateOr(x, y) : b_.CreateAnd(x, y), result};
+    return {intrinsic(is_max ? llvm::Intrinsic::smax : llvm::Intrinsic::smin, {x, y}), result};
+  }
+  Typed x{convert(args[0], result), result};
+  if (!is_float(result)) {  // integer versions
+    Value* v = x.v;
+    switch (fn) {
+      case Intrinsic::abs: return {b_.CreateIntrinsic(llvm::Intrinsic::abs, {v->getType()}, {v, b_.getFalse()}), result};
+      case Intrinsic::sign:
+        return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, i32(0)), widen(b_.getInt32Ty())),
+                             b_.CreateZExt(b_.CreateICmpSLT(v, i32(0)), widen(b_.getInt32Ty()))),
+                result};
+      case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, i32(0)}), result};
+      case Intrinsic::floor:
+      case Intrinsic::ceil:
+      case Intrinsic::round: return x;
+      default: POLYTILE_CHECK(false, "integer ", to_string(fn));
+    }
+  }
+  Value* v = x.v;
+  llvm::Type* ty = v->getType();
+  auto fc = [&](double c) { return llvm::ConstantFP::get(ty, c); };
+  switch (fn) {
+    case Intrinsic::abs: return {intrinsic(llvm::Intrinsic::fabs, {v}), result};
+    case Intrinsic::sign:
+      return {b_.CreateSelect(b_.CreateFCmpOGT(v, fc(0)), fc(1), b_.CreateSelect(b_.CreateFCmpOLT(v, fc(0)), fc(-1), v)), result};
+    case Intrinsic::exp: return {intrinsic(llvm::Intrinsic::exp, {v}), result};
+    case Intrinsic::log: return {intrinsic(llvm::Intrinsic::log, {v}), result};
+    case Intrinsic::sqrt: return {intrinsic(llvm::Intrinsic::sqrt, {v}), result};
+    case Intrinsic::sin: return {intrinsic(llvm::Intrinsic::sin, {v}), result};
+    case Intrinsic::cos: return {intrinsic(llvm::Intrinsic::cos, {v}), result};
+    case Intrinsic::floor: return {intrinsic(llvm::Intrinsic::floor, {v}), result};
+    case Intrinsic::ceil: return {intrinsic(llvm::Intrinsic::ceil, {v}), result};
+    case Intrinsic::round: return {intrinsic(llvm::Intrinsic::round, {v}), result};
+    case Intrinsic::tan: return {fn_call("tan", x), result};
+    case Intrinsic::asin: return {fn_call("asin", x), result};
+    case Intrinsic::acos: return {fn_call("acos", x), result};
+    case Intrinsic::atan: return {fn_call("atan", x), result};
+    case Intrinsic::sinh: return {fn_call("sinh", x), result};
+    case Intrinsic::cosh: return {fn_call("cosh", x), result};
+    case Intrinsic::tanh: return {fn_call("tanh", x), result};
+    case Intrinsic::erf: return {fn_call("erf", x), result};
+    case Intrinsic::sigmoid:
+      return {b_.CreateFDiv(fc(1), b_.CreateFAdd(fc(1), intrinsic(llvm::Intrinsic::exp, {b_.CreateFNeg(v)}))), result};
+    case Intrinsic::relu:
+      return {b_.CreateSelect(b_.CreateFCmpUGT(v, fc(0)), v, fc(0)), result};  // NaN stays NaN
+    default: break;
+  }
+  POLYTILE_CHECK(false, "unhandled intrinsic ", to_string(fn));
+}
+
+}  // namespace polytile::llvm_ir::internal
