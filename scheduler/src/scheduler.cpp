@@ -83,6 +83,15 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
   return band;
 }
 
+// An empty nest of `kind` writing `tensor`, named after both.
+Nest new_nest(Nest::Kind kind, const std::string& tensor, const char* suffix) {
+  Nest n;
+  n.kind = kind;
+  n.name = tensor + suffix;
+  n.tensor = tensor;
+  return n;
+}
+
 std::vector<std::string> element_variables(const TensorType& t) {
   std::vector<std::string> vars;
   for (size_t k = 0; k < t.shape.size(); ++k) vars.push_back("i" + std::to_string(k));
@@ -117,10 +126,7 @@ class ProgramScheduler {
   // An elementwise statement over `domain` (a part of its output's box).
   void elementwise(const Elementwise& e, const isl::set& domain) {
     const TensorType& t = types_.tensors.at(e.output);
-    Nest nest;
-    nest.kind = Nest::Kind::elementwise;
-    nest.name = e.output + ".elementwise";
-    nest.tensor = e.output;
+    Nest nest = new_nest(Nest::Kind::elementwise, e.output, ".elementwise");
     nest.elementwise = e;
     nest.variables = element_variables(t);
     build_over_elements(nest, domain, t);
@@ -136,10 +142,7 @@ class ProgramScheduler {
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
-    Nest n;
-    n.kind = kind;
-    n.name = c.output + suffix;
-    n.tensor = c.output;
+    Nest n = new_nest(kind, c.output, suffix);
     n.contraction = c;
     n.variables = element_variables(types_.tensors.at(c.output));
     return n;
@@ -176,10 +179,7 @@ class ProgramScheduler {
   // True when it ran as a micro-kernel.
   bool update(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, size_t init_index) {
     const TensorType& t = types_.tensors.at(c.output);
-    Nest update;
-    update.kind = Nest::Kind::update;
-    update.name = c.output + ".update";
-    update.tensor = c.output;
+    Nest update = new_nest(Nest::Kind::update, c.output, ".update");
     update.contraction = c;
     update.variables = c.index_variables();
     if (auto in = fusion_.inlined_into.find(index); in != fusion_.inlined_into.end())
