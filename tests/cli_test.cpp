@@ -180,6 +180,35 @@ TEST(CliTest, RunTunedMatchesTheInterpreter) {
   for (int64_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a.get(e), b.get(e), 1e-12) << e;
 }
 
+TEST(CliTest, VersionNamesTheRelease) {
+  Result r = cli({"--version"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, std::string("polytile ") + POLYTILE_VERSION_FOR_TESTS + "\n");
+}
+
+// --time reports every compile stage and the median of --repeat runs on stderr, leaving the printed
+// outputs as they are; --threads changes no value.
+TEST(CliTest, RunTimesStagesAndRepeatedRunsOnStderr) {
+  std::string mm = kExamples + "matmul.tile";
+  std::vector<std::string> base{"run", mm, "--random", "A=40x30", "--random", "B=30x20"};
+  Result plain = cli(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cli(args);
+  };
+  Result timed = with({"--time", "--repeat", "4", "--threads", "1"});
+  ASSERT_EQ(timed.code, 0) << timed.err;
+  EXPECT_EQ(timed.out, plain.out);
+  for (const char* stage : {"compile: passes ", ", schedule ", ", LLVM IR ", ", optimize + JIT ", "run (cpu): median ", " of 4 runs"})
+    EXPECT_NE(timed.err.find(stage), std::string::npos) << stage << " missing in: " << timed.err;
+  Result interp = with({"--time", "--backend", "interp"});
+  ASSERT_EQ(interp.code, 0) << interp.err;
+  EXPECT_EQ(interp.err.find("compile:"), std::string::npos) << interp.err;
+  EXPECT_NE(interp.err.find("run (interp): median "), std::string::npos) << interp.err;
+}
+
 TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
   Buffer i64ish = testing::random_buffer({3}, 1);
   write_npy(temp("v.npy"), i64ish);
@@ -223,6 +252,10 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "--random"}, "option --random needs a value"},
       {{"run", mm, "--random", "A"}, "--random expects NAME=VALUE"},
       {{"run", mm, "--seed", "x"}, "--seed expects an integer"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--threads", "0"}, "--threads 0: give a thread count from 1"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--repeat", "0"}, "--repeat 0: give a count from 1"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--threads", "2", "--backend", "interp"},
+       "--threads needs the cpu backend"},
       {{"run", mm, "extra.tile"}, "unexpected argument 'extra.tile'"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "C=/nonexistent/c.npy"},
        "cannot write .npy file /nonexistent/c.npy"},

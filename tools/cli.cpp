@@ -1,6 +1,8 @@
 // `polytile` subcommands: check, run, help. Every failure becomes a one-line message and an exit code.
 #include "cli.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,6 +34,7 @@ commands:
   lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions
   grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
   help [COMMAND]    show help for a command
+  --version         print polytile's version
 
 Run 'polytile <command> --help' for a command's options.
 Exit codes: 0 success, 1 user error (bad input), 2 internal error.
@@ -73,6 +76,7 @@ Prints one stage of the compiler for FILE.tile:
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
+                    [--threads N] [--time] [--repeat N]
 
 Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
 (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
@@ -86,6 +90,10 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
+  --threads N                  cpu: run on N threads (default: the machine's)
+  --time                       print to stderr the compile time of every stage (cpu) and the run time:
+                               the median of --repeat runs (the compiled program is reused)
+  --repeat N                   run N times (default 1); the outputs are those of the last run
 )";
 
 const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward] [--verify]
@@ -309,7 +317,18 @@ int cmd_grad(const Args& a, std::ostream& out) {
   return 0;
 }
 
-int cmd_run(const Args& a, std::ostream& out) {
+double milliseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string ms(double v) {
+  std::ostringstream os;
+  os.precision(3);
+  os << v << " ms";
+  return os.str();
+}
+
+int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   TensorMap inputs;
   std::map<std::string, std::string> output_files;
@@ -317,10 +336,19 @@ int cmd_run(const Args& a, std::ostream& out) {
   uint64_t seed = 1;
   int64_t limit = 64;
   std::string backend = "cpu";
-  bool tune = false, verify = false;
+  bool tune = false, verify = false, time = false;
+  int64_t threads = 0, repeat = 1;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--tune") {
       tune = true;
+    } else if (opt == "--time") {
+      time = true;
+    } else if (opt == "--threads") {
+      threads = parse_int(opt, value);
+      if (threads < 1 || threads > 1024) user_error("--threads ", value, ": give a thread count from 1 to 1024");
+    } else if (opt == "--repeat") {
+      repeat = parse_int(opt, value);
+      if (repeat < 1 || repeat > 1000000) user_error("--repeat ", value, ": give a count from 1 to 1000000");
     } else if (opt == "--verify") {
       verify = true;
     } else if (opt == "--input") {
@@ -346,6 +374,7 @@ int cmd_run(const Args& a, std::ostream& out) {
   if (backend != "interp" && backend != "cpu") user_error("unknown backend '", backend, "' (available: cpu, interp)");
   if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
   if (verify && backend != "cpu") user_error("--verify needs the cpu backend (the interpreter runs no passes)");
+  if (threads && backend != "cpu") user_error("--threads needs the cpu backend (the interpreter runs on one thread)");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -358,7 +387,34 @@ int cmd_run(const Args& a, std::ostream& out) {
   cpu::CompileOptions options;
   options.tune = tune;
   options.verify = verify;
-  TensorMap results = backend == "cpu" ? cpu::run(p, inputs, options) : interpret(p, inputs);
+  options.threads = static_cast<int>(threads);
+  std::shared_ptr<const cpu::CompiledProgram> compiled;
+  if (backend == "cpu") {
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
+    compiled = cpu::compile(p, types, options);
+    if (time) {
+      const cpu::CompileTimes& t = compiled->times();
+      err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "
+          << ms(t.llvm_ir * 1e3) << ", optimize + JIT " << ms(t.optimize_and_jit * 1e3) << "\n";
+    }
+  }
+  TensorMap results;
+  std::vector<double> runs;
+  for (int64_t r = 0; r < repeat; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (compiled) {
+      compiled->run(inputs, results);  // outputs reused from the second run on
+    } else {
+      results = interpret(p, inputs);
+    }
+    runs.push_back(milliseconds_since(t0));
+  }
+  if (time) {
+    std::sort(runs.begin(), runs.end());
+    err << "run (" << backend << "): median " << ms(runs[runs.size() / 2]) << " of " << repeat << " run"
+        << (repeat == 1 ? "" : "s") << ", fastest " << ms(runs.front()) << "\n";
+  }
   for (const auto& o : p.outputs) {
     auto it = output_files.find(o);
     if (it != output_files.end()) {
@@ -382,7 +438,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose" || s == "--tune" || s == "--verify") {
+    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time") {
       a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0) {
       std::string opt = s, value;
@@ -407,6 +463,10 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.command.empty()) {
       err << kMainHelp;
       return 1;
+    }
+    if (a.command == "--version") {
+      out << "polytile " << POLYTILE_VERSION << "\n";
+      return 0;
     }
     if (a.command == "help") {
       if (a.file == "check") {
@@ -437,7 +497,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.command == "check") return cmd_check(a, out, err);
     if (a.command == "lower") return cmd_lower(a, out, err);
     if (a.command == "grad") return cmd_grad(a, out);
-    return cmd_run(a, out);
+    return cmd_run(a, out, err);
   } catch (const UserError& e) {
     std::string m = e.what();
     for (char& c : m)
