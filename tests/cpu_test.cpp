@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "generators.h"
 #include "polytile/autodiff.h"
@@ -624,6 +625,53 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   // softmax: 2, matvec, dot, min, max, negative max: 1 each; the sum over a middle axis reads n with a
   // stride: 0.
   EXPECT_EQ(reductions, 3 * 2 * 7);
+}
+
+// A compiled program keeps its scratch tensors between runs (no page faults, no zeroing) and hands each
+// concurrent run a set of its own: runs one after another on different inputs, and runs on four threads
+// at once, all equal the interpreter -- a nest that left an element of a scratch tensor unwritten, or two
+// runs sharing one set, would show here.
+TEST(CpuTest, ScratchTensorsAreReusedAcrossRunsAndConcurrentRuns) {
+  Program softmax = parse_program(
+      "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }");
+  ad::Options grad_options;
+  Program cases[] = {
+      ad::vjp(softmax, grad_options).program,
+      parse_program("function (I[N, H, W, CI], K[KH, KW, CI, CO], B[CO]) -> (R) {"
+                    "  O[n, y, x, co : N, H - 1, W - 1, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]);"
+                    "  P[n, y, x, co : N, (H - 1) / 2, (W - 1) / 2, CO] = >(O[n, 2 * y + j, 2 * x + i, co]), j < 2, i < 2;"
+                    "  R = relu(P + B); }"),
+  };
+  const Shapes shapes[] = {{{"X", {33, 70}}, {"DO", {33, 70}}},
+                           {{"I", {2, 15, 15, 8}}, {"K", {2, 2, 8, 16}}, {"B", {16}}}};
+  CompileOptions o = microkernels_forced(512);
+  for (size_t c = 0; c < 2; ++c) {
+    const Program& p = cases[c];
+    std::vector<TensorMap> ins, wants;
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      ins.push_back(inputs_for(shapes[c], DType::f32, 500 + seed));
+      wants.push_back(interpret(p, ins.back()));
+    }
+    auto compiled = compile(p, types_of(ins[0]), o);
+    auto check = [&](const TensorMap& got, size_t k) {
+      for (const auto& name : p.outputs)
+        for (int64_t e = 0; e < got.at(name).size(); ++e)
+          if (std::fabs(got.at(name).get(e) - wants[k].at(name).get(e)) > 1e-4 * std::max(1.0, std::fabs(wants[k].at(name).get(e))))
+            return false;
+      return true;
+    };
+    for (size_t k = 0; k < ins.size(); ++k) EXPECT_TRUE(check(compiled->run(ins[k]), k)) << "sequential run " << k << "\n" << print(p);
+    std::vector<int> ok(ins.size(), 0);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < ins.size(); ++k)
+      threads.emplace_back([&, k] {
+        bool all = true;
+        for (int r = 0; r < 5; ++r) all = all && check(compiled->run(ins[k]), k);
+        ok[k] = all;
+      });
+    for (auto& t : threads) t.join();
+    for (size_t k = 0; k < ins.size(); ++k) EXPECT_TRUE(ok[k]) << "concurrent runs of input " << k << "\n" << print(p);
+  }
 }
 
 // Tuning: every candidate is compiled and timed, the program kept is the fastest one's, it is cached and

@@ -44,6 +44,11 @@ struct CompiledProgram::Impl {
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::vector<NestFn> nests;
   int threads = 1;
+  // Scratch tensors (written and read by nests, not outputs) of finished runs, one set per run that was
+  // in flight at once: a run takes a set, or allocates one, and gives it back. Memory that is reused
+  // needs no page faults and no zeroing (every nest writes all of its tensor's elements before any read).
+  mutable std::mutex scratch_mutex;
+  mutable std::vector<TensorMap> scratch_pool;
 };
 
 CompiledProgram::CompiledProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -298,7 +303,23 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
   // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
   // tensors no nest touches (inlined producers) get no memory.
   std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());
-  TensorMap env;
+  TensorMap env;  // outputs allocated by this run
+  TensorMap scratch;
+  {
+    std::lock_guard<std::mutex> lock(m.scratch_mutex);
+    if (!m.scratch_pool.empty()) {
+      scratch = std::move(m.scratch_pool.back());
+      m.scratch_pool.pop_back();
+    }
+  }
+  struct GiveBack {  // also when a nest throws
+    const CompiledProgram::Impl& m;
+    TensorMap& scratch;
+    ~GiveBack() {
+      std::lock_guard<std::mutex> lock(m.scratch_mutex);
+      m.scratch_pool.push_back(std::move(scratch));
+    }
+  } give_back{m, scratch};
   std::vector<char*> ptrs(m.buffers.size());
   for (size_t i = 0; i < m.buffers.size(); ++i) {
     const std::string& name = m.buffers[i];
@@ -314,8 +335,14 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
       ptrs[i] = static_cast<char*>(reuse->second.data());
       continue;
     }
-    env[name] = Buffer(t.dtype, t.shape);
-    ptrs[i] = static_cast<char*>(env[name].data());
+    if (is_output.count(name)) {
+      env[name] = Buffer(t.dtype, t.shape);
+      ptrs[i] = static_cast<char*>(env[name].data());
+      continue;
+    }
+    auto kept = scratch.find(name);
+    if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
+    ptrs[i] = static_cast<char*>(kept->second.data());
   }
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(m.threads));
   for (size_t k = 0; k < m.nests.size(); ++k) {

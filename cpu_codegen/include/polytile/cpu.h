@@ -50,6 +50,9 @@ struct CompileTimes {
 class CompiledProgram {
  public:
   ~CompiledProgram();
+  // Runs may be concurrent (several threads calling run on one CompiledProgram): each takes a set of
+  // scratch tensors of its own. Scratch tensors are kept between runs and reused, so a program run in a
+  // loop allocates (and page-faults) its intermediates once.
   // Runs on inputs of exactly the compiled shapes and dtypes (UserError otherwise).
   TensorMap run(const TensorMap& inputs) const;
   // The same, writing into `outputs`: an output buffer already there with the right dtype and shape is
