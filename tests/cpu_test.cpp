@@ -627,6 +627,40 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   EXPECT_EQ(reductions, 3 * 2 * 7);
 }
 
+// Broadcast lowering (lower.h) substitutes single-term contractions into their elementwise readers; the
+// values stay the interpreter's, including the +0 a sum makes of -0 (1 / +0 is +inf, 1 / -0 is -inf), a
+// max over one NaN term, integer and f64 terms, conditional terms that hit and miss, and lower-rank
+// inputs aligned to the right. Every compile here runs the pass's isl proof (verify).
+TEST(CpuTest, BroadcastLoweringKeepsTheInterpretersValues) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+  };
+  const Case cases[] = {
+      {"function (A[N, 1], B[N, C]) -> (O) { T[i, j : N, C] = +(A[i, 0]); O = T * B; }", {{"A", {5, 1}}, {"B", {5, 7}}}},
+      {"function (A[N, 1], B[N, 3]) -> (O) { T[i, j : N, 3] = +(A[i, 0]); O = 1 / T + 0 * B; }", {{"A", {4, 1}}, {"B", {4, 3}}}},
+      {"function (A[N, 1], B[N, C]) -> (O) { T[i, j : N, C] = >(A[i, 0]); O = T - B; }", {{"A", {6, 1}}, {"B", {6, 5}}}},
+      {"function (A[C], B[N, C]) -> (O) { T[i, j : N, C] = *(A[j]); O = T * B; }", {{"A", {9}}, {"B", {4, 9}}}},
+      {"function (X[N, C], M[N, 1], G[N, 1]) -> (O) { T[i, j : N, C] = +(X[i, j] == M[i, 0] ? G[i, 0]); O = T + X; }",
+       {{"X", {5, 6}}, {"M", {5, 1}}, {"G", {5, 1}}}},
+  };
+  for (const auto& cs : cases) {
+    Program p = parse_program(cs.text);
+    for (DType t : {DType::f32, DType::f64, DType::i32}) {
+      TensorMap in = inputs_for(cs.shapes, t, 7);
+      if (in.count("A") && t != DType::i32) {
+        in.at("A").set(0, -0.0);
+        in.at("A").set(in.at("A").size() - 1, std::numeric_limits<double>::quiet_NaN());
+      }
+      if (in.count("M"))  // some hits: X[i, 0] equals its row's M
+        for (int64_t i = 0; i < 5; i += 2) in.at("X").set(i * 6, in.at("M").get(i));
+      expect_same(p, in, cs.text);
+      const std::string lowered = print(compile(p, types_of(in))->program());
+      EXPECT_EQ(lowered.find("T["), std::string::npos) << "not substituted:\n" << lowered;
+    }
+  }
+}
+
 // A compiled program keeps its scratch tensors between runs (no page faults, no zeroing) and hands each
 // concurrent run a set of its own: runs one after another on different inputs, and runs on four threads
 // at once, all equal the interpreter -- a nest that left an element of a scratch tensor unwritten, or two

@@ -181,6 +181,35 @@ TEST(SchedulerTest, CarriedTypesAreTheTypesOfTheLoweredProgram) {
   }
 }
 
+// Broadcast lowering substitutes only what it can prove is one term per element read by broadcasting,
+// read only by elementwise statements of its shape and not a program output.
+TEST(SchedulerTest, BroadcastLoweringSubstitutesOnlyPlainBroadcasts) {
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {4, 1}}}, {"B", {DType::f32, {4, 6}}}};
+  const std::string head = "function (A[N, 1], B[N, C]) -> ";
+  ProgramTypes types;
+  auto lowered = [&](const std::string& text) {
+    Program p = parse_program(text);
+    types = infer_types(p, inputs);
+    return print(broadcasts_to_elementwise(p, types, /*verify=*/true));
+  };
+  std::string yes = lowered(head + "(O) { T[i, j : N, C] = +(A[i, 0]); O = T * B; }");
+  EXPECT_EQ(yes.find("T["), std::string::npos) << yes;
+  EXPECT_NE(yes.find("O = cast(A + 0, f32) * B;"), std::string::npos) << yes;
+  const char* kept[] = {
+      "(O, T) { T[i, j : N, C] = +(A[i, 0]); O = T * B; }",                          // a program output
+      "(O) { T[i, j : N, C] = +(A[i, 0]); O[i : N] = +(T[i, j]); }",                // read by a contraction
+      "(O) { T[i, j : N, C] = +(A[i, 0]); U = A + 1; O = T * U; }",                // a reader of another shape
+      "(O) { T[i, j : N, C] = +(B[i, k]); O = T * B; }",                             // a reduction
+      "(O) { T[i, j : N, C] = +(B[i, j]), j < 3; O = T * B; }",                      // a constraint
+      "(O) { T[i, j : N, C] = +(B[i, C - 1 - j]); O = T * B; }",                     // not the aligned element
+      "(O) { T[j, i : C, N] = +(B[i, j]); Bt[j, i : C, N] = =(B[i, j]); O = T * Bt; }",  // a transpose
+  };
+  for (const char* k : kept) {
+    std::string text = lowered(head + k);
+    EXPECT_NE(text.find("T["), std::string::npos) << k << "\n" << text;
+  }
+}
+
 // A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found
 // when the scheduler analyzes it, after the first one's micro-kernel nest and its isl objects exist)
 // reaches the caller with its message, and every isl object is freed on the way: under AddressSanitizer

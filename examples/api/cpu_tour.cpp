@@ -3,6 +3,7 @@
 // the CPU -- into preallocated outputs -- checked against the reference interpreter; then a tuned compile.
 #include <polytile/cpu.h>
 #include <polytile/interpreter.h>
+#include <polytile/lower.h>
 #include <polytile/parser.h>
 #include <polytile/scheduler.h>
 
@@ -19,6 +20,10 @@ int main() {
 
   // The layout pass alone: B's rows are 2400 bytes apart, so B is first copied into contiguous panels.
   std::cout << print(sched::prepare_layouts(layer, infer_types(layer, types))) << "\n";
+  // Broadcast lowering alone: T only broadcasts Scale's rows, so it becomes part of Y's expression.
+  Program scaled = parse_program("function (C[M, N], Scale[M, 1]) -> (Y) { T[i, j : M, N] = +(Scale[i, 0]); Y = C * T; }");
+  ProgramTypes scaled_types = infer_types(scaled, {{"C", {DType::f32, {4, 3}}}, {"Scale", {DType::f32, {4, 1}}}});
+  std::cout << print(sched::broadcasts_to_elementwise(scaled, scaled_types)) << "\n";
 
   cpu::CompileOptions options;  // its target is cpu::host_target(): this machine's caches and vector width
   std::cout << "host: " << options.target.threads << " threads, " << options.target.cpu.vector_bits << "-bit vectors\n";

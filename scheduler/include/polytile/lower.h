@@ -1,6 +1,6 @@
 // The lowering pipeline: one entry from a Program and its input types to loop nests, as a list of passes
 // that reads like the compiler (scheduler/src/lower.cpp):
-//   reduce + defract -> cond-miss lowering -> elementwise fusion -> layouts -> isl schedule (loop IR)
+//   reduce + defract -> cond-miss lowering -> broadcasts -> elementwise fusion -> layouts -> isl schedule (loop IR)
 // Every stage's result prints (`polytile lower --emit tile|defracted|lowered|schedule|ast|loops`); nothing
 // here needs LLVM, and the code generators (cpu_codegen) only emit and run what `lower` produced. With
 // `verify`, every pass proves its rewrite (translation validation, polytile/verify.h).
@@ -41,6 +41,15 @@ Lowered lower(const Program& program, const std::map<std::string, TensorType>& i
 // contraction O becomes O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
 // With `verify_with` (the input types), both new contractions are proven against the original.
 Program lower_cond_misses(const Program& program, const std::map<std::string, TensorType>* verify_with = nullptr);
+
+// Broadcast lowering: a contraction whose every output element gets exactly one term read by numpy
+// broadcasting (output indices distinct plain variables; input indices the aligned variable or 0 on a dim
+// of size 1; no constraints, no default; the term's dtype the output's), and which only elementwise
+// statements of its own shape read, is substituted into them as an elementwise expression (a sum adds the
+// term to 0; a conditional sum selects it where the condition holds and 0 elsewhere), so fusion can run
+// it in their nest instead of materializing it. Autodiff's adjoints of broadcasts and of a max's argmax
+// are such contractions. With `verify`, isl proves the single term per element of each one substituted.
+Program broadcasts_to_elementwise(const Program& program, const ProgramTypes& types, bool verify = false);
 
 // The loop IR the emitters consume, as text: every nest with its kind, variables and marks, then its loops,
 // guards and statements (iterators c0, c1, ...).
