@@ -627,6 +627,40 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   EXPECT_EQ(reductions, 3 * 2 * 7);
 }
 
+// Compiles of different programs may run at once (each has its own isl and LLVM contexts; the cache is
+// locked): four threads compile and run four programs, each equal to the interpreter.
+TEST(CpuTest, ConcurrentCompilesOfDifferentPrograms) {
+  const std::string texts[] = {
+      "function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }",
+      "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }",
+      "function (I[N]) -> (O) { O[i : N / 2] = >(I[2 * i + j]), j < 2; }",
+      "function (A[M, K], B[K, N]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]); D = relu(C) - 1; }",
+  };
+  const Shapes shapes[] = {{{"A", {37, 29}}, {"B", {29, 41}}}, {{"X", {13, 77}}}, {{"I", {91}}}, {{"A", {23, 31}}, {"B", {31, 19}}}};
+  std::vector<int> ok(4, 0);
+  std::vector<std::string> failure(4);
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        Program p = parse_program(texts[k]);
+        TensorMap in = inputs_for(shapes[k], DType::f32, 900 + k);
+        CompileOptions o;
+        o.threads = 1;
+        TensorMap got = compile(p, types_of(in), o)->run(in), want = interpret(p, in);
+        bool same = true;
+        for (const auto& name : p.outputs)
+          for (int64_t e = 0; e < want.at(name).size(); ++e)
+            same = same && std::fabs(got.at(name).get(e) - want.at(name).get(e)) <= 1e-4 * std::max(1.0, std::fabs(want.at(name).get(e)));
+        ok[k] = same;
+      } catch (const std::exception& e) {
+        failure[k] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < 4; ++k) EXPECT_TRUE(ok[k]) << texts[k] << " " << failure[k];
+}
+
 // Broadcast lowering (lower.h) substitutes single-term contractions into their elementwise readers; the
 // values stay the interpreter's, including the +0 a sum makes of -0 (1 / +0 is +inf, 1 / -0 is -inf), a
 // max over one NaN term, integer and f64 terms, conditional terms that hit and miss, and lower-rank

@@ -72,7 +72,9 @@ class CompiledProgram {
   std::unique_ptr<Impl> impl_;
 };
 
-// Compiles (or fetches from the cache) `program` for inputs of the given types.
+// Compiles (or fetches from the cache) `program` for inputs of the given types. Safe to call from several
+// threads at once: every compilation has its own isl and LLVM contexts, and the cache is locked (two
+// threads compiling the same program at once may both compile it; both get the one kept).
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options = {});
 
