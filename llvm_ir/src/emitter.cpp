@@ -119,6 +119,12 @@ Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
   }
 }
 
+std::vector<Value*> NestEmitter::loop_exprs(const std::vector<sched::LoopExpr>& args) {
+  std::vector<Value*> vals;
+  for (const auto& a : args) vals.push_back(loop_expr(a));
+  return vals;
+}
+
 Value* NestEmitter::cond(const sched::LoopExpr& a) {
   using K = sched::LoopExpr::Kind;
   switch (a.kind) {

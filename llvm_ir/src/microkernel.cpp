@@ -40,8 +40,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   const Contraction& c = nest_.contraction;
   const DType t = types_.tensors.at(nest_.tensor).dtype;
   const auto& names = nest_.variables;
-  std::vector<Value*> vals;
-  for (const auto& a : n.args) vals.push_back(loop_expr(a));
+  const std::vector<Value*> vals = loop_exprs(n.args);
   const size_t no = mk.others.size();
   std::map<std::string, Value*> vars;
   for (size_t k = 0; k < no; ++k) vars[names[mk.others[k]]] = vals[k];

@@ -45,6 +45,8 @@ class NestEmitter {
  private:
   // ------------------------------------------------------------------ loops
   Value* loop_expr(const sched::LoopExpr& a);
+  // A statement's arguments (its domain variables' values) at the current loop iteration.
+  std::vector<Value*> loop_exprs(const std::vector<sched::LoopExpr>& args);
   Value* cond(const sched::LoopExpr& a);
   Value* floor_div(Value* x, Value* y);
   Value* floor_mod(Value* x, Value* y);

@@ -13,8 +13,7 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
   const auto& names = nest_.variables;
   const unsigned lanes = static_cast<unsigned>(rd.lanes);
   auto* vty = llvm::FixedVectorType::get(value_type(t), lanes);
-  std::vector<Value*> vals;
-  for (const auto& a : n.args) vals.push_back(loop_expr(a));
+  const std::vector<Value*> vals = loop_exprs(n.args);
   std::map<std::string, Value*> vars;
   for (size_t k = 0; k < rd.outputs.size(); ++k) vars[names[rd.outputs[k]]] = vals[k];
   width_ = lanes;  // constants and identities as vectors

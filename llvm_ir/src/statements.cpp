@@ -99,8 +99,7 @@ Value* NestEmitter::accumulate(AggregationOp op, Value* acc, Value* v, DType t) 
 }
 
 void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
-  std::vector<Value*> vals;
-  for (const auto& a : args) vals.push_back(loop_expr(a));
+  const std::vector<Value*> vals = loop_exprs(args);
   using NK = sched::Nest::Kind;
   const TensorType& out = types_.tensors.at(nest_.tensor);
   switch (nest_.kind) {

@@ -70,8 +70,11 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
   });
 }
 
-bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx) {
-  ConcreteContraction cc = concretize(c, types);
+namespace {
+
+// The single-write proof on `domain`, the contraction's domain (tuple S_<output>).
+bool writes_each_output_once_on(const Contraction& c, const ProgramTypes& types, const ConcreteContraction& cc,
+                                const isl::set& domain) {
   std::vector<std::string> out_vars;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms())
@@ -87,11 +90,17 @@ bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, co
   for (const auto& p : c.output_indices) forms.push_back(make_form(p.bind_dims(types.dims), out_vars));
   on_out.accesses = {{c.output, forms}};
   return with_isl_errors("proving single writes of " + c.output, [&] {
-    isl::set domain(ctx, domain_text(cc));
+    isl::ctx ctx = domain.ctx();
     isl::set projected = domain.apply(isl::map(ctx, proj));
     isl::map write = isl::map(ctx, access_text(on_out, 0)).intersect_domain(projected);
     return write.is_injective();
   });
+}
+
+}  // namespace
+
+bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const IslAnalysis& analysis) {
+  return writes_each_output_once_on(c, types, concretize(c, types), analysis.domain);
 }
 
 }  // namespace internal
@@ -121,8 +130,10 @@ std::string print_analyses(const std::vector<ContractionAnalysis>& analyses) {
 }
 
 bool writes_each_output_once(const Contraction& c, const ProgramTypes& types) {
+  ConcreteContraction cc = concretize(c, types);
   IslContext ctx;
-  return internal::writes_each_output_once(c, types, ctx.get());
+  return with_isl_errors("proving single writes of " + c.output,
+                         [&] { return internal::writes_each_output_once_on(c, types, cc, isl::set(ctx.get(), domain_text(cc))); });
 }
 
 }  // namespace polytile::poly

@@ -104,26 +104,25 @@ Program broadcasts_to_elementwise(const Program& program, const ProgramTypes& ty
       broadcast.emplace(c->output, *e);
     }
   }
-  // A reader must keep its shape once the contractions are replaced by what they broadcast (the
-  // contraction may be what gave the reader its shape): the readers that would not give up theirs.
+  // A reader with the contractions replaced by what they broadcast; the cast keeps the contraction's
+  // dtype, as fusion does.
+  auto substituted = [&](const Expr& expr) {
+    return expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+      auto b = leaf.kind() == Expr::Kind::tensor ? broadcast.find(leaf.name()) : broadcast.end();
+      if (b == broadcast.end()) return std::nullopt;
+      return Expr::call(Intrinsic::cast, {b->second}, types.tensors.at(leaf.name()).dtype);
+    });
+  };
+  // A reader must keep its shape (the contraction may be what gave it its shape): the contractions read
+  // by a reader that would not keep it stay.
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& st : program.statements) {
       const auto* e = std::get_if<Elementwise>(&st);
-      if (!e) continue;
-      std::vector<std::string> leaves, read;
+      if (!e || expr_shape(substituted(e->expr), types.tensors, "broadcast lowering") == types.tensors.at(e->output).shape)
+        continue;
+      std::vector<std::string> read;
       e->expr.collect_tensors(read);
-      bool reads_candidate = false;
-      for (const auto& t : read) {
-        auto b = broadcast.find(t);
-        reads_candidate = reads_candidate || b != broadcast.end();
-        if (b == broadcast.end()) leaves.push_back(t);
-        else b->second.collect_tensors(leaves);
-      }
-      if (!reads_candidate) continue;
-      std::vector<int64_t> shape;
-      for (const auto& t : leaves) shape = broadcast_shapes(shape, types.tensors.at(t).shape, "broadcast lowering");
-      if (shape == types.tensors.at(e->output).shape) continue;
       for (const auto& t : read) changed = broadcast.erase(t) > 0 || changed;
     }
   }
@@ -135,17 +134,7 @@ Program broadcasts_to_elementwise(const Program& program, const ProgramTypes& ty
       continue;
     }
     const auto* e = std::get_if<Elementwise>(&st);
-    if (!e) {
-      out.statements.push_back(st);
-      continue;
-    }
-    // The cast keeps the contraction's dtype, as fusion does.
-    Expr expr = e->expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
-      auto b = leaf.kind() == Expr::Kind::tensor ? broadcast.find(leaf.name()) : broadcast.end();
-      if (b == broadcast.end()) return std::nullopt;
-      return Expr::call(Intrinsic::cast, {b->second}, types.tensors.at(leaf.name()).dtype);
-    });
-    out.statements.push_back(Elementwise{e->output, expr});
+    out.statements.push_back(e ? Statement(Elementwise{e->output, substituted(e->expr)}) : st);
   }
   return out;
 }

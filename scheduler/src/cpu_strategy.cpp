@@ -36,9 +36,8 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
 
 }  // namespace
 
-isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const isl::set& domain,
-                                          const std::vector<std::string>& vars, const std::vector<size_t>& order,
-                                          const NestFacts& facts) {
+isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
+                                          const std::vector<size_t>& order, const NestFacts& facts) {
   isl::schedule_node root = neutral.root().child(0);
   if (!root.isa<isl::schedule_node_band>()) return neutral;
   isl::schedule_node_band neutral_band = root.as<isl::schedule_node_band>();
@@ -47,7 +46,7 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const is
   std::vector<std::string> perm;
   for (size_t k : order) perm.push_back(vars[k]);
   // Extents of the band members, for the cost model.
-  isl::set box = isl::union_set(domain).apply(isl::union_map::from(neutral_band.partial_schedule()))
+  isl::set box = neutral.get_domain().apply(isl::union_map::from(neutral_band.partial_schedule()))
                      .extract_set(isl_support::set_space(ctx.get(), static_cast<unsigned>(perm.size())));
   std::vector<int64_t> extents, lows;
   for (size_t k = 0; k < perm.size(); ++k) {
@@ -93,19 +92,10 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const is
         point_coincident.push_back(k < parallel);
       }
     }
-    const std::string tuple_text = "{ S[" + join(vars) + "] -> ";
-    auto band = [&](isl::schedule_node at, const std::vector<std::string>& members, const std::vector<bool>& coincident) {
-      isl::union_map m(ctx.get(), tuple_text + "[" + join(members) + "] }");
-      isl::schedule_node_band b = at.insert_partial_schedule(isl_support::partial_schedule(m)).as<isl::schedule_node_band>();
-      b = b.set_permutable(1);
-      for (size_t k = 0; k < coincident.size(); ++k)
-        if (coincident[k]) b = b.member_set_coincident(static_cast<int>(k), 1);
-      return isl::schedule_node(b);
-    };
     root = isl_support::delete_node(root);
-    root = band(root, point, point_coincident);
+    root = insert_band(root, vars, point, point_coincident);
     root = root.insert_mark(isl::id(ctx.get(), "point"));
-    root = band(root, tiles, tile_coincident);
+    root = insert_band(root, vars, tiles, tile_coincident);
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
   }
   if (parallel > 0) root = root.insert_mark(statements.parallel_mark);

@@ -16,7 +16,7 @@ using isl_support::text;
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
 bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
                                   const poly::internal::IslAnalysis& analysis, const isl::set& domain,
-                                  const std::vector<std::string>& positional, int64_t out_bytes, isl::set* uncovered,
+                                  const std::vector<std::string>& positional, int64_t out_bytes, isl::set* stored_elements,
                                   const Elementwise* epilogue) {
   const poly::ContractionAnalysis& a = analysis.summary;
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
@@ -69,20 +69,13 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
   bool weight_mode = out_bytes * 2 <= target.cpu.l2_bytes && reduction_points >= 2048;
   nest.microkernel = mk;
-  if (epilogue && uncovered) nest.epilogue = *epilogue;
+  if (epilogue && stored_elements) nest.epilogue = *epilogue;
   MicrokernelChoices choices;
   choices.weight_mode = weight_mode;
-  choices.zero_init = uncovered != nullptr;
+  choices.zero_init = stored_elements != nullptr;
   choices.columns_only = columns_only;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
-  if (uncovered) {
-    // Output elements that no block stores: those still need the init nest.
-    std::vector<std::string> dims;
-    const auto& shape = types.tensors.at(c.output).shape;
-    for (size_t k = 0; k < shape.size(); ++k) dims.push_back("i" + std::to_string(k));
-    isl::set box(ctx.get(), box_text("S", dims, shape));
-    *uncovered = box.subtract(stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S))).coalesce();
-  }
+  if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
   return true;
 }
 

@@ -23,19 +23,28 @@ isl::schedule NestBuilder::neutral_tree(const isl::set& domain, const std::vecto
   isl::schedule tree = isl::schedule::from_domain(isl::union_set(domain));
   if (vars.empty()) return tree;
   std::vector<std::string> perm;
-  for (size_t k : order) perm.push_back(vars[k]);
-  isl::union_map band_map(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(perm) + "] }");
-  isl::schedule_node_band band =
-      tree.root().child(0).insert_partial_schedule(isl_support::partial_schedule(band_map)).as<isl::schedule_node_band>();
+  std::vector<bool> flags;
+  for (size_t k : order) {
+    perm.push_back(vars[k]);
+    flags.push_back(flags.size() < coincident);
+  }
+  return insert_band(tree.root().child(0), vars, perm, flags).schedule();
+}
+
+isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const std::vector<std::string>& vars,
+                                            const std::vector<std::string>& members, const std::vector<bool>& coincident) {
+  isl::union_map m(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(members) + "] }");
+  isl::schedule_node_band band = at.insert_partial_schedule(isl_support::partial_schedule(m)).as<isl::schedule_node_band>();
   band = band.set_permutable(1);
-  for (size_t k = 0; k < coincident; ++k) band = band.member_set_coincident(static_cast<int>(k), 1);
-  return band.schedule();
+  for (size_t k = 0; k < coincident.size(); ++k)
+    if (coincident[k]) band = band.member_set_coincident(static_cast<int>(k), 1);
+  return band;
 }
 
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
   nest.parallel_outer = !vars.empty() && coincident > 0;
-  generate(nest, cpu_plain_nest(neutral_tree(domain, vars, order, coincident), domain, vars, order, facts));
+  generate(nest, cpu_plain_nest(neutral_tree(domain, vars, order, coincident), vars, order, facts));
 }
 
 }  // namespace polytile::sched::internal

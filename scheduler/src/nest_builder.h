@@ -70,8 +70,12 @@ struct NestBuilder {
              size_t coincident, const NestFacts& facts);
   isl::schedule neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
                              const std::vector<size_t>& order, size_t coincident);
-  isl::schedule cpu_plain_nest(const isl::schedule& neutral, const isl::set& domain, const std::vector<std::string>& vars,
+  isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                const std::vector<size_t>& order, const NestFacts& facts);
+  // A permutable band inserted at `at` over S[vars], with `members` (isl expressions of vars); member k
+  // coincident when coincident[k].
+  isl::schedule_node insert_band(const isl::schedule_node& at, const std::vector<std::string>& vars,
+                                 const std::vector<std::string>& members, const std::vector<bool>& coincident);
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
   void generate(Nest& nest, const isl::schedule& tree);
@@ -79,11 +83,11 @@ struct NestBuilder {
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);
   // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it; with
-  // `uncovered`, blocks start from zero and it receives the output elements no block stores (a set over
-  // S); `epilogue` is fused when given.
+  // `stored_elements`, blocks start from zero and it receives the output elements the blocks store (a set
+  // over S); `epilogue` is fused when given.
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::internal::IslAnalysis& analysis,
                        const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
-                       isl::set* uncovered, const Elementwise* epilogue);
+                       isl::set* stored_elements, const Elementwise* epilogue);
   // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
   bool try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                          const isl::set& domain, const std::vector<std::string>& positional, bool parallel);

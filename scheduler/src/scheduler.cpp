@@ -149,7 +149,7 @@ class ProgramScheduler {
   }
 
   // Up to three nests: init (identity or default tensor), update (the valid points), finalize (elements
-  // no valid point writes).
+  // no valid point writes). The init nest is built last, once the update has decided what it must cover.
   void contraction(size_t index, const Contraction& c) {
     const TensorType& t = types_.tensors.at(c.output);
     poly::internal::IslAnalysis analysis = poly::internal::analyze(c, types_, builder_.ctx.get());
@@ -157,13 +157,17 @@ class ProgramScheduler {
     // The elements the valid points write, over S like every statement domain.
     const isl::set written = isl_support::set_tuple_id(analysis.write.range(), builder_.statements.id(LoopNode::Statement::plain));
     const isl::set elements = box(element_variables(t), t.shape);
-    const size_t init_index = out_.nests.size();
-    Nest init = element_nest(c, Nest::Kind::init, ".init");
-    build_over_elements(init, elements, t);
     // An assign that writes every element (a copy, a transpose) needs no init nest.
-    if (!(c.aggregation == AggregationOp::assign && !c.init && !empty && elements.is_subset(written)))
-      out_.nests.push_back(std::move(init));
-    if (!empty && update(index, c, analysis, init_index)) return;  // a micro-kernel sums: no finalize
+    std::optional<isl::set> init_domain;
+    if (!(c.aggregation == AggregationOp::assign && !c.init && !empty && elements.is_subset(written))) init_domain = elements;
+    const size_t init_index = out_.nests.size();
+    const bool microkernel = !empty && update(index, c, analysis, elements, init_domain);
+    if (init_domain) {
+      Nest init = element_nest(c, Nest::Kind::init, ".init");
+      build_over_elements(init, *init_domain, t);
+      out_.nests.insert(out_.nests.begin() + static_cast<long>(init_index), std::move(init));
+    }
+    if (microkernel) return;  // a micro-kernel sums: no finalize
     const bool needs_finalize = !c.init && (c.aggregation == AggregationOp::product || c.aggregation == AggregationOp::max ||
                                             c.aggregation == AggregationOp::min);
     if (!needs_finalize) return;
@@ -177,7 +181,8 @@ class ProgramScheduler {
 
   // The update nest: a micro-kernel or a row reduction when the CPU strategy takes it, else a plain nest.
   // True when it ran as a micro-kernel.
-  bool update(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, size_t init_index) {
+  bool update(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, const isl::set& elements,
+              std::optional<isl::set>& init_domain) {
     const TensorType& t = types_.tensors.at(c.output);
     Nest update = new_nest(Nest::Kind::update, c.output, ".update");
     update.contraction = c;
@@ -185,14 +190,14 @@ class ProgramScheduler {
     if (auto in = fusion_.inlined_into.find(index); in != fusion_.inlined_into.end())
       for (const auto& [tensor, producer] : in->second) update.inlined[tensor] = std::get<Elementwise>(program_.statements[producer]);
     const BandOrder band = band_order(c, update.variables, analysis.summary.bounds, target_.threads);
-    const bool parallel = band.outputs > 0 && poly::internal::writes_each_output_once(c, types_, builder_.ctx.get());
+    const bool parallel = band.outputs > 0 && poly::internal::writes_each_output_once(c, types_, analysis);
     const isl::set domain = isl_support::set_tuple_id(analysis.domain, builder_.statements.id(LoopNode::Statement::plain));
     // Band maps name dims positionally (isl may print fixed dims as "n = 0" in the tuple).
     std::vector<std::string> positional;
     for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
     int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
     for (int64_t d : t.shape) out_bytes *= d;
-    if (parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, init_index)) return true;
+    if (parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain)) return true;
     if (!builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel))
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0,
                      NestFacts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes});
@@ -203,19 +208,19 @@ class ProgramScheduler {
   // Blocks start from zero, so the init nest shrinks to the elements no block stores (or disappears), and
   // an elementwise consumer runs in the blocks (and as a nest over the unstored elements).
   bool microkernel(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, Nest& update,
-                   const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes, size_t init_index) {
+                   const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
+                   const isl::set& elements, std::optional<isl::set>& init_domain) {
     auto consumer = fusion_.epilogue_of.find(index);
     const Elementwise* epilogue =
         consumer == fusion_.epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program_.statements[consumer->second]);
-    isl::set uncovered;
-    if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &uncovered, epilogue))
+    isl::set stored;
+    if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &stored, epilogue))
       return false;
+    isl::set uncovered;
     if (!c.init) {
-      if (uncovered.is_empty()) {
-        out_.nests.erase(out_.nests.begin() + static_cast<long>(init_index));
-      } else {
-        build_over_elements(out_.nests[init_index], uncovered, types_.tensors.at(c.output));
-      }
+      uncovered = elements.subtract(stored).coalesce();
+      init_domain.reset();
+      if (!uncovered.is_empty()) init_domain = uncovered;
     }
     out_.nests.push_back(std::move(update));
     if (epilogue) {

@@ -96,8 +96,7 @@ ExprType expr_type(const Expr& e, const std::map<std::string, TensorType>& tenso
   POLYTILE_CHECK(false, "bad expr kind");
 }
 
-static std::vector<int64_t> expr_shape(const Expr& e, const std::map<std::string, TensorType>& tensors,
-                                       const std::string& what) {
+std::vector<int64_t> expr_shape(const Expr& e, const std::map<std::string, TensorType>& tensors, const std::string& what) {
   std::vector<std::string> used;
   e.collect_tensors(used);
   std::vector<int64_t> shape;

@@ -24,7 +24,7 @@ struct IslAnalysis {
 // analyze() of polyhedral.h, with every isl object in `ctx` (which must outlive the result).
 IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx);
 
-// writes_each_output_once() of polyhedral.h in `ctx`.
-bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx);
+// writes_each_output_once() of polyhedral.h on the domain an analysis of `c` already built.
+bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const IslAnalysis& analysis);
 
 }  // namespace polytile::poly::internal

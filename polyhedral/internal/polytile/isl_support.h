@@ -38,7 +38,7 @@ class IslContext {
 inline isl::set set_tuple_id(isl::set s, const isl::id& id) {
   return isl::manage(isl_set_set_tuple_id(s.release(), id.copy()));
 }
-// Projects out nothing: drops every constraint on set dimension `pos` (the dimension stays, unbounded).
+// Drops every constraint on set dimension `pos` (the dimension stays, unbounded).
 inline isl::set eliminate(isl::set s, unsigned pos) {
   return isl::manage(isl_set_eliminate(s.release(), isl_dim_set, pos, 1));
 }

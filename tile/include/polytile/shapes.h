@@ -34,6 +34,10 @@ void infer_statement_type(const Statement& statement, ProgramTypes& types);
 std::vector<int64_t> broadcast_shapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
                                       const std::string& what);
 
+// Shape of an elementwise expression: numpy broadcasting of the shapes of the tensors it reads; UserError
+// mentioning `what` when they are incompatible.
+std::vector<int64_t> expr_shape(const Expr& e, const std::map<std::string, TensorType>& tensors, const std::string& what);
+
 // Dtype and weakness of an elementwise expression (weak = built from literals and dims only).
 struct ExprType {
   DType dtype;
