@@ -6,6 +6,8 @@
 #include <isl/cpp.h>
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 
 #include "polytile/error.h"
 #include "polytile/isl_support.h"
@@ -208,6 +210,191 @@ TEST(SchedulerTest, BroadcastLoweringSubstitutesOnlyPlainBroadcasts) {
     std::string text = lowered(head + k);
     EXPECT_NE(text.find("T["), std::string::npos) << k << "\n" << text;
   }
+}
+
+// The loop IR run on integers: `visit` gets every statement instance, in execution order, with the
+// values of its arguments.
+int64_t evaluate(const LoopExpr& e, const std::vector<int64_t>& it) {
+  using K = LoopExpr::Kind;
+  auto arg = [&](size_t k) { return evaluate(e.args[k], it); };
+  switch (e.kind) {
+    case K::constant: return e.value;
+    case K::iterator: return it.at(static_cast<size_t>(e.iterator));
+    case K::add: return arg(0) + arg(1);
+    case K::sub: return arg(0) - arg(1);
+    case K::mul: return arg(0) * arg(1);
+    case K::floordiv: {
+      int64_t x = arg(0), y = arg(1), q = x / y;
+      return q * y != x && (x < 0) != (y < 0) ? q - 1 : q;
+    }
+    case K::mod: {
+      int64_t y = arg(1), r = arg(0) % y;
+      return r != 0 && (r < 0) != (y < 0) ? r + y : r;
+    }
+    case K::min:
+    case K::max: {
+      int64_t r = arg(0);
+      for (size_t k = 1; k < e.args.size(); ++k) r = e.kind == K::min ? std::min(r, arg(k)) : std::max(r, arg(k));
+      return r;
+    }
+    case K::neg: return -arg(0);
+    case K::select: return arg(0) ? arg(1) : arg(2);
+    case K::eq: return arg(0) == arg(1);
+    case K::le: return arg(0) <= arg(1);
+    case K::lt: return arg(0) < arg(1);
+    case K::ge: return arg(0) >= arg(1);
+    case K::gt: return arg(0) > arg(1);
+    case K::land: return arg(0) && arg(1);
+    case K::lor: return arg(0) || arg(1);
+  }
+  return 0;
+}
+
+void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<void(const LoopNode&, const std::vector<int64_t>&)>& visit) {
+  switch (n.kind) {
+    case LoopNode::Kind::block:
+      for (const LoopNode& c : n.body) run_loops(c, it, visit);
+      break;
+    case LoopNode::Kind::loop:
+      for (it.at(static_cast<size_t>(n.iterator)) = evaluate(n.lower, it); evaluate(n.condition, it); it[static_cast<size_t>(n.iterator)] += n.step)
+        for (const LoopNode& c : n.body) run_loops(c, it, visit);
+      break;
+    case LoopNode::Kind::guard:
+      for (const LoopNode& c : evaluate(n.condition, it) ? n.body : n.otherwise) run_loops(c, it, visit);
+      break;
+    case LoopNode::Kind::statement: {
+      std::vector<int64_t> args;
+      for (const LoopExpr& a : n.args) args.push_back(evaluate(a, it));
+      visit(n, args);
+      break;
+    }
+  }
+}
+
+// Micro-kernel nests run through their loop IR on integers: the fused multiply-adds of uniform blocks
+// touch only valid points, uniform and predicated blocks together cover every valid point exactly once
+// (the rows and lanes of a predicated block that are not valid points are masked), and each block's
+// steps run in order, each opening with zero (the block's first step, when there is no default tensor)
+// or load, then its F instances, then closing with the epilogue (the block's last step, when one is
+// fused) or the store, all uniform or all predicated.
+TEST(SchedulerTest, MicrokernelStepsCoverEveryValidPointOnceAndOpenAndCloseEveryBlock) {
+  const std::map<std::string, TensorType> conv{{"I", {DType::f32, {2, 7, 9, 3}}}, {"K", {DType::f32, {3, 3, 3, 20}}}};
+  const std::pair<const char*, std::map<std::string, TensorType>> cases[] = {
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }", conv},
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO], B[CO]) -> (R) {"
+       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); R = relu(O + B); }",
+       {{"I", {DType::f32, {2, 7, 9, 3}}}, {"K", {DType::f32, {3, 3, 3, 20}}}, {"B", {DType::f32, {20}}}}},
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+       "  O[n, y, x, co : N, H/3, W/3, CO] = +(I[n, 3*y + 2*j, 3*x + 2*i, ci] * K[j, i, ci, co]); }",
+       {{"I", {DType::f32, {2, 11, 10, 5}}}, {"K", {DType::f32, {2, 2, 5, 19}}}}},
+      {"function (K[KH, KW, CI, CO], DO[N, H, W, CO]) -> (DI) {"
+       "  DI[n, j + y - 1, i + x - 1, ci : N, H, W, CI] = +(K[j, i, ci, co] * DO[n, y, x, co]); }",
+       {{"K", {DType::f32, {3, 3, 18, 5}}}, {"DO", {DType::f32, {2, 7, 9, 5}}}}},
+      {"function (I[N, H, W, CI], DO[N, H, W, CO]) -> (DK) {"
+       "  DK[j, i, ci, co : 3, 3, CI, CO] = +(I[n, y + j - 1, x + i - 1, ci] * DO[n, y, x, co]); }",
+       {{"I", {DType::f32, {2, 32, 32, 2}}}, {"DO", {DType::f32, {2, 32, 32, 17}}}}},
+      {"function (A[M, K], B[K, N], C0[M, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]) default C0; }",
+       {{"A", {DType::f32, {37, 200}}}, {"B", {DType::f32, {200, 45}}}, {"C0", {DType::f32, {37, 45}}}}},
+  };
+  int nests = 0, predicated = 0, epilogues = 0;
+  for (int bits : {512, 256}) {
+    for (const auto& [text, inputs] : cases) {
+      LowerOptions options;
+      options.target.cpu.microkernel_min_points = 1;
+      options.target.cpu.vector_bits = bits;
+      options.target.cpu.l1_bytes = 4096;  // several reduction tiles
+      Lowered lowered = lower(parse_program(text), inputs, options);
+      for (const Nest& nest : lowered.schedule.nests) {
+        if (!nest.microkernel) continue;
+        ++nests;
+        const Microkernel& mk = *nest.microkernel;
+        const Contraction& c = contraction(lowered.program, nest.tensor);
+        // The valid points, flagged in their bounding box.
+        IslContext ctx;
+        isl::set domain(ctx.get(), poly::analyze(c, lowered.types).domain);
+        std::vector<int64_t> lo, extent;
+        for (unsigned d = 0; d < domain.tuple_dim(); ++d) {
+          lo.push_back(domain.dim_min_val(static_cast<int>(d)).get_num_si());
+          extent.push_back(domain.dim_max_val(static_cast<int>(d)).get_num_si() - lo.back() + 1);
+        }
+        auto flat = [&](const std::vector<int64_t>& x) -> int64_t {
+          int64_t at = 0;
+          for (size_t d = 0; d < x.size(); ++d) {
+            if (x[d] < lo[d] || x[d] >= lo[d] + extent[d]) return -1;
+            at = at * extent[d] + x[d] - lo[d];
+          }
+          return at;
+        };
+        std::vector<char> valid(static_cast<size_t>(std::accumulate(extent.begin(), extent.end(), int64_t{1}, std::multiplies<>())));
+        std::vector<int> covered(valid.size());
+        domain.foreach_point([&](isl::point p) {
+          std::vector<int64_t> x;
+          for (unsigned d = 0; d < extent.size(); ++d) x.push_back(isl::manage(isl_point_get_coordinate_val(p.get(), isl_dim_set, static_cast<int>(d))).get_num_si());
+          valid[static_cast<size_t>(flat(x))] = 1;
+        });
+        const size_t nb = mk.others.size() + 2;
+        const int64_t vl = int64_t{mk.chunks} * mk.lanes;
+        struct Block {
+          int steps = 0, epilogues = 0;
+          bool open = false, predicated = false, last_closed_by_epilogue = false;
+        };
+        std::map<std::vector<int64_t>, Block> blocks;
+        std::vector<int64_t> iterators(static_cast<size_t>(nest.iterators));
+        using St = LoopNode::Statement;
+        run_loops(nest.root, iterators, [&](const LoopNode& s, const std::vector<int64_t>& args) {
+          ASSERT_GE(args.size(), nb) << nest.name;
+          Block& b = blocks[std::vector<int64_t>(args.begin(), args.begin() + static_cast<long>(nb))];
+          predicated += s.predicated;
+          if (s.statement == St::zero || s.statement == St::load) {
+            EXPECT_FALSE(b.open) << nest.name << ": a step opens before the last one closed";
+            EXPECT_EQ(s.statement == St::zero, !c.init && b.steps == 0) << nest.name << ": step " << b.steps << " of a block";
+            b.open = true;
+            b.predicated = s.predicated;
+            ++b.steps;
+            return;
+          }
+          EXPECT_TRUE(b.open) << nest.name << ": a statement outside a step";
+          EXPECT_EQ(s.predicated, b.predicated) << nest.name << ": a step mixes uniform and predicated statements";
+          if (s.statement == St::store || s.statement == St::epilogue) {
+            b.open = false;
+            b.last_closed_by_epilogue = s.statement == St::epilogue;
+            b.epilogues += s.statement == St::epilogue;
+            return;
+          }
+          ASSERT_EQ(s.statement, St::fma) << nest.name;
+          std::vector<int64_t> x(nest.variables.size());
+          for (size_t k = 0; k < mk.others.size(); ++k) x[mk.others[k]] = args[k];
+          for (size_t k = 0; k < mk.reductions.size(); ++k) x[mk.reductions[k]] = args[nb + k];
+          for (int64_t d = 0; d < mk.rows; ++d) {
+            for (int64_t l = 0; l < vl; ++l) {
+              x[mk.block] = mk.block_lo + mk.rows * args[nb - 2] + d;
+              x[mk.vector] = mk.vector_lo + vl * args[nb - 1] + l;
+              const int64_t at = flat(x);
+              const bool is_valid = at >= 0 && valid[static_cast<size_t>(at)];
+              if (!s.predicated) {
+                EXPECT_TRUE(is_valid) << nest.name << ": an unpredicated block computes an invalid point";
+              }
+              if (is_valid) ++covered[static_cast<size_t>(at)];
+            }
+          }
+        });
+        for (size_t at = 0; at < valid.size(); ++at)
+          if (valid[at]) {
+            EXPECT_EQ(covered[at], 1) << nest.name << ": a valid point is computed " << covered[at] << " times";
+          }
+        for (const auto& [key, b] : blocks) {
+          EXPECT_FALSE(b.open) << nest.name;
+          EXPECT_EQ(b.epilogues, nest.epilogue ? 1 : 0) << nest.name;
+          EXPECT_EQ(b.last_closed_by_epilogue, nest.epilogue.has_value()) << nest.name;
+          epilogues += b.epilogues;
+        }
+      }
+    }
+  }
+  EXPECT_GE(nests, 12);       // every case, at both vector widths
+  EXPECT_GT(predicated, 0);   // borders and partial blocks
+  EXPECT_GT(epilogues, 0);    // the relu fused into the conv
 }
 
 // A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found

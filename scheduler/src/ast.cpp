@@ -2,7 +2,9 @@
 // RAII, so an error thrown anywhere in the walk leaks nothing. Identity travels as isl::id, never as a
 // parsed name: statements by their tuple ids (StatementIds), loops by the iterator ids the AST build is
 // given (one per schedule dimension, which is how "parallel" marks are matched to the dimensions the
-// scheduler proved safe), marks by their ids.
+// scheduler proved safe), marks by their ids. A micro-kernel's Step statements are expanded here (see
+// BlockStep): the pieces isl built over the step's parameters, translated with the parameters bound to
+// the call's arguments.
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -14,7 +16,7 @@ namespace polytile::sched::internal {
 
 using isl_support::text;
 
-StatementIds::StatementIds(const isl::ctx& ctx) : parallel_mark(ctx, "parallel") {
+StatementIds::StatementIds(const isl::ctx& ctx) : parallel_mark(ctx, "parallel"), block_step(ctx, "Step") {
   using St = LoopNode::Statement;
   // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
   const std::tuple<const char*, St, bool> kinds[] = {
@@ -46,8 +48,8 @@ bool is(const isl::ast_expr_op& e) {
 class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
-                const std::set<int>& parallel_dims)
-      : statements_(statements), parallel_dims_(parallel_dims) {
+                const std::set<int>& parallel_dims, const BlockStep* step)
+      : statements_(statements), parallel_dims_(parallel_dims), step_(step) {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
@@ -62,6 +64,7 @@ class AstTranslator {
     }
     if (e.isa<isl::ast_expr_id>()) {
       isl::id id = e.as<isl::ast_expr_id>().id();
+      if (auto bound = bound_.find(id.get()); bound != bound_.end()) return bound->second;
       auto it = index_of_.find(id.get());
       POLYTILE_CHECK(it != index_of_.end(), "unknown isl AST identifier ", id.name());
       a.kind = LoopExpr::Kind::iterator;
@@ -132,9 +135,11 @@ class AstTranslator {
     LoopExpr step = expr(f.inc());
     POLYTILE_CHECK(step.kind == LoopExpr::Kind::constant && step.value > 0, "non-constant loop step");
     out.step = step.value;
-    auto dimension = dimension_of_.find(id.get());
-    POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
-    out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
+    if (parallel_mark) {
+      auto dimension = dimension_of_.find(id.get());
+      POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
+      out.parallel = parallel_dims_.count(dimension->second) != 0;
+    }
     out.body.push_back(node(f.body(), false));
     return out;
   }
@@ -144,10 +149,63 @@ class AstTranslator {
     out.kind = LoopNode::Kind::statement;
     isl::ast_expr_op call = user.expr().as<isl::ast_expr_op>();
     isl::id id = call.arg(0).as<isl::ast_expr_id>().id();
+    std::vector<LoopExpr> args;
+    for (unsigned i = 1; i < call.n_arg(); ++i) args.push_back(expr(call.arg(static_cast<int>(i))));
+    if (step_ && id.get() == statements_.block_step.get()) return expand(*step_, args);
     auto kind = statements_.find(id);
     POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
     std::tie(out.statement, out.predicated) = *kind;
-    for (unsigned i = 1; i < call.n_arg(); ++i) out.args.push_back(expr(call.arg(static_cast<int>(i))));
+    out.args = std::move(args);
+    return out;
+  }
+
+  // One block step (see BlockStep) at the arguments `args`: its parameters are bound to them while its
+  // pieces are translated.
+  LoopNode expand(const BlockStep& step, const std::vector<LoopExpr>& args) {
+    POLYTILE_CHECK(args.size() == step.params.size(), "block step with ", args.size(), " arguments for ", step.params.size(),
+                   " parameters");
+    POLYTILE_CHECK(step.uniform || step.predicated, "a block step without a variant");
+    for (size_t k = 0; k < args.size(); ++k) bound_[step.params[k].get()] = args[k];
+    LoopNode out;
+    if (!step.predicated) out = variant(*step.uniform, false, args);
+    else if (!step.uniform) out = variant(*step.predicated, true, args);
+    else out = choose(step.uniform_block, variant(*step.uniform, false, args), variant(*step.predicated, true, args));
+    for (const isl::id& p : step.params) bound_.erase(p.get());
+    return out;
+  }
+
+  // Open (zero or load), the fused multiply-adds, close (epilogue or store).
+  LoopNode variant(const BlockStep::Variant& v, bool predicated, const std::vector<LoopExpr>& args) {
+    using St = LoopNode::Statement;
+    auto call = [&](St kind) {
+      LoopNode out;
+      out.kind = LoopNode::Kind::statement;
+      out.statement = kind;
+      out.predicated = predicated;
+      out.args = args;
+      return out;
+    };
+    LoopNode out;
+    out.kind = LoopNode::Kind::block;
+    out.body.push_back(choose(v.first, call(St::zero), call(St::load)));
+    out.body.push_back(node(v.fma, false));
+    out.body.push_back(choose(v.last, call(St::epilogue), call(St::store)));
+    return out;
+  }
+
+  LoopNode choose(const BlockStep::Condition& c, LoopNode then, LoopNode otherwise) {
+    using K = BlockStep::Condition::Kind;
+    if (c.kind == K::always) return then;
+    if (c.kind == K::never) return otherwise;
+    return guard(*c.expr, std::move(then), std::move(otherwise));
+  }
+
+  LoopNode guard(const isl::ast_expr& condition, LoopNode then, LoopNode otherwise) {
+    LoopNode out;
+    out.kind = LoopNode::Kind::guard;
+    out.condition = expr(condition);
+    out.body.push_back(std::move(then));
+    out.otherwise.push_back(std::move(otherwise));
     return out;
   }
 
@@ -155,6 +213,8 @@ class AstTranslator {
   const std::set<int>& parallel_dims_;   // schedule dimensions whose loops may run in parallel
   std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
+  const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
+  std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
 };
 
 }  // namespace
@@ -215,7 +275,35 @@ std::set<int> parallel_dimensions(const isl::schedule& tree, const isl::id& para
 
 }  // namespace
 
-void NestBuilder::generate(Nest& nest, const isl::schedule& sched) {
+std::string BlockStep::str() const {
+  std::vector<std::string> names;
+  for (const isl::id& p : params) names.push_back(p.name());
+  const std::string args = "(" + join(names) + ")";
+  auto choose = [&](const Condition& c, const std::string& then, const std::string& otherwise) {
+    if (c.kind == Condition::Kind::always) return then + args + ";\n";
+    if (c.kind == Condition::Kind::never) return otherwise + args + ";\n";
+    return "if (" + c.expr->to_C_str() + ")\n  " + then + args + ";\nelse\n  " + otherwise + args + ";\n";
+  };
+  auto variant = [&](const Variant& v, const std::string& p) {
+    return choose(v.first, "Z" + p, "L" + p) + v.fma.to_C_str() + choose(v.last, "E" + p, "T" + p);
+  };
+  auto indented = [](const std::string& text) {
+    std::string out;
+    for (size_t at = 0; at < text.size();) {
+      size_t end = std::min(text.find('\n', at), text.size());
+      out += "  " + text.substr(at, end - at) + "\n";
+      at = end + 1;
+    }
+    return out;
+  };
+  std::string out = "// Step" + args + ": one block, one reduction tile\n";
+  if (!predicated) return out + variant(*uniform, "");
+  if (!uniform) return out + variant(*predicated, "p");
+  return out + "if (" + uniform_block.expr->to_C_str() + ") {\n" + indented(variant(*uniform, "")) + "} else {\n" +
+         indented(variant(*predicated, "p")) + "}\n";
+}
+
+void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step) {
   nest.tree = text(sched);
   int depth = 0;  // schedule dimensions: the deepest band's depth plus its members
   sched.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
@@ -229,8 +317,9 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched) {
   isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
+  if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
-  AstTranslator translator(statements, iterators, safe);
+  AstTranslator translator(statements, iterators, safe, step);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();
   finish_parallel(nest);

@@ -1,7 +1,8 @@
-// Register-blocked update nests (see Microkernel in scheduler.h and nest_builder.h): the isl checks of a
-// micro-kernel plan, the split of blocks into uniform and predicated ones, the isl footprint cost model,
-// zero-initialized first tiles, fused epilogues, and the schedule tree
-//   [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
+// Register-blocked update nests (see Microkernel in scheduler.h and BlockStep in nest_builder.h): the isl
+// checks of a micro-kernel plan, the split of blocks into uniform and predicated ones, the isl footprint
+// cost model, zero-initialized first tiles, fused epilogues, and the schedule tree
+//   [outer band] -> [reduction tiles] -> [block band] -> Step(block, tile)
+// whose one statement isl's AST leaves as a call, expanded by the translator into what a step does.
 #include <algorithm>
 #include <set>
 
@@ -82,10 +83,9 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
 namespace {
 
 // One micro-kernel nest under construction: the names of its isl tuples, and its steps in order.
-// Statement domains: F (fast blocks: every row has the same reduction points, every lane in range) and Fp
-// (the other blocks, over the union of their rows' points), both over (others, Bb, Bv, reductions); L/Lp
-// and T/Tp over (others, Bb, Bv, reduction tiles), likewise Z/Zp (first tiles) and E/Ep (last tiles, with
-// an epilogue). Tree: [outer band] -> [reduction tiles] -> [block band] -> sequence(Z/L | F -> [reductions] | T/E).
+// Sets over F[others, Bb, Bv, reductions]: the points of fast (uniform) blocks, where every row has the
+// same reduction points and every lane is in range, and of the others (over the union of their rows'
+// points). The tree's statement is Step[others, Bb, Bv, reduction tiles]; see BlockStep.
 class MicrokernelNest {
  public:
   MicrokernelNest(NestBuilder& nb, const Microkernel& mk, const std::vector<std::string>& vars,
@@ -129,8 +129,8 @@ class MicrokernelNest {
                        .unite(set("{ B[" + join(block_dims_) + "] : " + s(mk_.vector_lo) + " + " + s(VL_) + "*bv + " +
                                   s(VL_ - 1) + " > " + s(mk_.vector_hi) + " }"))
                        .intersect(blocks_);
-    isl::set good = blocks_.subtract(bad).coalesce();
-    fast_ = hull_.intersect(good.apply(map("{ B[" + join(block_dims_) + "] -> F" + f_tuple_ + " }"))).coalesce();
+    good_ = blocks_.subtract(bad).coalesce();
+    fast_ = hull_.intersect(good_.apply(map("{ B[" + join(block_dims_) + "] -> F" + f_tuple_ + " }"))).coalesce();
     slow_ = hull_.subtract(fast_).coalesce();
   }
 
@@ -187,17 +187,28 @@ class MicrokernelNest {
       tile_exprs_.push_back("floor(" + shifted(reds_[k], red_lo_[k]) + "/" + s(tile_[k]) + ")");
   }
 
-  // Every statement's domain, with its id: F/Fp (blocks x reduction points); per block and reduction
-  // tile, L/Lp (load the accumulators), Z/Zp instead at a block's first tile when it starts from zero,
-  // T/Tp (store) and E/Ep instead at its last tile when an epilogue is fused.
-  isl::union_set statement_domains(bool zero_init, bool epilogue) {
-    using St = LoopNode::Statement;
-    auto named = [this](const isl::set& x, St kind, bool predicated = false) {
-      return isl::union_set(isl_support::set_tuple_id(x, nb_.statements.id(kind, predicated)));
+  // The steps (every block and reduction tile with points, over Step[block dims, tiles]) and what each
+  // does (see BlockStep): conditions and F loops that isl builds over the step's arguments as parameters.
+  // A block's first tile (lexicographically) starts from zero accumulators when `zero_init`; its last
+  // runs the epilogue when there is one.
+  BlockStep block_step(bool zero_init, bool epilogue) {
+    using Kind = BlockStep::Condition::Kind;
+    const std::vector<std::string> step_dims = cat(block_dims_, tiles_);
+    // Each reduction point with its step: { F[...] -> [Step[block dims, tiles] -> F[...]] }.
+    std::vector<std::string> in_tile;
+    for (size_t k = 0; k < tiles_.size(); ++k) in_tile.push_back(tiles_[k] + " = " + tile_exprs_[k]);
+    isl::map by_step = map("{ F" + f_tuple_ + " -> [Step[" + join(step_dims) + "] -> F" + f_tuple_ + "]" +
+                           (in_tile.empty() ? "" : " : " + join(in_tile, " and ")) + " }");
+    steps_ = hull_.apply(by_step).unwrap().domain().coalesce();
+    BlockStep step;
+    for (const std::string& d : step_dims) step.params.emplace_back(nb_.ctx.get(), d);
+    auto first_params = [&](size_t n) {  // the first n of the step's parameter ids
+      isl::id_list ids(nb_.ctx.get(), static_cast<int>(n));
+      for (size_t k = 0; k < n; ++k) ids = ids.add(step.params[k]);
+      return ids;
     };
-    isl::map to_tiles = map("{ F" + f_tuple_ + " -> L[" + join(cat(block_dims_, tile_exprs_)) + "] }");
-    isl::set load = fast_.apply(to_tiles), load_p = slow_.apply(to_tiles);
-    // A block's first reduction tile (lexicographically) starts from zero accumulators.
+    auto bind = [&](const isl::set& x, size_t n) { return x.bind(isl::multi_id(x.space(), first_params(n))); };
+    // Tiles of the same block, the later on the right.
     std::vector<std::string> earlier_tiles, lexless;
     for (size_t k = 0; k < tiles_.size(); ++k) earlier_tiles.push_back("s" + s(static_cast<int64_t>(k)));
     for (size_t k = 0; k < tiles_.size(); ++k) {
@@ -205,37 +216,53 @@ class MicrokernelNest {
       for (size_t j = 0; j < k; ++j) term += earlier_tiles[j] + " = " + tiles_[j] + " and ";
       lexless.push_back("(" + term + earlier_tiles[k] + " < " + tiles_[k] + ")");
     }
-    isl::map later = map("{ L[" + join(cat(block_dims_, earlier_tiles)) + "] -> L[" + join(cat(block_dims_, tiles_)) + "] : " +
-                         join(lexless, " or ") + " }");
-    load = load.coalesce();
-    load_p = load_p.coalesce();
-    isl::set store = load, store_p = load_p;
-    isl::set zero = load.subtract(load.apply(later)), zero_p = load_p.subtract(load_p.apply(later));
-    if (zero_init) {
-      zero = zero.coalesce();
-      zero_p = zero_p.coalesce();
-      load = load.subtract(zero).coalesce();
-      load_p = load_p.subtract(zero_p).coalesce();
-    } else {
-      zero = isl::set::empty(zero.get_space());
-      zero_p = isl::set::empty(zero_p.get_space());
-    }
-    // A fused consumer runs at each block's last reduction tile, in place of the store.
-    isl::set last = store.subtract(store.apply(later.reverse())), last_p = store_p.subtract(store_p.apply(later.reverse()));
-    if (!epilogue) {
-      last = isl::set::empty(last.get_space());
-      last_p = isl::set::empty(last_p.get_space());
-    }
-    return named(fast_, St::fma)
-        .unite(named(slow_, St::fma, true))
-        .unite(named(load, St::load))
-        .unite(named(load_p, St::load, true))
-        .unite(named(zero, St::zero))
-        .unite(named(zero_p, St::zero, true))
-        .unite(named(store.subtract(last), St::store))
-        .unite(named(store_p.subtract(last_p), St::store, true))
-        .unite(named(last, St::epilogue))
-        .unite(named(last_p, St::epilogue, true));
+    isl::map later = tiles_.empty() ? map("{ Step[" + join(block_dims_) + "] -> Step[" + join(block_dims_) + "] : 1 = 0 }")
+                                    : map("{ Step[" + join(cat(block_dims_, earlier_tiles)) + "] -> Step" + l_tuple_ + " : " +
+                                          join(lexless, " or ") + " }");
+    const isl::set first = bind(steps_.subtract(steps_.apply(later)), step_dims.size());
+    const isl::set last = bind(steps_.subtract(steps_.apply(later.reverse())), step_dims.size());
+    std::vector<isl::id> iterators;
+    for (size_t k = 0; k < reds_.size(); ++k) iterators.emplace_back(nb_.ctx.get(), "r" + s(static_cast<int64_t>(k)));
+    auto condition = [](const isl::ast_build& build, const isl::set& context, const isl::set& holds) {
+      BlockStep::Condition c;
+      isl::set in = holds.intersect(context);
+      if (in.is_empty()) return c;
+      if (context.is_subset(in)) {
+        c.kind = Kind::always;
+        return c;
+      }
+      c.kind = Kind::when;
+      c.expr = build.expr_from(in.gist(context));
+      return c;
+    };
+    auto variant = [&](const isl::set& points, const isl::set& context, bool predicated) {
+      BlockStep::Variant v;
+      isl::ast_build build = isl_support::with_iterators(isl::ast_build::from_context(context), iterators);
+      if (zero_init) v.first = condition(build, context, first);
+      if (epilogue) v.last = condition(build, context, last);
+      const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
+      isl::map step_points = points.apply(by_step).unwrap();
+      isl::set domain = isl_support::set_tuple_id(
+          step_points.bind_domain(isl::multi_id(step_points.domain().space(), first_params(step.params.size()))), fma);
+      // Built without the context (isl takes several times as long with it), the domain simplified by it.
+      isl::schedule tree = isl::schedule::from_domain(isl::union_set(domain.gist_params(context).coalesce()));
+      if (!reds_.empty()) {
+        isl::union_map order(nb_.ctx.get(), "{ " + fma.name() + f_tuple_ + " -> [" + join(reds_) + "] }");
+        tree = tree.root().child(0).insert_partial_schedule(isl_support::partial_schedule(order)).schedule();
+      }
+      v.fma = isl_support::with_iterators(isl::ast_build(nb_.ctx.get()), iterators).node_from(tree);
+      // A guard around all of it (with no else) holds wherever the domain has points, so at every step.
+      if (v.fma.isa<isl::ast_node_if>() && !v.fma.as<isl::ast_node_if>().has_else_node()) v.fma = v.fma.as<isl::ast_node_if>().then_node();
+      return v;
+    };
+    // Uniform blocks' steps and the others'.
+    const isl::set all = bind(steps_, step_dims.size());
+    const isl::set uniform = all.intersect(bind(good_, block_dims_.size()));
+    const isl::set predicated = all.subtract(uniform);
+    if (!uniform.is_empty()) step.uniform = variant(fast_, uniform, false);
+    if (!predicated.is_empty()) step.predicated = variant(slow_, predicated, true);
+    if (step.uniform && step.predicated) step.uniform_block = condition(isl::ast_build::from_context(all), all, uniform);
+    return step;
   }
 
   // The points of S whose output elements the blocks store: their rows and in-range lanes.
@@ -309,39 +336,24 @@ class MicrokernelNest {
     inner_.push_back("bb");
   }
 
-  // The marked tree over `domains`: parallel outer band, reduction tiles, block band, the statements'
-  // sequence with the vector mark, and the reductions band of F/Fp.
-  isl::schedule tree(const isl::union_set& domains, bool weight_mode) {
-    auto union_map = [&](const std::vector<std::string>& f_exprs, const std::vector<std::string>& l_exprs) {
-      std::string t = "{ ";
-      for (const char* name : {"F", "Fp"}) t += std::string(name) + f_tuple_ + " -> [" + join(f_exprs) + "]; ";
-      for (const char* name : {"Z", "Zp", "L", "Lp", "T", "Tp", "E", "Ep"}) t += std::string(name) + l_tuple_ + " -> [" + join(l_exprs) + "]; ";
-      t.resize(t.size() - 2);
-      return isl::union_map(nb_.ctx.get(), t + " }");
-    };
-    auto band = [](isl::schedule_node node, const isl::union_map& m) {
+  // The marked tree over the steps: parallel outer band, reduction tiles, block band, the vector mark.
+  isl::schedule tree(bool weight_mode) {
+    auto band = [this](isl::schedule_node node, const std::vector<std::string>& members) {
+      isl::union_map m(nb_.ctx.get(), "{ Step" + l_tuple_ + " -> [" + join(members) + "] }");
       return node.insert_partial_schedule(isl_support::partial_schedule(m));
     };
     auto mark = [this](isl::schedule_node node, const std::string& name) { return node.insert_mark(isl::id(nb_.ctx.get(), name)); };
-    isl::schedule_node node = isl::schedule::from_domain(domains).root().child(0);
+    isl::set steps = isl_support::set_tuple_id(steps_, nb_.statements.block_step);
+    isl::schedule_node node = isl::schedule::from_domain(isl::union_set(steps)).root().child(0);
     // Distinct output blocks write distinct elements: the leading member of the block band is coincident.
-    node = band(node, union_map(outer_, outer_)).as<isl::schedule_node_band>().member_set_coincident(0, 1);
+    node = band(node, outer_).as<isl::schedule_node_band>().member_set_coincident(0, 1);
     node = node.insert_mark(nb_.statements.parallel_mark).child(0);
     node = mark(node, weight_mode ? "tile_split" : "tile").child(0).child(0);
-    node = band(node, union_map(tile_exprs_, tiles_));
+    node = band(node, tiles_);
     node = mark(node, "reduction_tile").child(0).child(0);
-    node = band(node, union_map(inner_, inner_));
+    node = band(node, inner_);
     node = mark(node, "point").child(0).child(0);
-    isl::union_set_list filters(nb_.ctx.get(), 3);
-    filters = filters.add(uset("{ Z" + l_tuple_ + "; Zp" + l_tuple_ + "; L" + l_tuple_ + "; Lp" + l_tuple_ + " }"))
-                  .add(uset("{ F" + f_tuple_ + "; Fp" + f_tuple_ + " }"))
-                  .add(uset("{ T" + l_tuple_ + "; Tp" + l_tuple_ + "; E" + l_tuple_ + "; Ep" + l_tuple_ + " }"));
-    node = node.insert_sequence(filters);
-    node = mark(node, "vector_" + s(R_) + "x" + s(mk_.chunks) + "x" + s(mk_.lanes)).child(0);
-    node = node.child(1).child(0);
-    node = band(node, isl::union_map(nb_.ctx.get(), "{ F" + f_tuple_ + " -> [" + join(reds_) + "]; Fp" + f_tuple_ + " -> [" +
-                                                        join(reds_) + "] }"));
-    return node.schedule();
+    return mark(node, "vector_" + s(R_) + "x" + s(mk_.chunks) + "x" + s(mk_.lanes)).schedule();
   }
 
  private:
@@ -363,7 +375,7 @@ class MicrokernelNest {
   std::vector<std::string> others_, reds_, tiles_, block_dims_, at_row_, at_lane_;
   std::string f_tuple_, l_tuple_, s_tuple_, y_tuple_;
   int64_t n_bb_ = 0, n_bv_ = 0;
-  isl::set hull_, blocks_, fast_, slow_;
+  isl::set hull_, blocks_, good_, fast_, slow_, steps_;
   std::vector<int64_t> tile_, red_lo_;
   std::vector<std::string> tile_exprs_, outer_, inner_;
 };
@@ -376,10 +388,10 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
   MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
   mk.classify_blocks(domain);
   mk.size_reduction_tiles(reads, choices.weight_mode);
-  isl::union_set domains = mk.statement_domains(choices.zero_init, nest.epilogue.has_value());
+  BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value());
   mk.block_bands(choices.weight_mode, choices.columns_only);
   nest.parallel_outer = true;
-  generate(nest, mk.tree(domains, choices.weight_mode));
+  generate(nest, mk.tree(choices.weight_mode), &step);
   return mk.stored_points();
 }
 

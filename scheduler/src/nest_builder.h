@@ -33,6 +33,7 @@ class StatementIds {
   const isl::id& id(LoopNode::Statement kind, bool predicated = false) const;
   std::optional<std::pair<LoopNode::Statement, bool>> find(const isl::id& id) const;  // (kind, predicated)
   const isl::id parallel_mark;
+  const isl::id block_step;  // a micro-kernel's one statement in its tree (see BlockStep)
 
  private:
   struct Entry {
@@ -58,6 +59,29 @@ struct MicrokernelChoices {
   bool columns_only = false;  // the other output variables only pick columns of the vector operand
 };
 
+// A micro-kernel's block step: its schedule tree ends in one statement, Step(block dims, reduction tiles)
+// -- one block over one reduction tile -- and what a step does is decided when it runs: the uniform
+// variant where the block is uniform, else the predicated one; in each, zero instead of load at the
+// block's first tile (Z/L, Zp/Lp), the fused multiply-adds over the block's points in the tile (F, Fp),
+// the epilogue instead of the store at its last tile (E/T, Ep/Tp). isl builds these conditions and the F
+// loops once, over the step's arguments as parameters. (Separating the ten statements in one AST took isl
+// about six times as long, for code of the same speed.)
+struct BlockStep {
+  struct Condition {
+    enum class Kind { never, always, when } kind = Kind::never;
+    std::optional<isl::ast_expr> expr;  // when (isl objects cannot be copied while null)
+  };
+  struct Variant {
+    Condition first;  // zero the accumulators instead of loading them
+    isl::ast_node fma;
+    Condition last;   // the fused epilogue instead of the store
+  };
+  std::vector<isl::id> params;  // the step's arguments in order: block dimensions, then reduction tiles
+  std::optional<Variant> uniform, predicated;
+  Condition uniform_block;      // with both variants: where the uniform one runs
+  std::string str() const;      // C-like text of a step, for `lower --emit ast`
+};
+
 struct NestBuilder {
   explicit NestBuilder(const Target& t) : target(t) {}
   const Target& target;
@@ -78,7 +102,7 @@ struct NestBuilder {
                                  const std::vector<std::string>& members, const std::vector<bool>& coincident);
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
-  void generate(Nest& nest, const isl::schedule& tree);
+  void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr);
   // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);
