@@ -1,14 +1,23 @@
-// The host backend's driver: passes, scheduling, LLVM IR, O3, ORC LLJIT, a per-process cache, and the
-// TBB runtime that runs the nests in order, splitting provably parallel outer loops across threads.
+// The host backend's driver: passes, scheduling, LLVM IR (a module per nest), optimization and machine
+// code (nests concurrently), ORC LLJIT, a per-process cache, and the TBB runtime that runs the nests in
+// order, splitting provably parallel outer loops across threads.
 #include "polytile/cpu.h"
 
 #include <llvm/Analysis/TargetLibraryInfo.h>
+#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Transforms/InstCombine/InstCombine.h>
+#include <llvm/Transforms/Scalar/EarlyCSE.h>
+#include <llvm/Transforms/Scalar/GVN.h>
+#include <llvm/Transforms/Scalar/LICM.h>
+#include <llvm/Transforms/Scalar/LoopPassManager.h>
+#include <llvm/Transforms/Scalar/SROA.h>
+#include <llvm/Transforms/Scalar/SimplifyCFG.h>
 #include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -16,7 +25,10 @@
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <set>
@@ -88,7 +100,10 @@ void initialize_llvm() {
   });
 }
 
-void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
+// The optimization pipeline of one nest's module. A register-blocked micro-kernel is vector code already:
+// it needs its allocas promoted, redundant address arithmetic removed and invariants hoisted, not the
+// vectorizers and unrollers of O3 (which took 5x as long on it for no speed); every other nest gets O3.
+void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already) {
   llvm::PipelineTuningOptions pto;
   pto.LoopVectorization = true;
   pto.SLPVectorization = true;
@@ -106,8 +121,28 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  if (!vector_already) {
+    pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
+    return;
+  }
+  llvm::FunctionPassManager fpm;
+  fpm.addPass(llvm::SROAPass(llvm::SROAOptions::ModifyCFG));
+  fpm.addPass(llvm::EarlyCSEPass(true));
+  fpm.addPass(llvm::InstCombinePass());
+  fpm.addPass(llvm::SimplifyCFGPass());
+  fpm.addPass(llvm::createFunctionToLoopPassAdaptor(llvm::LICMPass(llvm::LICMOptions()), /*UseMemorySSA=*/true));
+  fpm.addPass(llvm::GVNPass());
+  fpm.addPass(llvm::InstCombinePass());
+  fpm.addPass(llvm::SimplifyCFGPass());
+  llvm::ModulePassManager mpm;
+  mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(fpm)));
   mpm.run(m, mam);
+}
+
+llvm::orc::JITTargetMachineBuilder host_machine() {
+  auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+  machine.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  return machine;
 }
 
 sched::LowerOptions lower_options(const CompileOptions& options) {
@@ -118,15 +153,19 @@ sched::LowerOptions lower_options(const CompileOptions& options) {
   return l;
 }
 
-// Lowers `source` and emits the optimized LLVM module of its nests into `impl` (everything but the JIT).
-struct OptimizedModule {
+// One nest on its way to the JIT, in a context and module of its own: nests are optimized and compiled
+// concurrently.
+struct NestModule {
   std::unique_ptr<llvm::LLVMContext> context;
   std::unique_ptr<llvm::Module> module;
-  std::optional<llvm::orc::JITTargetMachineBuilder> machine;
+  std::string ir;                              // the optimized module, printed
+  std::unique_ptr<llvm::MemoryBuffer> object;  // its machine code
 };
 
-OptimizedModule lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
-                               const CompileOptions& options) {
+// Lowers `source`, emits every nest into a module of its own and optimizes them (and compiles them to
+// objects when `objects`), on up to impl.threads threads; the printed modules, in nest order, are impl.ir.
+std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
+                                       const CompileOptions& options, bool objects) {
   impl.inputs = inputs;
   impl.threads = options.threads > 0 ? options.threads : options.target.threads;
   sched::Lowered lowered = sched::lower(source, inputs, lower_options(options));
@@ -138,9 +177,6 @@ OptimizedModule lower_and_emit(CompiledProgram::Impl& impl, const Program& sourc
 
   auto t0 = std::chrono::steady_clock::now();
   initialize_llvm();
-  OptimizedModule m;
-  m.context = std::make_unique<llvm::LLVMContext>();
-  m.module = std::make_unique<llvm::Module>("polytile", *m.context);
   std::map<std::string, int> index;
   for (const auto& p : impl.program.inputs) {
     index[p.name] = static_cast<int>(impl.buffers.size());
@@ -150,37 +186,46 @@ OptimizedModule lower_and_emit(CompiledProgram::Impl& impl, const Program& sourc
     index[statement_output(st)] = static_cast<int>(impl.buffers.size());
     impl.buffers.push_back(statement_output(st));
   }
-  llvm_ir::emit_nests(*m.module, impl.schedule, impl.types, index);
-  for (const auto& nest : impl.schedule.nests)
-    for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
+  const auto& nests = impl.schedule.nests;
+  std::vector<NestModule> modules(nests.size());
+  for (size_t k = 0; k < nests.size(); ++k) {
+    modules[k].context = std::make_unique<llvm::LLVMContext>();
+    modules[k].module = std::make_unique<llvm::Module>("nest_" + std::to_string(k), *modules[k].context);
+    llvm_ir::emit_nest(*modules[k].module, nests[k], "nest_" + std::to_string(k), impl.types, index);
+    for (const auto& t : llvm_ir::nest_tensors(nests[k])) impl.touched.insert(t);
+  }
   impl.times.llvm_ir = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
-  m.machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
-  m.machine->setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
-  auto tm = check(m.machine->createTargetMachine(), "creating the target machine");
-  m.module->setDataLayout(tm->createDataLayout());
-  m.module->setTargetTriple(tm->getTargetTriple().str());
-  optimize(*m.module, *tm);
-  {
-    llvm::raw_string_ostream os(impl.ir);
+  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
+  auto finish = [&](size_t k) {
+    NestModule& m = modules[k];
+    auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
+    m.module->setDataLayout(tm->createDataLayout());
+    m.module->setTargetTriple(tm->getTargetTriple().str());
+    optimize(*m.module, *tm, nests[k].microkernel.has_value());
+    llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
-  }
+    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + nests[k].name);
+  };
+  tbb::task_arena arena(std::clamp(impl.threads, 1, tbb::info::default_concurrency()));
+  arena.execute([&] { tbb::parallel_for(size_t{0}, modules.size(), finish); });
+  for (const NestModule& m : modules) impl.ir += m.ir;
   impl.times.optimize_and_jit = seconds_since(t0);
-  return m;
+  return modules;
 }
 
 std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
                                               const CompileOptions& options) {
   auto impl = std::make_unique<CompiledProgram::Impl>();
-  OptimizedModule m = lower_and_emit(*impl, source, inputs, options);
+  std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true);
   auto t0 = std::chrono::steady_clock::now();
-  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(*m.machine)).create(), "creating the JIT");
+  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_machine()).create(), "creating the JIT");
   auto& dylib = impl->jit->getMainJITDylib();
   dylib.addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                                impl->jit->getDataLayout().getGlobalPrefix()),
                            "opening the process for libm"));
-  check(impl->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(m.module), std::move(m.context))), "adding the module");
+  for (NestModule& m : modules) check(impl->jit->addObjectFile(std::move(m.object)), "adding the object code");
   for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
     auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");
     impl->nests.push_back(addr.toPtr<NestFn>());
@@ -264,7 +309,7 @@ std::string optimized_llvm_ir(const Program& program, const std::map<std::string
                               const CompileOptions& options) {
   infer_types(program, inputs);  // user errors first
   CompiledProgram::Impl impl;
-  lower_and_emit(impl, program, inputs, options);
+  lower_and_emit(impl, program, inputs, options, false);
   return impl.ir;
 }
 

@@ -5,7 +5,7 @@
 // [lo, hi). Statement bodies follow the dtype rules of ir.h: literals and dims enter as exact f64 values
 // converted by the operation that consumes them, integer division floors (x / 0 = 0), i32 wraps,
 // max/min propagate NaN.
-// This file: the entry function, loops and guards, loop expressions, and the public emit_nests.
+// This file: the entry function, loops and guards, loop expressions, and the public emit_nest(s).
 #include "nest_emitter.h"
 
 #include <llvm/IR/Verifier.h>
@@ -217,15 +217,19 @@ using internal::NestEmitter;
 
 std::vector<std::string> nest_tensors(const sched::Nest& nest) { return NestEmitter::nest_tensors(nest); }
 
+void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
+               const std::map<std::string, int>& buffer_index) {
+  NestEmitter e(module, nest, types, buffer_index);
+  llvm::Function* f = e.emit(name);
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + ": " + os.str());
+}
+
 void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,
                 const std::map<std::string, int>& buffer_index) {
-  for (size_t k = 0; k < schedule.nests.size(); ++k) {
-    NestEmitter e(module, schedule.nests[k], types, buffer_index);
-    llvm::Function* f = e.emit("nest_" + std::to_string(k));
-    std::string err;
-    llvm::raw_string_ostream os(err);
-    if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + schedule.nests[k].name + ": " + os.str());
-  }
+  for (size_t k = 0; k < schedule.nests.size(); ++k)
+    emit_nest(module, schedule.nests[k], "nest_" + std::to_string(k), types, buffer_index);
 }
 
 }  // namespace polytile::llvm_ir

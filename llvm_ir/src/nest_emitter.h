@@ -4,6 +4,7 @@
 // statement), row_reduction.cpp and microkernel.cpp (the vectorized update statements).
 #pragma once
 
+#include <llvm/Analysis/InstSimplifyFolder.h>
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
@@ -32,7 +33,7 @@ class NestEmitter {
  public:
   NestEmitter(llvm::Module& m, const sched::Nest& nest, const ProgramTypes& types,
               const std::map<std::string, int>& buffer_index)
-      : m_(m), ctx_(m.getContext()), b_(ctx_), nest_(nest), types_(types), buffer_index_(buffer_index) {}
+      : m_(m), ctx_(m.getContext()), b_(ctx_, llvm::InstSimplifyFolder(m.getDataLayout())), nest_(nest), types_(types), buffer_index_(buffer_index) {}
 
   // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
   // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array.
@@ -116,7 +117,8 @@ class NestEmitter {
   void microkernel_statement(const sched::LoopNode& n);
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
-  llvm::IRBuilder<> b_;
+  // Folds as it builds (x * 1, x + 0, constants): the optimizer has less to clean up.
+  llvm::IRBuilder<llvm::InstSimplifyFolder> b_;
   const sched::Nest& nest_;
   const ProgramTypes& types_;
   const std::map<std::string, int>& buffer_index_;

@@ -1,5 +1,7 @@
-// The host backend: Program -> reduce/defract -> schedule (isl) -> LLVM IR -> new-PM O3 (loop and SLP
-// vectorization for the host CPU) -> ORC LLJIT -> native code, run on TBB with the outer loop of every
+// The host backend: Program -> reduce/defract -> schedule (isl) -> LLVM IR, one module per nest ->
+// optimized (new-PM O3 with loop and SLP vectorization for the host CPU; a short scalar pipeline for
+// register-blocked micro-kernels, which are vector code already) and compiled to machine code, nests
+// concurrently on the compilation's threads -> ORC LLJIT, run on TBB with the outer loop of every
 // provably parallel nest split across threads. Compiled programs are cached per process, keyed by program
 // text, input shapes and dtypes, and target.
 //
@@ -42,7 +44,8 @@ struct TuningReport {
   std::vector<std::pair<std::string, double>> candidates;
 };
 
-// Seconds spent in each stage of one compilation.
+// Seconds spent in each stage of one compilation (optimize_and_jit: optimizing and compiling the nests,
+// concurrently, and linking them in the JIT).
 struct CompileTimes {
   double passes = 0, schedule = 0, llvm_ir = 0, optimize_and_jit = 0;
 };
@@ -73,7 +76,8 @@ class CompiledProgram {
 };
 
 // Compiles (or fetches from the cache) `program` for inputs of the given types. Safe to call from several
-// threads at once: every compilation has its own isl and LLVM contexts, and the cache is locked (two
+// threads at once: every compilation has its own isl and LLVM contexts (one LLVM context per nest, which
+// it optimizes and compiles on up to `threads` TBB threads), and the cache is locked (two
 // threads compiling the same program at once may both compile it; both get the one kept).
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options = {});

@@ -25,6 +25,11 @@ namespace polytile::llvm_ir {
 void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,
                 const std::map<std::string, int>& buffer_index);
 
+// Adds `void <name>(ptr buffers, i64 lo, i64 hi)` for `nest` alone: nests that go to modules of their own
+// can be optimized and compiled concurrently. InternalError if LLVM's verifier rejects it.
+void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
+               const std::map<std::string, int>& buffer_index);
+
 // The tensors a nest's code reads or writes (its buffers).
 std::vector<std::string> nest_tensors(const sched::Nest& nest);
 
