@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -773,6 +774,97 @@ TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   EXPECT_THROW(compiled->run({}), UserError);
   EXPECT_THROW(run(parse_program("function (I[N]) -> (O) { O[i : N] = =(I[i + j]), j < 2; }"), {{"I", Buffer(DType::f32, {4})}}),
                UserError);
+}
+
+}  // namespace
+}  // namespace polytile::cpu
+
+namespace polytile::cpu {
+namespace {
+
+// Runs on caller memory (views): the values of a Buffer run, written straight into the caller's arrays,
+// concurrently on four threads with separate memory; and one-line errors for what cannot run in place.
+TEST(CpuTest, ViewsRunOnTheCallersMemory) {
+  Program p = parse_program(R"(function (A[M, K], B[K, N], S[N]) -> (R, S) {
+    C[i, j : M, N] = +(A[i, k] * B[k, j]);
+    R = relu(C) + S;
+  })");
+  const int64_t M = 37, K = 29, N = 45;
+  TensorMap in = inputs_for({{"A", {M, K}}, {"B", {K, N}}, {"S", {N}}}, DType::f32, 7);
+  CompileOptions o;
+  o.target.cpu.microkernel_min_points = 1;  // the micro-kernel's masked borders on caller memory too
+  auto compiled = compile(p, types_of(in), o);
+  const TensorMap want = compiled->run(in);
+  auto copy_of = [](const Buffer& b) {
+    std::vector<float> v(static_cast<size_t>(b.size()));
+    std::memcpy(v.data(), b.data(), b.byte_size());
+    return v;
+  };
+  auto run_on = [&](std::vector<float>& a, std::vector<float>& b, std::vector<float>& s, std::vector<float>& r, std::vector<float>& s_out) {
+    compiled->run(ViewMap{{"A", {a.data(), DType::f32, {M, K}, {}}}, {"B", {b.data(), DType::f32, {K, N}, {N, 1}}},
+                          {"S", {s.data(), DType::f32, {N}, {}}}},
+                  ViewMap{{"R", {r.data(), DType::f32, {M, N}, {}}}, {"S", {s_out.data(), DType::f32, {N}, {}}}});
+  };
+  auto a = copy_of(in.at("A")), b = copy_of(in.at("B")), s = copy_of(in.at("S"));
+  std::vector<float> r(static_cast<size_t>(M * N), -1.0f), s_out(static_cast<size_t>(N), -1.0f);
+  run_on(a, b, s, r, s_out);
+  EXPECT_EQ(std::memcmp(r.data(), want.at("R").data(), want.at("R").byte_size()), 0);
+  EXPECT_EQ(s_out, s);  // an output that is an input, copied into its view
+  // Four threads, each on its own memory, at once.
+  std::vector<std::thread> threads;
+  std::vector<int> same(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto a2 = a, b2 = b, s2 = s;
+      std::vector<float> r2(r.size(), static_cast<float>(t)), s2_out(s.size());
+      for (int k = 0; k < 5; ++k) run_on(a2, b2, s2, r2, s2_out);
+      same[static_cast<size_t>(t)] = r2 == r && s2_out == s;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(same, std::vector<int>(4, 1));
+  // What cannot run in place is a UserError naming the tensor.
+  auto error_of = [&](const ViewMap& ins, const ViewMap& outs) {
+    try {
+      compiled->run(ins, outs);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const ViewMap ins{{"A", {a.data(), DType::f32, {M, K}, {}}}, {"B", {b.data(), DType::f32, {K, N}, {}}}, {"S", {s.data(), DType::f32, {N}, {}}}};
+  const ViewMap outs{{"R", {r.data(), DType::f32, {M, N}, {}}}, {"S", {s_out.data(), DType::f32, {N}, {}}}};
+  ViewMap bad = ins;
+  bad["B"] = {b.data(), DType::f32, {K, N}, {1, K}};  // a transposed layout
+  EXPECT_EQ(error_of(bad, outs).rfind("input B: the view is not contiguous row-major", 0), 0u) << error_of(bad, outs);
+  bad = ins;
+  bad["A"].shape = {M, K + 1};
+  EXPECT_EQ(error_of(bad, outs), "input A is a view of f32[37, 30] but the program was compiled for f32[37, 29]");
+  bad = ins;
+  bad["A"].dtype = DType::f64;
+  EXPECT_EQ(error_of(bad, outs).rfind("input A is a view of f64[37, 29]", 0), 0u);
+  bad = ins;
+  bad.erase("S");
+  EXPECT_EQ(error_of(bad, outs), "missing input S");
+  ViewMap bad_out = outs;
+  bad_out.erase("R");
+  EXPECT_EQ(error_of(ins, bad_out).rfind("missing output R", 0), 0u);
+  bad_out = outs;
+  bad_out["R"].data = a.data();  // writes over input A
+  EXPECT_EQ(error_of(ins, bad_out).rfind("output R overlaps input A in memory", 0), 0u) << error_of(ins, bad_out);
+  bad_out = outs;
+  bad_out["R"].data = reinterpret_cast<char*>(r.data()) + 1;
+  EXPECT_EQ(error_of(ins, bad_out).rfind("output R: the view's data is not aligned", 0), 0u) << error_of(ins, bad_out);
+  bad_out = outs;
+  bad_out["C"] = outs.at("R");
+  EXPECT_EQ(error_of(ins, bad_out), "output C is not an output of the program");
+  // Views of Buffers are the same run.
+  TensorMap got;
+  got["R"] = Buffer(DType::f32, {M, N});
+  got["S"] = Buffer(DType::f32, {N});
+  compiled->run(ViewMap{{"A", TensorView::of(in.at("A"))}, {"B", TensorView::of(in.at("B"))}, {"S", TensorView::of(in.at("S"))}},
+                ViewMap{{"R", TensorView::of(got.at("R"))}, {"S", TensorView::of(got.at("S"))}});
+  EXPECT_EQ(std::memcmp(got.at("R").data(), want.at("R").data(), want.at("R").byte_size()), 0);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -235,6 +236,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
 }
 
 void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs);
+void execute(const CompiledProgram::Impl& m, const ViewMap& inputs, const ViewMap& outputs);
 
 // Tuning (CompileOptions::tune): variants of the target, each compiled and timed on the same deterministic
 // inputs (best of three runs); the fastest wins.
@@ -336,19 +338,13 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
 
 void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const { execute(*impl_, inputs, outputs); }
 
+void CompiledProgram::run(const ViewMap& inputs, const ViewMap& outputs) const { execute(*impl_, inputs, outputs); }
+
 namespace {
 
-void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs) {
-  for (const auto& [name, t] : m.inputs) {
-    auto it = inputs.find(name);
-    if (it == inputs.end()) user_error("missing input ", name);
-    if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
-      user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
-  }
-  // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
-  // tensors no nest touches (inlined producers) get no memory.
-  std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());
-  TensorMap env;  // outputs allocated by this run
+// Runs the nests on the buffer table `ptrs`: inputs and outputs are in place; every other slot a nest
+// touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws).
+void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
   TensorMap scratch;
   {
     std::lock_guard<std::mutex> lock(m.scratch_mutex);
@@ -357,7 +353,7 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
       m.scratch_pool.pop_back();
     }
   }
-  struct GiveBack {  // also when a nest throws
+  struct GiveBack {
     const CompiledProgram::Impl& m;
     TensorMap& scratch;
     ~GiveBack() {
@@ -365,26 +361,10 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
       m.scratch_pool.push_back(std::move(scratch));
     }
   } give_back{m, scratch};
-  std::vector<char*> ptrs(m.buffers.size());
   for (size_t i = 0; i < m.buffers.size(); ++i) {
     const std::string& name = m.buffers[i];
-    auto in = inputs.find(name);
-    if (in != inputs.end() && m.inputs.count(name)) {
-      ptrs[i] = static_cast<char*>(const_cast<void*>(in->second.data()));  // read only
-      continue;
-    }
-    if (!m.touched.count(name) && !is_output.count(name)) continue;
+    if (ptrs[i] || !m.touched.count(name) || m.inputs.count(name)) continue;
     const TensorType& t = m.types.tensors.at(name);
-    auto reuse = outputs.find(name);
-    if (is_output.count(name) && reuse != outputs.end() && reuse->second.dtype() == t.dtype && reuse->second.shape() == t.shape) {
-      ptrs[i] = static_cast<char*>(reuse->second.data());
-      continue;
-    }
-    if (is_output.count(name)) {
-      env[name] = Buffer(t.dtype, t.shape);
-      ptrs[i] = static_cast<char*>(env[name].data());
-      continue;
-    }
     auto kept = scratch.find(name);
     if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
     ptrs[i] = static_cast<char*>(kept->second.data());
@@ -400,11 +380,100 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
     tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1),
                       [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });
   }
+}
+
+void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs) {
+  for (const auto& [name, t] : m.inputs) {
+    auto it = inputs.find(name);
+    if (it == inputs.end()) user_error("missing input ", name);
+    if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
+      user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
+  }
+  // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
+  // tensors no nest touches (inlined producers) get no memory.
+  std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());
+  TensorMap env;  // outputs allocated by this run
+  std::vector<char*> ptrs(m.buffers.size(), nullptr);
+  for (size_t i = 0; i < m.buffers.size(); ++i) {
+    const std::string& name = m.buffers[i];
+    if (m.inputs.count(name)) {
+      ptrs[i] = static_cast<char*>(const_cast<void*>(inputs.at(name).data()));  // read only
+      continue;
+    }
+    if (!is_output.count(name)) continue;
+    const TensorType& t = m.types.tensors.at(name);
+    auto reuse = outputs.find(name);
+    if (reuse != outputs.end() && reuse->second.dtype() == t.dtype && reuse->second.shape() == t.shape) {
+      ptrs[i] = static_cast<char*>(reuse->second.data());
+      continue;
+    }
+    env[name] = Buffer(t.dtype, t.shape);
+    ptrs[i] = static_cast<char*>(env[name].data());
+  }
+  run_nests(m, ptrs);
   for (const auto& o : m.program.outputs) {
     auto it = env.find(o);
     if (it != env.end()) outputs[o] = std::move(it->second);
     else if (!m.types.tensors.count(o) || m.inputs.count(o)) outputs[o] = inputs.at(o);
   }
+}
+
+// The same on caller memory (see CompiledProgram::run with views).
+void execute(const CompiledProgram::Impl& m, const ViewMap& inputs, const ViewMap& outputs) {
+  auto check = [&](const std::string& name, const TensorView& v, const TensorType& t, const char* role) {
+    if (v.dtype != t.dtype || v.shape != t.shape)
+      user_error(role, " ", name, " is a view of ", v.type_str(), " but the program was compiled for ", t.str());
+    if (!v.contiguous())
+      user_error(role, " ", name, ": the view is not contiguous row-major (polytile runs on the memory in place; copy the tensor "
+                 "to a contiguous one first)");
+    if (!v.data && v.byte_size() != 0) user_error(role, " ", name, ": the view has no data");
+    if (reinterpret_cast<uintptr_t>(v.data) % dtype_bytes(v.dtype) != 0)
+      user_error(role, " ", name, ": the view's data is not aligned to its ", dtype_bytes(v.dtype), "-byte elements");
+  };
+  for (const auto& [name, t] : m.inputs) {
+    auto it = inputs.find(name);
+    if (it == inputs.end()) user_error("missing input ", name);
+    check(name, it->second, t, "input");
+  }
+  for (const auto& [name, v] : inputs)
+    if (!m.inputs.count(name)) user_error("input ", name, " is not an input of the program");
+  for (const auto& [name, v] : outputs)
+    if (std::find(m.program.outputs.begin(), m.program.outputs.end(), name) == m.program.outputs.end())
+      user_error("output ", name, " is not an output of the program");
+  for (const std::string& name : m.program.outputs) {
+    auto it = outputs.find(name);
+    if (it == outputs.end()) user_error("missing output ", name, ": every output needs a view to be written into");
+    check(name, it->second, m.types.tensors.count(name) ? m.types.tensors.at(name) : m.inputs.at(name), "output");
+  }
+  // Outputs are written while inputs are read: no output may share memory with another view.
+  auto range = [](const TensorView& v) {
+    auto* p = static_cast<const char*>(v.data);
+    return std::pair{p, p + v.byte_size()};
+  };
+  for (const auto& [name, out] : outputs) {
+    auto [lo, hi] = range(out);
+    if (lo == hi) continue;
+    for (const auto* views : {&inputs, &outputs}) {
+      for (const auto& [other, v] : *views) {
+        if (views == &outputs && other == name) continue;
+        auto [olo, ohi] = range(v);
+        if (olo < hi && lo < ohi)
+          user_error("output ", name, " overlaps ", views == &inputs ? "input " : "output ", other,
+                     " in memory: polytile writes outputs while it reads its inputs");
+      }
+    }
+  }
+  std::vector<char*> ptrs(m.buffers.size(), nullptr);
+  for (size_t i = 0; i < m.buffers.size(); ++i) {
+    const std::string& name = m.buffers[i];
+    if (m.inputs.count(name)) ptrs[i] = static_cast<char*>(inputs.at(name).data);
+    else if (auto o = outputs.find(name); o != outputs.end()) ptrs[i] = static_cast<char*>(o->second.data);
+  }
+  run_nests(m, ptrs);
+  // An output that is an input of the program, passed through.
+  for (const std::string& name : m.program.outputs)
+    if (m.inputs.count(name) && outputs.at(name).byte_size())
+      std::memcpy(outputs.at(name).data, inputs.at(name).data, outputs.at(name).byte_size());
 }
 
 }  // namespace

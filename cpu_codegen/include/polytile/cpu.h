@@ -18,6 +18,7 @@
 #include "polytile/interpreter.h"
 #include "polytile/scheduler.h"
 #include "polytile/shapes.h"
+#include "polytile/view.h"
 
 namespace polytile::cpu {
 
@@ -62,6 +63,13 @@ class CompiledProgram {
   // overwritten in place (no allocation, no copy: the way to run a compiled program in a loop); other
   // outputs are allocated and added.
   void run(const TensorMap& inputs, TensorMap& outputs) const;
+  // The same on memory the caller owns, nothing copied: every input and every output of the program as a
+  // view (view.h) of exactly the compiled dtype and shape, contiguous row-major and aligned to its
+  // element size. Inputs are only read; outputs are written in place (an output that is an input of the
+  // program is copied into its view). UserError naming the tensor for a missing or unknown view, a wrong
+  // type, a layout that is not contiguous (copy such a tensor first), or an output that shares memory with
+  // another view. The memory must stay valid during the call; concurrent runs need disjoint outputs.
+  void run(const ViewMap& inputs, const ViewMap& outputs) const;
   const Program& program() const;           // after the passes
   const sched::Schedule& schedule() const;
   const std::string& llvm_ir() const;       // optimized module, deterministic
