@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Keeps the README true: every C++ block marked "<!-- example: FILE -->" is FILE verbatim, and every
+# Keeps the README true: every C++ or C block marked "<!-- example: FILE -->" is FILE verbatim, and every
 # `build/polytile ...` command it shows runs successfully (with this build's binary).
 set -euo pipefail
 src=$1
@@ -8,7 +8,7 @@ cd "$src"
 blocks=0
 while IFS= read -r file; do
   block=$(awk -v f="$file" '$0 == "<!-- example: " f " -->" {armed=1; next}
-                            armed && /^```cpp$/ {on=1; next}
+                            armed && /^```(cpp|c)$/ {on=1; next}
                             on && /^```$/ {exit}
                             on' README.md)
   if [ "$block" != "$(cat "$file")" ]; then
@@ -30,5 +30,5 @@ if grep -rn '\.\./shared' README.md docs ./*/include 2>/dev/null; then
   echo "README, docs or a public header points outside the repository"
   exit 1
 fi
-echo "checked $blocks C++ examples, ran $n README commands"
-[ "$blocks" -ge 4 ] && [ "$n" -ge 21 ]
+echo "checked $blocks C++ and C examples, ran $n README commands"
+[ "$blocks" -ge 6 ] && [ "$n" -ge 21 ]
