@@ -43,6 +43,10 @@ int main(void) {
   const int64_t a_shape[] = {M, K}, b_shape[] = {K, N}, y_shape[] = {M, N};
   polytile_tensor inputs[] = {{"A", a, POLYTILE_F32, 2, a_shape}, {"B", b, POLYTILE_F32, 2, b_shape}};
   polytile_tensor outputs[] = {{"Y", y, POLYTILE_F32, 2, y_shape}};
+  CHECK(polytile_check(layer, inputs, 2) == POLYTILE_OK);
+  const int64_t mismatched[] = {K + 1, N};
+  polytile_tensor mismatch[] = {{"A", a, POLYTILE_F32, 2, a_shape}, {"B", b, POLYTILE_F32, 2, mismatched}};
+  CHECK(polytile_check(layer, mismatch, 2) == POLYTILE_USER_ERROR && strstr(polytile_last_error(), "K") != NULL);
   polytile_compiled* compiled = NULL;
   CHECK(polytile_compile(layer, inputs, 2, "cpu", &compiled) == POLYTILE_OK);
   polytile_dtype dtype = POLYTILE_I32;

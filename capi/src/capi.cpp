@@ -142,6 +142,15 @@ const char* polytile_program_output(const polytile_program* program, size_t i) {
   return program && i < program->program.outputs.size() ? program->program.outputs[i].c_str() : nullptr;
 }
 
+polytile_status polytile_check(const polytile_program* program, const polytile_tensor* input_types, size_t input_count) {
+  return guarded([&] {
+    const Program& p = need(program, "polytile_check: the program")->program;
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, v] : views(input_types, input_count, "polytile_check: input_types")) types[name] = {v.dtype, v.shape};
+    infer_types(p, types);
+  });
+}
+
 polytile_status polytile_gradient(const polytile_program* program, const char* const* wrt, size_t wrt_count,
                                   polytile_program** gradient) {
   return guarded([&] {

@@ -48,6 +48,9 @@ size_t polytile_program_input_count(const polytile_program* program);
 const char* polytile_program_input(const polytile_program* program, size_t i);
 size_t polytile_program_output_count(const polytile_program* program);
 const char* polytile_program_output(const polytile_program* program, size_t i);
+/* Checks the program for inputs of the given dtypes and shapes (every shape and index rule) without
+ * compiling it. */
+polytile_status polytile_check(const polytile_program* program, const polytile_tensor* input_types, size_t input_count);
 /* Reverse mode: function (inputs..., D<outputs>...) -> (D<wrt>...), the vector-Jacobian products of all
  * outputs with respect to the `wrt_count` inputs named in `wrt` (all inputs when wrt_count is 0). */
 polytile_status polytile_gradient(const polytile_program* program, const char* const* wrt, size_t wrt_count,
