@@ -867,5 +867,32 @@ TEST(CpuTest, ViewsRunOnTheCallersMemory) {
   EXPECT_EQ(std::memcmp(got.at("R").data(), want.at("R").data(), want.at("R").byte_size()), 0);
 }
 
+// The process's cache: a program compiled twice is one object; cache = false compiles afresh and keeps
+// nothing; the least recently used programs leave first when the capacity is reached; clear_cache empties
+// it while the programs callers hold keep running.
+TEST(CpuTest, TheProgramCacheIsBoundedAndCanBeCleared) {
+  auto program = [](int k) { return parse_program("function (A[N]) -> (B) { B = A * " + std::to_string(k) + "; }"); };
+  const std::map<std::string, TensorType> types{{"A", {DType::f32, {8}}}};
+  clear_cache();
+  auto first = compile(program(1), types);
+  EXPECT_EQ(compile(program(1), types), first);
+  CompileOptions fresh;
+  fresh.cache = false;
+  EXPECT_NE(compile(program(1), types, fresh), first);
+  EXPECT_EQ(cached_programs(), 1u);
+  set_cache_capacity(2);
+  auto second = compile(program(2), types);
+  EXPECT_EQ(compile(program(1), types), first);  // now the most recent
+  compile(program(3), types);                     // evicts program 2, the least recently used
+  EXPECT_EQ(cached_programs(), 2u);
+  EXPECT_EQ(compile(program(1), types), first);
+  EXPECT_NE(compile(program(2), types), second);
+  clear_cache();
+  EXPECT_EQ(cached_programs(), 0u);
+  TensorMap in{{"A", Buffer::from_values(DType::f32, {8}, {1, 2, 3, 4, 5, 6, 7, 8})}};
+  EXPECT_EQ(second->run(in).at("B").get(7), 16.0);  // still valid after leaving the cache
+  set_cache_capacity(64);
+}
+
 }  // namespace
 }  // namespace polytile::cpu

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <list>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -315,19 +316,72 @@ std::string optimized_llvm_ir(const Program& program, const std::map<std::string
   return impl.ir;
 }
 
+namespace {
+
+// The process's compiled programs, least recently used first out when more than `capacity` are kept.
+struct ProgramCache {
+  std::mutex mutex;
+  size_t capacity = 64;
+  std::list<std::pair<std::string, std::shared_ptr<const CompiledProgram>>> entries;  // most recent first
+
+  std::shared_ptr<const CompiledProgram> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (it->first != key) continue;
+      entries.splice(entries.begin(), entries, it);
+      return it->second;
+    }
+    return nullptr;
+  }
+  std::shared_ptr<const CompiledProgram> add(const std::string& key, std::shared_ptr<const CompiledProgram> compiled) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = entries.begin(); it != entries.end(); ++it)
+      if (it->first == key) return it->second;  // another thread compiled it first: keep one
+    entries.emplace_front(key, std::move(compiled));
+    trim();
+    return entries.front().second;
+  }
+  void trim() {
+    while (entries.size() > capacity) entries.pop_back();
+  }
+};
+
+ProgramCache& program_cache() {
+  static ProgramCache cache;
+  return cache;
+}
+
+}  // namespace
+
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<const CompiledProgram>> cache;
+  auto fresh = [&] {
+    return std::make_shared<const CompiledProgram>(options.tune ? tune(program, inputs, options) : build(program, inputs, options));
+  };
+  if (!options.cache) return fresh();
+  ProgramCache& cache = program_cache();
   std::string key = cache_key(program, inputs, options);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  auto compiled = std::make_shared<const CompiledProgram>(options.tune ? tune(program, inputs, options) : build(program, inputs, options));
-  std::lock_guard<std::mutex> lock(mutex);
-  return cache.emplace(key, compiled).first->second;
+  if (auto hit = cache.find(key)) return hit;
+  return cache.add(key, fresh());
+}
+
+void clear_cache() {
+  ProgramCache& cache = program_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.entries.clear();
+}
+
+void set_cache_capacity(size_t programs) {
+  ProgramCache& cache = program_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.capacity = programs;
+  cache.trim();
+}
+
+size_t cached_programs() {
+  ProgramCache& cache = program_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.entries.size();
 }
 
 TensorMap CompiledProgram::run(const TensorMap& inputs) const {

@@ -38,6 +38,9 @@ struct CompileOptions {
   // proves its result denotes the same computation (poly::verify_rewrite, sched::verify_fusion); a failed
   // proof is an InternalError naming the pass, never a silently different program.
   bool verify = false;
+  // Use the process's cache of compiled programs (and keep this one in it); false compiles afresh and
+  // keeps nothing (a benchmark of compile time, a caller with a cache of its own).
+  bool cache = true;
 };
 
 // What tuning tried: each candidate's description and best run time in seconds, the winner first.
@@ -89,6 +92,13 @@ class CompiledProgram {
 // threads compiling the same program at once may both compile it; both get the one kept).
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options = {});
+
+// The process's cache of compiled programs: keyed by the program's text, input types, target and options;
+// it keeps the `set_cache_capacity` (default 64) most recently used programs. Programs a caller still
+// holds stay valid when the cache lets them go.
+void clear_cache();
+void set_cache_capacity(size_t programs);
+size_t cached_programs();
 
 // The optimized LLVM IR compile() would run, without making machine code (polytile lower --emit llvm).
 std::string optimized_llvm_ir(const Program& program, const std::map<std::string, TensorType>& inputs,
