@@ -167,12 +167,17 @@ TEST(CliTest, CheckWarnsAboutEmptyDomainsAndProvesAssign) {
   std::remove(assign.c_str());
 }
 
-// --tune: the same values (up to rounding) as the interpreter, from the fastest of the timed variants.
+// --tune: the same values (up to rounding) as the interpreter, from the fastest of the timed variants,
+// with each variant's time reported as it is measured.
 TEST(CliTest, RunTunedMatchesTheInterpreter) {
   std::string mm = kExamples + "matmul.tile";
   std::string tuned = temp("tuned.npy"), oracle = temp("oracle.npy");
   Result r = cli({"run", mm, "--random", "A=40x70:f64", "--random", "B=70x90:f64", "--tune", "--output", "C=" + tuned});
   ASSERT_EQ(r.code, 0) << r.err;
+  // Progress as each variant is timed, then the winner.
+  EXPECT_NE(r.err.find("tuning: default: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tuning: loop nests only: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tuning: kept "), std::string::npos) << r.err;
   Result o = cli({"run", mm, "--random", "A=40x70:f64", "--random", "B=70x90:f64", "--backend", "interp", "--output", "C=" + oracle});
   ASSERT_EQ(o.code, 0) << o.err;
   Buffer a = read_npy(tuned), b = read_npy(oracle);

@@ -86,7 +86,8 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
   --output NAME=FILE.npy       write output NAME
   --backend NAME               cpu (default: native code through LLVM) or interp (the reference interpreter)
-  --tune                       cpu: time a few schedule variants on this machine and run the fastest
+  --tune                       cpu: time a few schedule variants on this machine (each time printed to stderr)
+                               and run the fastest
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
@@ -386,6 +387,12 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   }
   cpu::CompileOptions options;
   options.tune = tune;
+  if (tune) {
+    err << "tuning: timing schedule variants on this machine (best of 3 runs each)\n";
+    options.tuning_progress = [&err](const std::string& variant, double seconds) {
+      err << "tuning: " << variant << ": " << ms(seconds * 1e3) << "\n";
+    };
+  }
   options.verify = verify;
   options.threads = static_cast<int>(threads);
   std::shared_ptr<const cpu::CompiledProgram> compiled;
@@ -393,6 +400,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     std::map<std::string, TensorType> types;
     for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
     compiled = cpu::compile(p, types, options);
+    if (tune && !compiled->tuning().candidates.empty())
+      err << "tuning: kept " << compiled->tuning().candidates.front().first << "\n";
     if (time) {
       const cpu::CompileTimes& t = compiled->times();
       err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "

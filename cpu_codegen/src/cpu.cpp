@@ -283,6 +283,7 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
       fastest = std::min(fastest, seconds_since(t0));
     }
     report.candidates.emplace_back(what, fastest);
+    if (options.tuning_progress) options.tuning_progress(what, fastest);
     if (!best || fastest < best_time) {
       best = std::move(impl);
       best_time = fastest;

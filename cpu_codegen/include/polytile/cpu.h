@@ -11,6 +11,7 @@
 // interpreter up to rounding that grows with the reduction length.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,9 @@ struct CompileOptions {
   // micro-kernels), time each on deterministic inputs and keep the fastest; the winner is cached per
   // (program, shapes, target) like any compilation. The default schedule needs no tuning.
   bool tune = false;
+  // Called after each tuning variant is timed (its description and best run time in seconds), so that a
+  // caller can show progress; not part of the cache key.
+  std::function<void(const std::string& variant, double seconds)> tuning_progress;
   // Translation validation: every rewriting pass (reduce, defract, cond-miss lowering, fusion, layouts)
   // proves its result denotes the same computation (poly::verify_rewrite, sched::verify_fusion); a failed
   // proof is an InternalError naming the pass, never a silently different program.
