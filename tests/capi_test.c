@@ -95,7 +95,7 @@ int main(void) {
   CHECK(polytile_run(NULL, inputs, 2, outputs, 1) == POLYTILE_USER_ERROR);
   polytile_compiled* nothing = NULL;
   CHECK(polytile_compile(layer, inputs, 2, "sm_90", &nothing) == POLYTILE_USER_ERROR && nothing == NULL);
-  polytile_tensor bad_dtype[] = {{"A", a, (polytile_dtype)7, 2, a_shape}, {"B", b, POLYTILE_F32, 2, b_shape}};
+  polytile_tensor bad_dtype[] = {{"A", a, 7, 2, a_shape}, {"B", b, POLYTILE_F32, 2, b_shape}};
   CHECK(polytile_compile(layer, bad_dtype, 2, "cpu", &nothing) == POLYTILE_USER_ERROR);
   CHECK(polytile_compile(layer, inputs, 1, "cpu", &nothing) == POLYTILE_USER_ERROR); /* B missing */
   CHECK(strstr(polytile_last_error(), "B") != NULL);

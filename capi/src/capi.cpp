@@ -55,14 +55,14 @@ T* need(T* p, const char* what) {
   return p;
 }
 
-DType dtype_of(polytile_dtype d, const std::string& tensor) {
-  switch (d) {
+DType dtype_of(int code, const std::string& tensor) {
+  switch (code) {
     case POLYTILE_F32: return DType::f32;
     case POLYTILE_F64: return DType::f64;
     case POLYTILE_I32: return DType::i32;
     case POLYTILE_BOOL: return DType::boolean;
+    default: user_error("tensor ", tensor, ": unknown dtype code ", code);
   }
-  user_error("tensor ", tensor, ": unknown dtype code ", static_cast<int>(d));
 }
 
 polytile_dtype code_of(DType d) {

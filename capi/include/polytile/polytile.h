@@ -27,7 +27,7 @@ typedef enum polytile_dtype { POLYTILE_F32 = 0, POLYTILE_F64 = 1, POLYTILE_I32 =
 typedef struct polytile_tensor {
   const char* name;
   void* data;
-  polytile_dtype dtype;
+  int dtype; /* a polytile_dtype (an int, so that a wrong code is an error, not undefined behavior) */
   int rank;
   const int64_t* shape; /* rank entries */
 } polytile_tensor;
