@@ -365,7 +365,6 @@ class MicrokernelNest {
   }
   isl::set set(const std::string& t) const { return isl::set(nb_.ctx.get(), t); }
   isl::map map(const std::string& t) const { return isl::map(nb_.ctx.get(), t); }
-  isl::union_set uset(const std::string& t) const { return isl::union_set(nb_.ctx.get(), t); }
 
   NestBuilder& nb_;
   const Microkernel& mk_;
