@@ -97,6 +97,12 @@ ViewMap views(const polytile_tensor* tensors, size_t count, const char* what) {
   return out;
 }
 
+std::map<std::string, TensorType> types_of(const polytile_tensor* tensors, size_t count, const char* what) {
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, v] : views(tensors, count, what)) types[name] = {v.dtype, v.shape};
+  return types;
+}
+
 std::unique_ptr<polytile_program> wrap(Program p) {
   auto out = std::make_unique<polytile_program>();
   out->text = print(p);
@@ -145,9 +151,7 @@ const char* polytile_program_output(const polytile_program* program, size_t i) {
 polytile_status polytile_check(const polytile_program* program, const polytile_tensor* input_types, size_t input_count) {
   return guarded([&] {
     const Program& p = need(program, "polytile_check: the program")->program;
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, v] : views(input_types, input_count, "polytile_check: input_types")) types[name] = {v.dtype, v.shape};
-    infer_types(p, types);
+    infer_types(p, types_of(input_types, input_count, "polytile_check: input_types"));
   });
 }
 
@@ -171,8 +175,7 @@ polytile_status polytile_compile(const polytile_program* program, const polytile
     *compiled = nullptr;
     const Program& p = need(program, "polytile_compile: the program")->program;
     if (target && std::string(target) != "cpu") user_error("polytile_compile: unknown target '", target, "' (this build has: cpu)");
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, v] : views(input_types, input_count, "polytile_compile: input_types")) types[name] = {v.dtype, v.shape};
+    const std::map<std::string, TensorType> types = types_of(input_types, input_count, "polytile_compile: input_types");
     auto out = std::make_unique<polytile_compiled>();
     ProgramTypes all = infer_types(p, types);
     for (const std::string& o : p.outputs) out->outputs[o] = all.tensors.at(o);

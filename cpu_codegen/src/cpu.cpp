@@ -24,15 +24,14 @@
 #include <llvm/Target/TargetMachine.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 #include <tbb/info.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
-#include <list>
 #include <cstring>
-#include <optional>
+#include <list>
 #include <set>
 #include <tuple>
 #include <mutex>
@@ -325,19 +324,20 @@ struct ProgramCache {
   size_t capacity = 64;
   std::list<std::pair<std::string, std::shared_ptr<const CompiledProgram>>> entries;  // most recent first
 
+  // The entry of `key`, moved to the front; null when there is none. Call with the mutex held.
+  std::shared_ptr<const CompiledProgram> touch(const std::string& key) {
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e.first == key; });
+    if (it == entries.end()) return nullptr;
+    entries.splice(entries.begin(), entries, it);
+    return it->second;
+  }
   std::shared_ptr<const CompiledProgram> find(const std::string& key) {
     std::lock_guard<std::mutex> lock(mutex);
-    for (auto it = entries.begin(); it != entries.end(); ++it) {
-      if (it->first != key) continue;
-      entries.splice(entries.begin(), entries, it);
-      return it->second;
-    }
-    return nullptr;
+    return touch(key);
   }
   std::shared_ptr<const CompiledProgram> add(const std::string& key, std::shared_ptr<const CompiledProgram> compiled) {
     std::lock_guard<std::mutex> lock(mutex);
-    for (auto it = entries.begin(); it != entries.end(); ++it)
-      if (it->first == key) return it->second;  // another thread compiled it first: keep one
+    if (auto kept = touch(key)) return kept;  // another thread compiled it first: keep one
     entries.emplace_front(key, std::move(compiled));
     trim();
     return entries.front().second;

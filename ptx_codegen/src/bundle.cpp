@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -40,6 +41,19 @@ std::string read_file(const std::filesystem::path& p) {
   return s.str();
 }
 
+// `text` as a whole decimal integer in [lo, hi].
+std::optional<int64_t> parse_integer(const std::string& text, int64_t lo, int64_t hi) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
 // One manifest line's words, with the position for messages.
 class Line {
  public:
@@ -55,16 +69,9 @@ class Line {
   }
   int64_t integer(size_t k, int64_t lo, int64_t hi, const char* what) const {
     const std::string& w = (*this)[k];
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(w, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != w.size() || v < lo || v > hi)
-      fail(std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" + w + "'");
-    return v;
+    std::optional<int64_t> v = parse_integer(w, lo, hi);
+    if (!v) fail(std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" + w + "'");
+    return *v;
   }
   [[noreturn]] void fail(const std::string& why) const { user_error(where_, ":", number_, ": ", why); }
 
@@ -80,16 +87,9 @@ std::vector<int64_t> parse_shape(const Line& l, size_t k) {
   if (w == "scalar") return shape;
   std::istringstream in(w);
   for (std::string part; std::getline(in, part, 'x');) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || v < 0 || v > (int64_t{1} << 40))
-      l.fail("shape '" + w + "' is not DIMxDIMx... of non-negative integers (or 'scalar')");
-    shape.push_back(v);
+    std::optional<int64_t> v = parse_integer(part, 0, int64_t{1} << 40);
+    if (!v) l.fail("shape '" + w + "' is not DIMxDIMx... of non-negative integers (or 'scalar')");
+    shape.push_back(*v);
   }
   if (shape.empty()) l.fail("empty shape");
   return shape;

@@ -120,8 +120,8 @@ TensorMap Runner::run(const KernelBundle& bundle, const TensorMap& inputs, doubl
   std::vector<std::unique_ptr<DeviceBuffer>> memory;
   std::map<std::string, size_t> slot;
   for (const BundleBuffer& buf : bundle.buffers) {
-    Buffer host(buf.type.dtype, buf.type.shape);
-    const size_t bytes = host.byte_size();
+    size_t bytes = dtype_bytes(buf.type.dtype);
+    for (int64_t extent : buf.type.shape) bytes *= static_cast<size_t>(extent);
     auto d = std::make_unique<DeviceBuffer>(api, bytes);
     if (!d->get()) user_error("the GPU is out of memory for buffer ", buf.name, " (", bytes, " bytes, ", m.status.device_name, ")");
     if (buf.role == BundleBuffer::Role::input) {

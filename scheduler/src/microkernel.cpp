@@ -82,10 +82,10 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
 
 namespace {
 
-// One micro-kernel nest under construction: the names of its isl tuples, and its steps in order.
-// Sets over F[others, Bb, Bv, reductions]: the points of fast (uniform) blocks, where every row has the
-// same reduction points and every lane is in range, and of the others (over the union of their rows'
-// points). The tree's statement is Step[others, Bb, Bv, reduction tiles]; see BlockStep.
+// One micro-kernel nest under construction: the names of its isl tuples, and its steps in order. The
+// points over F[others, Bb, Bv, reductions]; the blocks over B[others, Bb, Bv], the uniform ones (every
+// row has the reduction points of row 0, every lane in range) apart; the tree's statement is
+// Step[others, Bb, Bv, reduction tiles] (see BlockStep).
 class MicrokernelNest {
  public:
   MicrokernelNest(NestBuilder& nb, const Microkernel& mk, const std::vector<std::string>& vars,
@@ -130,8 +130,6 @@ class MicrokernelNest {
                                   s(VL_ - 1) + " > " + s(mk_.vector_hi) + " }"))
                        .intersect(blocks_);
     good_ = blocks_.subtract(bad).coalesce();
-    fast_ = hull_.intersect(good_.apply(map("{ B[" + join(block_dims_) + "] -> F" + f_tuple_ + " }"))).coalesce();
-    slow_ = hull_.subtract(fast_).coalesce();
   }
 
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
@@ -199,7 +197,8 @@ class MicrokernelNest {
     for (size_t k = 0; k < tiles_.size(); ++k) in_tile.push_back(tiles_[k] + " = " + tile_exprs_[k]);
     isl::map by_step = map("{ F" + f_tuple_ + " -> [Step[" + join(step_dims) + "] -> F" + f_tuple_ + "]" +
                            (in_tile.empty() ? "" : " : " + join(in_tile, " and ")) + " }");
-    steps_ = hull_.apply(by_step).unwrap().domain().coalesce();
+    const isl::map step_points = hull_.apply(by_step).unwrap();
+    steps_ = step_points.domain().coalesce();
     BlockStep step;
     for (const std::string& d : step_dims) step.params.emplace_back(nb_.ctx.get(), d);
     auto first_params = [&](size_t n) {  // the first n of the step's parameter ids
@@ -235,15 +234,15 @@ class MicrokernelNest {
       c.expr = build.expr_from(in.gist(context));
       return c;
     };
-    auto variant = [&](const isl::set& points, const isl::set& context, bool predicated) {
+    // The points of every step as a set over F with the step's arguments as parameters.
+    const isl::set points = step_points.bind_domain(isl::multi_id(step_points.domain().space(), first_params(step.params.size())));
+    auto variant = [&](const isl::set& context, bool predicated) {
       BlockStep::Variant v;
       isl::ast_build build = isl_support::with_iterators(isl::ast_build::from_context(context), iterators);
       if (zero_init) v.first = condition(build, context, first);
       if (epilogue) v.last = condition(build, context, last);
       const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
-      isl::map step_points = points.apply(by_step).unwrap();
-      isl::set domain = isl_support::set_tuple_id(
-          step_points.bind_domain(isl::multi_id(step_points.domain().space(), first_params(step.params.size()))), fma);
+      isl::set domain = isl_support::set_tuple_id(points.intersect_params(context), fma);
       // Built without the context (isl takes several times as long with it), the domain simplified by it.
       isl::schedule tree = isl::schedule::from_domain(isl::union_set(domain.gist_params(context).coalesce()));
       if (!reds_.empty()) {
@@ -259,8 +258,8 @@ class MicrokernelNest {
     const isl::set all = bind(steps_, step_dims.size());
     const isl::set uniform = all.intersect(bind(good_, block_dims_.size()));
     const isl::set predicated = all.subtract(uniform);
-    if (!uniform.is_empty()) step.uniform = variant(fast_, uniform, false);
-    if (!predicated.is_empty()) step.predicated = variant(slow_, predicated, true);
+    if (!uniform.is_empty()) step.uniform = variant(uniform, false);
+    if (!predicated.is_empty()) step.predicated = variant(predicated, true);
     if (step.uniform && step.predicated) step.uniform_block = condition(isl::ast_build::from_context(all), all, uniform);
     return step;
   }
@@ -374,7 +373,7 @@ class MicrokernelNest {
   std::vector<std::string> others_, reds_, tiles_, block_dims_, at_row_, at_lane_;
   std::string f_tuple_, l_tuple_, s_tuple_, y_tuple_;
   int64_t n_bb_ = 0, n_bv_ = 0;
-  isl::set hull_, blocks_, good_, fast_, slow_, steps_;
+  isl::set hull_, blocks_, good_, steps_;
   std::vector<int64_t> tile_, red_lo_;
   std::vector<std::string> tile_exprs_, outer_, inner_;
 };
