@@ -119,6 +119,53 @@ TEST(CpuTest, GeneratedContractionsMatchTheInterpreter) {
   }
 }
 
+// GPU semantics on the host (CompileOptions::target = a GPU target): every kernel's blocks run their
+// threads one after another, so what the GPU strategy maps -- grids, blocks, guards of partial tiles,
+// register tiles, linearized z dimensions, sequential kernels -- is checked against the interpreter. The
+// small model makes even the examples span several blocks with partial tiles.
+std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
+  std::vector<std::pair<std::string, CompileOptions>> out;
+  CompileOptions o;
+  o.target = sched::gpu_target("sm_90");
+  out.emplace_back("sm_90", o);
+  o.target = sched::gpu_target("sm_80");
+  o.target.gpu->threads_per_block = 8;
+  o.target.gpu->tile_rows = 2;
+  o.target.gpu->tile_cols = 3;
+  out.emplace_back("sm_80 with 8-thread blocks and 2x3 register tiles", o);
+  return out;
+}
+
+TEST(CpuTest, EveryExampleUnderGpuSemantics) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
+    if (entry.path().extension() != ".tile") continue;
+    std::ifstream f(entry.path());
+    std::string first;
+    std::getline(f, first);
+    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
+    Program p = parse_file(entry.path().string());
+    for (const auto& [what, options] : gpu_semantics())
+      for (DType t : {DType::f32, DType::f64})
+        expect_same(p, inputs_for(shapes, t, 7), entry.path().filename().string() + " on " + what, options);
+    ++n;
+  }
+  EXPECT_GE(n, 19);
+}
+
+TEST(CpuTest, GeneratedContractionsUnderGpuSemantics) {
+  const uint64_t seed = 626262;
+  std::mt19937_64 rng(seed);
+  const auto targets = gpu_semantics();
+  for (int iter = 0; iter < 100; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    Program p = parse_program(cs.text);
+    const auto& [what, options] = targets[static_cast<size_t>(iter) % targets.size()];
+    expect_same(p, inputs_for(cs.shapes, DType::f64, seed + iter),
+                "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + " (" + cs.kind + ") on " + what, options);
+  }
+}
+
 // isl's min and max take more than two arguments: this loop nest bounds one of them by a three-way min.
 TEST(CpuTest, LoopBoundsWithManyArgumentMinMax) {
   Program p = parse_program("function (I[N]) -> (O) { O[i : 5] = +(I[3/2*i - 1/2*j + 1/2]), j < 4; }");
@@ -149,6 +196,7 @@ TEST(CpuTest, GradientProgramsMatchTheInterpreter) {
     for (size_t o = 0; o < p.outputs.size(); ++o)
       in[g.program.inputs[p.inputs.size() + o].name] = testing::random_buffer(pt.tensors.at(p.outputs[o]).shape, 9 + o);
     expect_same(g.program, in, std::string("gradient of ") + text);
+    for (const auto& [what, options] : gpu_semantics()) expect_same(g.program, in, std::string("gradient on ") + what + " of " + text, options);
     Program fwd = ad::jvp(p).program;
     TensorMap tin = inputs_for(shapes, DType::f64, 4);
     for (size_t i = 0; i < p.inputs.size(); ++i)

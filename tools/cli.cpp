@@ -229,7 +229,7 @@ int cmd_check(const Args& a, std::ostream& out, std::ostream& err) {
 int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
-  std::string emit;
+  std::string emit, target;
   bool verbose = false, verify = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
@@ -237,6 +237,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
       shapes[name] = parse_shape_spec(name, spec);
     } else if (opt == "--emit") {
       emit = value;
+    } else if (opt == "--target") {
+      target = value;
     } else if (opt == "--verbose") {
       verbose = value == "true" || value == "1" || value == "yes";
     } else if (opt == "--verify") {
@@ -262,7 +264,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   } else if (emit == "lowered" || emit == "schedule" || emit == "ast" || emit == "loops") {
     if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
     sched::LowerOptions options;
-    options.target = cpu::host_target();  // what `run` compiles on this machine
+    options.target = target.empty() || target == "cpu" ? cpu::host_target()  // what `run` compiles on this machine
+                                                        : sched::gpu_target(target);
     options.verify = verify;
     sched::Lowered lowered = sched::lower(p, shapes, options);  // no code generation
     out << (emit == "lowered"    ? print(lowered.program)

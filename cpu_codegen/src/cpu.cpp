@@ -168,7 +168,8 @@ struct NestModule {
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
                                        const CompileOptions& options, bool objects) {
   impl.inputs = inputs;
-  impl.threads = options.threads > 0 ? options.threads : options.target.threads;
+  // A GPU target's kernels run here with GPU semantics, their blocks split across the host's threads.
+  impl.threads = options.threads > 0 ? options.threads : options.target.gpu ? host_target().threads : options.target.threads;
   sched::Lowered lowered = sched::lower(source, inputs, lower_options(options));
   impl.program = std::move(lowered.program);
   impl.types = std::move(lowered.types);
@@ -428,6 +429,11 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
   for (size_t k = 0; k < m.nests.size(); ++k) {
     const sched::Nest& nest = m.schedule.nests[k];
     NestFn fn = m.nests[k];
+    if (nest.kernel && nest.kernel->blocks() > 1 && m.threads > 1) {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, nest.kernel->blocks()),
+                        [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });
+      continue;
+    }
     if (!nest.parallel_outer || m.threads <= 1 || nest.outer_hi <= nest.outer_lo) {
       fn(ptrs.data(), INT64_MIN, INT64_MAX);
       continue;

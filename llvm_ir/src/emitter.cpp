@@ -8,6 +8,7 @@
 // This file: the entry function, loops and guards, loop expressions, and the public emit_nest(s).
 #include "nest_emitter.h"
 
+#include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
@@ -24,26 +25,33 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   params.push_back(i64);
   auto* body_ty = llvm::FunctionType::get(b_.getVoidTy(), params, false);
   fn_ = llvm::Function::Create(body_ty, llvm::Function::InternalLinkage, name + ".body", m_);
-  fn_->addFnAttr(llvm::Attribute::NoUnwind);
-  for (size_t i = 0; i < used.size(); ++i) {
-    fn_->getArg(static_cast<unsigned>(i))->setName(used[i]);
-    fn_->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
-    ptrs_[used[i]] = fn_->getArg(static_cast<unsigned>(i));
-  }
+  prologue(fn_, used);
   lo_ = fn_->getArg(static_cast<unsigned>(used.size()));
   hi_ = fn_->getArg(static_cast<unsigned>(used.size() + 1));
   lo_->setName("lo");
   hi_->setName("hi");
-  auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
-  b_.SetInsertPoint(entry);
-  for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
-  if (nest_.microkernel || nest_.reduction) {  // the accumulators: one alloca per register, promoted to SSA
-    int lanes = nest_.microkernel ? nest_.microkernel->lanes : nest_.reduction->lanes;
-    int count = nest_.microkernel ? nest_.microkernel->rows * nest_.microkernel->chunks : nest_.reduction->accumulators;
-    auto* vty = llvm::FixedVectorType::get(value_type(types_.tensors.at(nest_.tensor).dtype), static_cast<unsigned>(lanes));
-    for (int k = 0; k < count; ++k) acc_.push_back(b_.CreateAlloca(vty, nullptr, "acc" + std::to_string(k)));
+  if (nest_.kernel) {
+    // GPU semantics on the host: blocks [lo, hi) of the grid (x fastest), each running its threads.
+    const sched::KernelLaunch& k = *nest_.kernel;
+    auto clamp = [&](Value* v, int64_t a, int64_t z) {
+      v = b_.CreateSelect(b_.CreateICmpSLT(v, b_.getInt64(a)), b_.getInt64(a), v);
+      return b_.CreateSelect(b_.CreateICmpSGT(v, b_.getInt64(z)), b_.getInt64(z), v);
+    };
+    llvm::AllocaInst* linear = b_.CreateAlloca(i64, nullptr, "block");
+    counted_loop(linear, clamp(lo_, 0, k.blocks()), clamp(hi_, 0, k.blocks()), [&] {
+      Value* at = b_.CreateLoad(i64, linear);
+      b_.CreateStore(b_.CreateSRem(at, b_.getInt64(k.grid[0])), hardware_[0][0]);
+      b_.CreateStore(b_.CreateSRem(b_.CreateSDiv(at, b_.getInt64(k.grid[0])), b_.getInt64(k.grid[1])), hardware_[0][1]);
+      b_.CreateStore(b_.CreateSDiv(at, b_.getInt64(k.grid[0] * k.grid[1])), hardware_[0][2]);
+      counted_loop(hardware_[1][2], b_.getInt64(0), b_.getInt64(k.block[2]), [&] {
+        counted_loop(hardware_[1][1], b_.getInt64(0), b_.getInt64(k.block[1]), [&] {
+          counted_loop(hardware_[1][0], b_.getInt64(0), b_.getInt64(k.block[0]), [&] { node(nest_.root, false); });
+        });
+      });
+    });
+  } else {
+    node(nest_.root, true);
   }
-  node(nest_.root, true);
   b_.CreateRetVoid();
 
   auto* entry_ty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
@@ -60,6 +68,89 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   ob.CreateCall(fn_, args);
   ob.CreateRetVoid();
   return outer;
+}
+
+llvm::Function* NestEmitter::emit_kernel(const std::string& name) {
+  POLYTILE_CHECK(nest_.kernel, "nest ", nest_.name, " was not scheduled for a GPU");
+  std::vector<std::string> used = tensors_used();
+  std::vector<llvm::Type*> params(used.size(), b_.getPtrTy(1));  // global memory
+  fn_ = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), params, false), llvm::Function::ExternalLinkage, name, m_);
+  prologue(fn_, used);
+  static const llvm::Intrinsic::ID index_registers[2][3] = {
+      {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z},
+      {llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_y, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_z}};
+  for (int h = 0; h < 2; ++h)
+    for (int a = 0; a < 3; ++a)
+      b_.CreateStore(b_.CreateZExt(b_.CreateIntrinsic(index_registers[h][a], {}, {}), b_.getInt64Ty()), hardware_[h][a]);
+  node(nest_.root, false);
+  b_.CreateRetVoid();
+  // A kernel entry, with its launch's block size as the most threads it runs with (a register budget).
+  llvm::NamedMDNode* annotations = m_.getOrInsertNamedMetadata("nvvm.annotations");
+  auto annotate = [&](const char* key, int64_t value) {
+    annotations->addOperand(llvm::MDNode::get(ctx_, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(ctx_, key),
+                                                     llvm::ConstantAsMetadata::get(b_.getInt32(static_cast<int32_t>(value)))}));
+  };
+  annotate("kernel", 1);
+  annotate("maxntidx", nest_.kernel->block[0]);
+  annotate("maxntidy", nest_.kernel->block[1]);
+  annotate("maxntidz", nest_.kernel->block[2]);
+  return fn_;
+}
+
+void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& used) {
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  for (size_t i = 0; i < used.size(); ++i) {
+    fn->getArg(static_cast<unsigned>(i))->setName(used[i]);
+    fn->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
+    ptrs_[used[i]] = fn->getArg(static_cast<unsigned>(i));
+  }
+  b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn));
+  auto* i64 = b_.getInt64Ty();
+  for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
+  if (nest_.kernel) {
+    static const char* const names[2][3] = {{"block.x", "block.y", "block.z"}, {"thread.x", "thread.y", "thread.z"}};
+    for (int h = 0; h < 2; ++h)
+      for (int a = 0; a < 3; ++a) hardware_[h][a] = b_.CreateAlloca(i64, nullptr, names[h][a]);
+  }
+  if (nest_.microkernel || nest_.reduction) {  // the accumulators: one alloca per register, promoted to SSA
+    int lanes = nest_.microkernel ? nest_.microkernel->lanes : nest_.reduction->lanes;
+    int count = nest_.microkernel ? nest_.microkernel->rows * nest_.microkernel->chunks : nest_.reduction->accumulators;
+    auto* vty = llvm::FixedVectorType::get(value_type(types_.tensors.at(nest_.tensor).dtype), static_cast<unsigned>(lanes));
+    for (int k = 0; k < count; ++k) acc_.push_back(b_.CreateAlloca(vty, nullptr, "acc" + std::to_string(k)));
+  }
+}
+
+void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body) {
+  auto* i64 = b_.getInt64Ty();
+  b_.CreateStore(from, it);
+  auto* cond_bb = llvm::BasicBlock::Create(ctx_, "loop.cond", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
+  auto* exit_bb = llvm::BasicBlock::Create(ctx_, "loop.exit", fn_);
+  b_.CreateBr(cond_bb);
+  b_.SetInsertPoint(cond_bb);
+  b_.CreateCondBr(b_.CreateICmpSLT(b_.CreateLoad(i64, it), to), body_bb, exit_bb);
+  b_.SetInsertPoint(body_bb);
+  body();
+  b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64, it), b_.getInt64(1)), it);
+  b_.CreateBr(cond_bb);
+  b_.SetInsertPoint(exit_bb);
+}
+
+void NestEmitter::mapped_loop(const sched::LoopNode& n) {
+  auto* i64 = b_.getInt64Ty();
+  const int h = n.hardware == sched::LoopNode::Hardware::block ? 0 : 1;
+  Value* id = b_.CreateLoad(i64, hardware_[h][n.axis]);
+  b_.CreateStore(id, iters_.at(static_cast<size_t>(n.iterator)));
+  Value* start = loop_expr(n.lower);
+  Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(id, start), cond(n.condition));
+  if (n.step > 1) in_range = b_.CreateAnd(in_range, b_.CreateICmpEQ(b_.CreateSRem(b_.CreateSub(id, start), b_.getInt64(n.step)), b_.getInt64(0)));
+  auto* then_bb = llvm::BasicBlock::Create(ctx_, "mapped", fn_);
+  auto* cont_bb = llvm::BasicBlock::Create(ctx_, "mapped.end", fn_);
+  b_.CreateCondBr(in_range, then_bb, cont_bb);
+  b_.SetInsertPoint(then_bb);
+  for (const auto& child : n.body) node(child, false);
+  b_.CreateBr(cont_bb);
+  b_.SetInsertPoint(cont_bb);
 }
 
 std::vector<std::string> NestEmitter::nest_tensors(const sched::Nest& nest_) {
@@ -183,6 +274,11 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
       return;
     case K::loop: break;
   }
+  if (n.hardware != sched::LoopNode::Hardware::none) {
+    POLYTILE_CHECK(nest_.kernel, "a loop mapped to a GPU in nest ", nest_.name, ", which is no kernel");
+    mapped_loop(n);
+    return;
+  }
   bool split = outermost && n.parallel;
   llvm::AllocaInst* it = iters_.at(n.iterator);
   Value* start = loop_expr(n.lower);
@@ -224,6 +320,15 @@ void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string&
   std::string err;
   llvm::raw_string_ostream os(err);
   if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + ": " + os.str());
+}
+
+void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types) {
+  const std::map<std::string, int> no_table;
+  NestEmitter e(module, nest, types, no_table, /*device=*/true);
+  llvm::Function* f = e.emit_kernel(name);
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for kernel " + nest.name + ": " + os.str());
 }
 
 void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,

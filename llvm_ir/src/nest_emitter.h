@@ -11,6 +11,7 @@
 #include <llvm/IR/Module.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -31,13 +32,20 @@ struct Typed {
 
 class NestEmitter {
  public:
+  // `device`: code for the GPU (emit_kernel); otherwise for the host (emit).
   NestEmitter(llvm::Module& m, const sched::Nest& nest, const ProgramTypes& types,
-              const std::map<std::string, int>& buffer_index)
-      : m_(m), ctx_(m.getContext()), b_(ctx_, llvm::InstSimplifyFolder(m.getDataLayout())), nest_(nest), types_(types), buffer_index_(buffer_index) {}
+              const std::map<std::string, int>& buffer_index, bool device = false)
+      : m_(m), ctx_(m.getContext()), b_(ctx_, llvm::InstSimplifyFolder(m.getDataLayout())), nest_(nest), types_(types),
+        buffer_index_(buffer_index), device_(device) {}
 
   // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
-  // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array.
+  // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array. A
+  // kernel nest (Nest::kernel) runs with GPU semantics on the host: the entry's [lo, hi) is a range of
+  // blocks, and each block runs its threads one after another (valid while no barrier is needed).
   llvm::Function* emit(const std::string& name);
+  // A GPU kernel: one global (addrspace 1) noalias pointer per tensor in nest_tensors order, the mapped
+  // loops' iterators read from the block and thread index registers, marked as a kernel entry.
+  llvm::Function* emit_kernel(const std::string& name);
   std::vector<std::string> tensors_used() const { return nest_tensors(nest_); }
 
  public:
@@ -52,6 +60,12 @@ class NestEmitter {
   Value* floor_div(Value* x, Value* y);
   Value* floor_mod(Value* x, Value* y);
   void node(const sched::LoopNode& n, bool outermost);
+  // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
+  void prologue(llvm::Function* fn, const std::vector<std::string>& used);
+  // for (*it = from; *it < to; ++*it) body()
+  void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
+  // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
+  void mapped_loop(const sched::LoopNode& n);
 
   // ------------------------------------------------------------------ values
   llvm::Type* storage_type(DType t);
@@ -68,6 +82,7 @@ class NestEmitter {
   Typed constant(double v, DType t);
   Value* fn_call(const char* name, Typed x);
   Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args);
+  Value* device_call(const char* name, const std::vector<Value*>& args);
 
   // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
   Value* int_div(Value* x, Value* y, bool mod);
@@ -131,6 +146,8 @@ class NestEmitter {
   std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
   std::map<std::string, Value*> ptrs_;
+  const bool device_;
+  llvm::AllocaInst* hardware_[2][3] = {};  // block and thread indices (x, y, z) of kernel nests
 };
 
 }  // namespace polytile::llvm_ir::internal

@@ -48,10 +48,10 @@ Value* NestEmitter::convert(Typed x, DType to) {
         // in floating point (below 2^31 nothing changes; above, t is a multiple of 2^8 in f32, so r fits
         // the significand), so it converts exactly and truncating to i32 wraps; inf and NaN give 0.
         llvm::Type* fty = x.v->getType();
-        Value* t = b_.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x.v);
-        Value* q = b_.CreateUnaryIntrinsic(llvm::Intrinsic::round, b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-32)));
+        Value* t = intrinsic(llvm::Intrinsic::trunc, {x.v});
+        Value* q = intrinsic(llvm::Intrinsic::round, {b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-32))});
         Value* r = b_.CreateFSub(t, b_.CreateFMul(q, llvm::ConstantFP::get(fty, 0x1p32)));
-        Value* finite = b_.CreateFCmpOLT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x.v),
+        Value* finite = b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x.v}),
                                          llvm::ConstantFP::getInfinity(fty));
         r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
         return b_.CreateTrunc(b_.CreateFPToSI(r, widen(b_.getInt64Ty())), widen(b_.getInt32Ty()));
@@ -76,7 +76,9 @@ Typed NestEmitter::constant(double v, DType t) {
 Value* NestEmitter::fn_call(const char* name, Typed x) {
   bool f32 = x.t == DType::f32;
   llvm::Type* ty = x.v->getType()->getScalarType();
-  llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
+  // The device has no libm: libdevice's __nv_ functions (linked in by the PTX code generator).
+  const std::string symbol = (device_ ? "__nv_" : "") + std::string(name) + (f32 ? "f" : "");
+  llvm::FunctionCallee callee = m_.getOrInsertFunction(symbol, ty, ty);
   if (!width_) return b_.CreateCall(callee, {x.v});
   Value* out = llvm::UndefValue::get(x.v->getType());  // libm has no vector versions: lane by lane
   for (unsigned l = 0; l < width_; ++l)
@@ -85,7 +87,29 @@ Value* NestEmitter::fn_call(const char* name, Typed x) {
 }
 
 Value* NestEmitter::intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args) {
+  if (device_ && args[0]->getType()->isFloatingPointTy()) {
+    // LLVM 16's NVPTX selects none of sin, cos, pow and turns exp and log into calls of missing libm
+    // functions: every floating-point intrinsic goes to libdevice, whose functions are IEEE-exact where
+    // the interpreter's libm is (sqrt, floor, trunc, ...).
+    static const std::pair<llvm::Intrinsic::ID, const char*> libdevice[] = {
+        {llvm::Intrinsic::exp, "exp"},     {llvm::Intrinsic::log, "log"},     {llvm::Intrinsic::sqrt, "sqrt"},
+        {llvm::Intrinsic::sin, "sin"},     {llvm::Intrinsic::cos, "cos"},     {llvm::Intrinsic::floor, "floor"},
+        {llvm::Intrinsic::ceil, "ceil"},   {llvm::Intrinsic::round, "round"}, {llvm::Intrinsic::trunc, "trunc"},
+        {llvm::Intrinsic::fabs, "fabs"},   {llvm::Intrinsic::pow, "pow"}};
+    for (const auto& [known, name] : libdevice)
+      if (known == id) return device_call(name, args);
+    POLYTILE_CHECK(false, "no libdevice function for LLVM intrinsic ", llvm::Intrinsic::getBaseName(id).str());
+  }
   return b_.CreateIntrinsic(id, {args[0]->getType()}, args);
+}
+
+// libdevice's __nv_<name>f (f32) or __nv_<name> (f64) of scalar arguments.
+Value* NestEmitter::device_call(const char* name, const std::vector<Value*>& args) {
+  llvm::Type* ty = args[0]->getType();
+  const std::string symbol = "__nv_" + std::string(name) + (ty->isFloatTy() ? "f" : "");
+  std::vector<llvm::Type*> params(args.size(), ty);
+  llvm::FunctionCallee callee = m_.getOrInsertFunction(symbol, llvm::FunctionType::get(ty, params, false));
+  return b_.CreateCall(callee, args);
 }
 
 // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
@@ -113,7 +137,7 @@ Typed NestEmitter::arith(BinaryOp op, Typed a, Typed b, DType t) {
       case BinaryOp::sub: return {b_.CreateFSub(x, y), t};
       case BinaryOp::mul: return {b_.CreateFMul(x, y), t};
       case BinaryOp::div: return {b_.CreateFDiv(x, y), t};
-      case BinaryOp::mod: return {b_.CreateFRem(x, y), t};
+      case BinaryOp::mod: return {device_ ? device_call("fmod", {x, y}) : b_.CreateFRem(x, y), t};
       default: break;
     }
   } else {

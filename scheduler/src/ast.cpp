@@ -16,7 +16,8 @@ namespace polytile::sched::internal {
 
 using isl_support::text;
 
-StatementIds::StatementIds(const isl::ctx& ctx) : parallel_mark(ctx, "parallel"), block_step(ctx, "Step") {
+StatementIds::StatementIds(const isl::ctx& ctx)
+    : parallel_mark(ctx, "parallel"), block_mark(ctx, "block"), thread_mark(ctx, "thread"), block_step(ctx, "Step") {
   using St = LoopNode::Statement;
   // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
   const std::tuple<const char*, St, bool> kinds[] = {
@@ -48,8 +49,9 @@ bool is(const isl::ast_expr_op& e) {
 class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
-                const std::set<int>& parallel_dims, const BlockStep* step)
-      : statements_(statements), parallel_dims_(parallel_dims), step_(step) {
+                const std::set<int>& parallel_dims, const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims,
+                const BlockStep* step)
+      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step) {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
@@ -135,6 +137,9 @@ class AstTranslator {
     LoopExpr step = expr(f.inc());
     POLYTILE_CHECK(step.kind == LoopExpr::Kind::constant && step.value > 0, "non-constant loop step");
     out.step = step.value;
+    if (auto dimension = dimension_of_.find(id.get()); dimension != dimension_of_.end()) {
+      if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) std::tie(out.hardware, out.axis) = hw->second;
+    }
     if (parallel_mark) {
       auto dimension = dimension_of_.find(id.get());
       POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
@@ -211,6 +216,7 @@ class AstTranslator {
 
   const StatementIds& statements_;
   const std::set<int>& parallel_dims_;   // schedule dimensions whose loops may run in parallel
+  const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims_;  // dimension -> (blocks or threads, axis)
   std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
   const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
@@ -273,6 +279,26 @@ std::set<int> parallel_dimensions(const isl::schedule& tree, const isl::id& para
   return dims;
 }
 
+// GPU kernels: the schedule dimensions of the bands under "block" and "thread" marks, with their axes (a
+// band's last member is x, the one before y, the first of three z).
+std::map<int, std::pair<LoopNode::Hardware, int>> hardware_dimensions(const isl::schedule& tree, const StatementIds& ids) {
+  std::map<int, std::pair<LoopNode::Hardware, int>> dims;
+  tree.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
+    if (!node.isa<isl::schedule_node_mark>()) return true;
+    const isl::id mark = isl_support::mark_id(node);
+    const bool block = mark.get() == ids.block_mark.get(), thread = mark.get() == ids.thread_mark.get();
+    if (!block && !thread) return true;
+    isl::schedule_node child = node.child(0);
+    POLYTILE_CHECK(child.isa<isl::schedule_node_band>(), "a GPU mapping mark above no band");
+    const int members = static_cast<int>(child.as<isl::schedule_node_band>().n_member());
+    POLYTILE_CHECK(members <= 3, "a GPU band of ", members, " members");
+    for (int k = 0; k < members; ++k)
+      dims[isl_support::schedule_depth(child) + k] = {block ? LoopNode::Hardware::block : LoopNode::Hardware::thread, members - 1 - k};
+    return true;
+  });
+  return dims;
+}
+
 }  // namespace
 
 std::string BlockStep::str() const {
@@ -319,7 +345,8 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   nest.ast = ast.to_C_str();
   if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
-  AstTranslator translator(statements, iterators, safe, step);
+  const auto hardware = hardware_dimensions(sched, statements);
+  AstTranslator translator(statements, iterators, safe, hardware, step);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();
   finish_parallel(nest);

@@ -62,7 +62,7 @@ Lowered lower(const Program& source, const std::map<std::string, TensorType>& in
   p = fuse_elementwise(p, types);
   if (verify) verify_fusion(unfused, p, types);
   types = carry_types(types, p, inputs, verify, "fusion");
-  p = prepare_layouts(p, types, options.target, verify);
+  if (!options.target.gpu) p = prepare_layouts(p, types, options.target, verify);  // for the CPU's micro-kernels
   out.types = carry_types(types, p, inputs, verify, "layouts");
   out.program = std::move(p);
   out.times.passes = seconds_since(t0);

@@ -32,9 +32,17 @@ isl::schedule NestBuilder::neutral_tree(const isl::set& domain, const std::vecto
 }
 
 isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const std::vector<std::string>& vars,
-                                            const std::vector<std::string>& members, const std::vector<bool>& coincident) {
-  isl::union_map m(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(members) + "] }");
-  isl::schedule_node_band band = at.insert_partial_schedule(isl_support::partial_schedule(m)).as<isl::schedule_node_band>();
+                                            const std::vector<std::string>& members, const std::vector<bool>& coincident,
+                                            bool as_written) {
+  isl::multi_union_pw_aff partial;
+  if (as_written) {
+    std::vector<std::string> pieces;
+    for (const auto& m : members) pieces.push_back("{ S[" + join(vars) + "] -> [(" + m + ")] }");
+    partial = isl::multi_union_pw_aff(ctx.get(), "[" + join(pieces) + "]");
+  } else {
+    partial = isl_support::partial_schedule(isl::union_map(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(members) + "] }"));
+  }
+  isl::schedule_node_band band = at.insert_partial_schedule(partial).as<isl::schedule_node_band>();
   band = band.set_permutable(1);
   for (size_t k = 0; k < coincident.size(); ++k)
     if (coincident[k]) band = band.member_set_coincident(static_cast<int>(k), 1);
@@ -43,8 +51,18 @@ isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const 
 
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
+  const isl::schedule neutral = neutral_tree(domain, vars, order, coincident);
+  if (target.gpu) {
+    nest.kernel.emplace();
+    generate(nest, gpu_plain_nest(neutral, vars, order, facts, *nest.kernel));
+    if (finish_kernel(nest)) return;
+    nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
+    nest.kernel->sequential = true;
+    generate(nest, neutral);
+    return;
+  }
   nest.parallel_outer = !vars.empty() && coincident > 0;
-  generate(nest, cpu_plain_nest(neutral_tree(domain, vars, order, coincident), vars, order, facts));
+  generate(nest, cpu_plain_nest(neutral, vars, order, facts));
 }
 
 }  // namespace polytile::sched::internal

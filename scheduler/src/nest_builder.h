@@ -33,6 +33,7 @@ class StatementIds {
   const isl::id& id(LoopNode::Statement kind, bool predicated = false) const;
   std::optional<std::pair<LoopNode::Statement, bool>> find(const isl::id& id) const;  // (kind, predicated)
   const isl::id parallel_mark;
+  const isl::id block_mark, thread_mark;  // GPU kernels: bands mapped to the launch's blocks and threads
   const isl::id block_step;  // a micro-kernel's one statement in its tree (see BlockStep)
 
  private:
@@ -96,10 +97,20 @@ struct NestBuilder {
                              const std::vector<size_t>& order, size_t coincident);
   isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                const std::vector<size_t>& order, const NestFacts& facts);
+  // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
+  // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
+  // can be mapped).
+  isl::schedule gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
+                               const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch);
+  // After translation: launch extents of axes no loop is mapped to become 1; false when an axis is mapped
+  // around some statements and not others (the nest must then run sequentially).
+  static bool finish_kernel(Nest& nest);
   // A permutable band inserted at `at` over S[vars], with `members` (isl expressions of vars); member k
-  // coincident when coincident[k].
+  // coincident when coincident[k]. `as_written` keeps each member the quasi-affine expression it is (the
+  // GPU's floor/mod members); otherwise isl derives the members from the map, as piecewise expressions.
   isl::schedule_node insert_band(const isl::schedule_node& at, const std::vector<std::string>& vars,
-                                 const std::vector<std::string>& members, const std::vector<bool>& coincident);
+                                 const std::vector<std::string>& members, const std::vector<bool>& coincident,
+                                 bool as_written = false);
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
   void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr);

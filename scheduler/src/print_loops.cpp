@@ -69,8 +69,11 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
       return;
     case LoopNode::Kind::loop: {
       const std::string it = "c" + std::to_string(n.iterator);
-      out += pad + (n.parallel ? "parallel for " : "for ") + it + " = " + n.lower.str() + " while " + n.condition.str() +
-             " step " + std::to_string(n.step) + "\n";
+      static const char* const axes[] = {"x", "y", "z"};
+      std::string head = n.parallel ? "parallel for " : "for ";
+      if (n.hardware != LoopNode::Hardware::none)
+        head = std::string(n.hardware == LoopNode::Hardware::block ? "block." : "thread.") + axes[n.axis] + " for ";
+      out += pad + head + it + " = " + n.lower.str() + " while " + n.condition.str() + " step " + std::to_string(n.step) + "\n";
       for (const auto& c : n.body) print_node(c, depth + 1, out);
       return;
     }
@@ -116,6 +119,14 @@ std::string print_loops(const Schedule& schedule) {
              std::to_string(nest.microkernel->lanes);
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
+    if (nest.kernel) {
+      const KernelLaunch& k = *nest.kernel;
+      auto dims = [](const std::array<int64_t, 3>& d) {
+        return std::to_string(d[0]) + "x" + std::to_string(d[1]) + "x" + std::to_string(d[2]);
+      };
+      out += k.sequential ? "; kernel on one thread (no output variable provably writes distinct elements to map to threads)"
+                          : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
+    }
     out += ")\n";
     print_node(nest.root, 1, out);
   }

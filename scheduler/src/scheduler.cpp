@@ -83,6 +83,23 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
   return band;
 }
 
+// The GPU's band order: the output variables in the order of the output's indices (the last, contiguous
+// in memory, is mapped to threads x), then the reduction variables.
+BandOrder gpu_band_order(const Contraction& c, const std::vector<std::string>& variables) {
+  BandOrder band;
+  std::vector<bool> taken(variables.size());
+  for (const auto& p : c.output_indices)
+    for (size_t k = 0; k < variables.size(); ++k)
+      if (!taken[k] && p.coefficient(variables[k]) != Rational(0)) {
+        band.order.push_back(k);
+        taken[k] = true;
+      }
+  band.outputs = band.order.size();
+  for (size_t k = 0; k < variables.size(); ++k)
+    if (!taken[k]) band.order.push_back(k);
+  return band;
+}
+
 // An empty nest of `kind` writing `tensor`, named after both.
 Nest new_nest(Nest::Kind kind, const std::string& tensor, const char* suffix) {
   Nest n;
@@ -138,7 +155,9 @@ class ProgramScheduler {
   void build_over_elements(Nest& nest, const isl::set& domain, const TensorType& t, bool coincident = true) {
     std::vector<size_t> identity(nest.variables.size());
     for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
-    builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? 1 : 0, {dtype_bytes(t.dtype)});
+    // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first.
+    const size_t members = target_.gpu ? identity.size() : 1;
+    builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0, {dtype_bytes(t.dtype)});
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
@@ -189,7 +208,8 @@ class ProgramScheduler {
     update.variables = c.index_variables();
     if (auto in = fusion_.inlined_into.find(index); in != fusion_.inlined_into.end())
       for (const auto& [tensor, producer] : in->second) update.inlined[tensor] = std::get<Elementwise>(program_.statements[producer]);
-    const BandOrder band = band_order(c, update.variables, analysis.summary.bounds, target_.threads);
+    const BandOrder band = target_.gpu ? gpu_band_order(c, update.variables)
+                                       : band_order(c, update.variables, analysis.summary.bounds, target_.threads);
     const bool parallel = band.outputs > 0 && poly::internal::writes_each_output_once(c, types_, analysis);
     const isl::set domain = isl_support::set_tuple_id(analysis.domain, builder_.statements.id(LoopNode::Statement::plain));
     // Band maps name dims positionally (isl may print fixed dims as "n = 0" in the tuple).
@@ -197,8 +217,9 @@ class ProgramScheduler {
     for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
     int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
     for (int64_t d : t.shape) out_bytes *= d;
-    if (parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain)) return true;
-    if (!builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel))
+    if (!target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
+      return true;
+    if (target_.gpu || !builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel))
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0,
                      NestFacts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes});
     out_.nests.push_back(std::move(update));

@@ -28,6 +28,9 @@ namespace polytile::cpu {
 sched::Target host_target();
 
 struct CompileOptions {
+  // A GPU target (sched::gpu_target) compiles its kernels for this machine and runs them with GPU
+  // semantics: every block of a kernel's grid runs its threads one after another, blocks split across
+  // the host's threads. It checks what the GPU code generator maps, where no GPU is at hand.
   sched::Target target = host_target();
   bool reduce_and_defract = true;
   int threads = 0;  // 0: the target's thread count

@@ -1,5 +1,5 @@
 // LLVM IR for scheduled loop nests: the emitter shared by the code generators (the host backend in
-// cpu_codegen/, and the PTX target to come). Every nest becomes one function
+// cpu_codegen/, and the PTX code generator in ptx_codegen/). For the host, every nest becomes one function
 //   void nest_<k>(ptr buffers, i64 lo, i64 hi)
 // over a table of tensor pointers, running the outermost loop's iterations in [lo, hi) when the nest is
 // parallel. Target-neutral IR: scalar and vector arithmetic, masked vector loads and stores, llvm
@@ -29,6 +29,12 @@ void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const Pro
 // can be optimized and compiled concurrently. InternalError if LLVM's verifier rejects it.
 void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
                const std::map<std::string, int>& buffer_index);
+
+// A nest scheduled for a GPU (Nest::kernel) as an NVPTX kernel entry `void <name>(ptr addrspace(1)...)`:
+// one noalias global pointer per tensor of nest_tensors(nest), in that order; mapped loops read the block
+// and thread index registers; math calls libdevice's __nv_* functions, which the caller links in. The
+// module should have the NVPTX triple and data layout. InternalError if LLVM's verifier rejects it.
+void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types);
 
 // The tensors a nest's code reads or writes (its buffers).
 std::vector<std::string> nest_tensors(const sched::Nest& nest);

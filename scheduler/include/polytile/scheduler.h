@@ -7,6 +7,7 @@
 // "tile", "point", "vector"); isl generates the loop AST, which is handed on in a small isl-free loop IR.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -28,14 +29,34 @@ struct CpuModel {
   int64_t microkernel_min_points = int64_t{1} << 15;
 };
 
+// The machine model of the GPU strategy (sched::gpu_target): what bounds a kernel's launch shape.
+struct GpuModel {
+  std::string arch = "sm_90";        // sm_XY, XY >= 75 (the oldest ptxas of CUDA 13 accepts)
+  int sms = 132;                     // streaming multiprocessors
+  int max_threads_per_block = 1024;
+  int threads_per_block = 256;       // what the strategy aims for
+  int64_t shared_bytes = 48 * 1024;  // static shared memory per block
+  int registers_per_thread = 255;
+  // Update nests with reductions get a register tile: each thread computes rows x cols outputs (rows
+  // along the second mapped dimension, cols interleaved along the first, so that a warp's loads and
+  // stores stay coalesced), with the reduction loops outside the tile.
+  int tile_rows = 4, tile_cols = 4;
+};
+
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
 // decisions (marks and bands) to the target-neutral schedule trees. The defaults describe no particular
-// machine; cpu::host_target() (polytile/cpu.h) reads the running one.
+// machine; cpu::host_target() (polytile/cpu.h) reads the running one, gpu_target() describes an NVIDIA GPU.
+// A target with `gpu` makes every nest a kernel (Nest::kernel); the CPU model is then unused.
 struct Target {
   std::string name = "cpu";
   int threads = 2;
   CpuModel cpu;
+  std::optional<GpuModel> gpu;
 };
+
+// The GPU target of an architecture "sm_XY" (sm_75 and later; the defaults of GpuModel otherwise). UserError
+// for anything else, naming it.
+Target gpu_target(const std::string& arch);
 
 // An integer or boolean expression over loop iterators, as isl's AST writes loop bounds, guards and
 // statement arguments: affine arithmetic, floor division and remainder, min/max, comparisons, and/or, select.
@@ -50,6 +71,10 @@ struct LoopExpr {
 
 struct LoopNode {
   enum class Kind { block, loop, guard, statement };
+  // GPU kernels: a loop mapped to the hardware runs one iteration per block (or thread) of the launch, the
+  // one whose index along `axis` (0 = x, 1 = y, 2 = z) equals the iterator's value -- when that value lies
+  // in the loop's range (lower <= it, condition, a multiple of step from lower); the others run nothing.
+  enum class Hardware { none, block, thread };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
   enum class Statement { plain, zero, load, fma, store, epilogue };
   Kind kind = Kind::block;
@@ -60,6 +85,8 @@ struct LoopNode {
   LoopExpr lower, condition;
   int64_t step = 1;
   bool parallel = false;
+  Hardware hardware = Hardware::none;
+  int axis = 0;
   // guard: if (condition) body else otherwise
   std::vector<LoopNode> body;  // block children, loop body, guard body
   std::vector<LoopNode> otherwise;
@@ -100,6 +127,18 @@ struct RowReduction {
   int64_t lo = 0, hi = 0;                  // r's range
 };
 
+// The launch of a GPU kernel: one nest, its mapped loops' iterator values running from 0 to grid - 1
+// (blocks) and 0 to block - 1 (threads) on each axis. A nest whose writes are not provably distinct for
+// distinct output elements (a scatter, a reduction to one element) runs sequentially on one thread.
+struct KernelLaunch {
+  std::array<int64_t, 3> grid{1, 1, 1};
+  std::array<int64_t, 3> block{1, 1, 1};
+  int64_t shared_bytes = 0;
+  bool sequential = false;  // grid and block of one
+  int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
+  int64_t threads() const { return block[0] * block[1] * block[2]; }
+};
+
 // One loop nest and the statement its instances execute.
 struct Nest {
   enum class Kind { init, update, finalize, elementwise };
@@ -118,6 +157,7 @@ struct Nest {
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
+  std::optional<KernelLaunch> kernel;      // GPU targets: every nest is a kernel
   // Update nests: cheap elementwise producers of inputs read by nothing else, evaluated where the input
   // is read instead of being materialized (keyed by the input tensor).
   std::map<std::string, Elementwise> inlined;
