@@ -12,6 +12,8 @@
 #include "polytile/autodiff.h"
 #include "polytile/buffer.h"
 #include "polytile/cpu.h"
+#include "polytile/cuda_runtime.h"
+#include "polytile/ptx.h"
 #include "polytile/lower.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
@@ -31,7 +33,8 @@ Tile contractions: parse, check and run them.
 commands:
   check FILE.tile   parse and check a program; print it as normalized Tile text
   run FILE.tile     run a program on .npy or generated inputs
-  lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions
+  lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions, loops, LLVM IR, PTX
+  compile FILE.tile compile for an NVIDIA GPU into a kernel bundle (PTX + manifest) that polytile-run-bundle runs
   grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
   help [COMMAND]    show help for a command
   --version         print polytile's version
@@ -50,7 +53,8 @@ domain is empty (they write nothing).
   --shape NAME=DIMS[:DTYPE]   input shape as 2x3x4 (empty for a scalar); dtype f32 (default), f64, i32, bool
 )";
 
-const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--verbose] [--verify]
+const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--target cpu|sm_XY]
+                      [--verbose] [--verify]
 
 Prints one stage of the compiler for FILE.tile:
   tile        the normalized Tile text
@@ -64,9 +68,13 @@ Prints one stage of the compiler for FILE.tile:
               vector_RxVxL (a micro-kernel of R rows x V vectors of L lanes) (needs --shape)
   ast         the loops isl generates from those schedules, as C (needs --shape)
   loops       the loop IR the code generators consume: nests, loops, guards, statements (needs --shape)
-  llvm        the optimized LLVM IR the CPU backend runs, without compiling it to machine code (needs --shape)
+  llvm        the optimized LLVM IR the CPU backend runs, without compiling it to machine code (needs --shape);
+              with --target sm_XY, the GPU kernels' module after libdevice and optimization
+  ptx         the PTX of the GPU kernels (needs --shape; --target sm_XY, default sm_90)
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
+  --target T                  cpu (default: this machine) or an NVIDIA GPU sm_XY (sm_75 on): the schedule,
+                              ast and loops stages then show the kernels' block and thread mapping
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -85,7 +93,11 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --input NAME=FILE.npy        read input NAME (float32, float64, int32, bool; C order)
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
   --output NAME=FILE.npy       write output NAME
-  --backend NAME               cpu (default: native code through LLVM) or interp (the reference interpreter)
+  --backend NAME               cpu (default: native code through LLVM), interp (the reference interpreter),
+                               cuda (PTX for --target, run on this machine's GPU through the CUDA driver), or
+                               gpu-sim (the --target GPU kernels compiled for this CPU and run with GPU
+                               semantics: each block's threads in turn; checks a GPU schedule without a GPU)
+  --target sm_XY               cuda, gpu-sim: the GPU architecture (default sm_90)
   --tune                       cpu: time a few schedule variants on this machine (each time printed to stderr)
                                and run the fastest
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
@@ -95,6 +107,20 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --time                       print to stderr the compile time of every stage (cpu) and the run time:
                                the median of --repeat runs (the compiled program is reused)
   --repeat N                   run N times (default 1); the outputs are those of the last run
+)";
+
+const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o DIR [--target sm_XY] [--verify]
+
+Compiles FILE.tile for an NVIDIA GPU (no GPU needed) and writes a kernel bundle to DIR: kernels.ptx and
+manifest.txt (the target, the buffers with their roles, dtypes and shapes, and the kernels in launch order
+with their grid, block and arguments). `polytile-run-bundle DIR` runs it on a machine with a GPU, which
+needs neither LLVM nor isl. Prints each kernel's launch and, where the CUDA toolkit's ptxas is found, the
+registers, spills and shared memory ptxas reports.
+
+  --shape NAME=DIMS[:DTYPE]   input shape (every input)
+  -o DIR                      the bundle's directory (created)
+  --target sm_XY              GPU architecture, sm_75 and later (default sm_90)
+  --verify                    prove every rewriting pass with isl
 )";
 
 const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward] [--verify]
@@ -272,13 +298,21 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
             : emit == "schedule" ? lowered.schedule.tree()
             : emit == "ast"      ? lowered.schedule.ast()
                                  : sched::print_loops(lowered.schedule));
+  } else if (emit == "ptx" || (emit == "llvm" && !target.empty() && target != "cpu")) {
+    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
+    if (target == "cpu") user_error("lower --emit ptx needs a GPU --target sm_XY");
+    ptx::Options options;
+    if (!target.empty()) options.arch = target;
+    options.verify = verify;
+    ptx::Compiled compiled = ptx::compile(p, shapes, options);
+    out << (emit == "ptx" ? compiled.bundle.ptx : compiled.llvm_ir);
   } else if (emit == "llvm") {
     if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
     cpu::CompileOptions options;
     options.verify = verify;
     out << cpu::optimized_llvm_ir(p, shapes, options);
   } else {
-    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm)");
+    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm, ptx)");
   }
   if (verbose)
     for (const auto& line : log) err << "polytile: " << line << "\n";
@@ -321,6 +355,49 @@ int cmd_grad(const Args& a, std::ostream& out) {
   return 0;
 }
 
+int cmd_compile(const Args& a, std::ostream& out) {
+  Program p = parse_file(a.file);
+  std::map<std::string, TensorType> shapes;
+  ptx::Options options;
+  std::string dir;
+  for (const auto& [opt, value] : a.options) {
+    if (opt == "--shape") {
+      auto [name, spec] = split_assign(opt, value);
+      shapes[name] = parse_shape_spec(name, spec);
+    } else if (opt == "--target") {
+      options.arch = value;
+    } else if (opt == "-o") {
+      dir = value;
+    } else if (opt == "--verify") {
+      options.verify = true;
+    } else {
+      user_error("compile: unknown option ", opt);
+    }
+  }
+  if (dir.empty()) user_error("compile: -o DIR is required (the bundle's directory)");
+  infer_types(p, shapes);  // user errors (a missing shape) first
+  ptx::Compiled compiled = ptx::compile(p, shapes, options);
+  compiled.bundle.write(dir);
+  std::optional<ptx::Assembled> assembled;
+  if (ptx::find_ptxas()) assembled = ptx::assemble(compiled.bundle.ptx, options.arch);
+  out << "bundle " << dir << ": " << compiled.bundle.kernels.size() << " kernel" << (compiled.bundle.kernels.size() == 1 ? "" : "s")
+      << " for " << options.arch << ", compiled in " << static_cast<int64_t>(compiled.seconds * 1e3 + 0.5) << " ms\n";
+  auto dims = [](const std::array<int64_t, 3>& d) {
+    return std::to_string(d[0]) + "x" + std::to_string(d[1]) + "x" + std::to_string(d[2]);
+  };
+  for (const auto& k : compiled.bundle.kernels) {
+    out << "  " << k.name << ": grid " << dims(k.grid) << ", block " << dims(k.block);
+    if (assembled)
+      for (const auto& r : assembled->kernels)
+        if (r.name == k.name)
+          out << "; ptxas: " << r.registers << " registers, " << r.spill_stores << "/" << r.spill_loads
+              << " bytes spilled (stores/loads), " << r.shared_bytes << " bytes shared";
+    out << "\n";
+  }
+  if (!assembled) out << "  (ptxas not found: the PTX was not assembled)\n";
+  return 0;
+}
+
 double milliseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -339,7 +416,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   std::vector<std::pair<std::string, TensorType>> randoms;
   uint64_t seed = 1;
   int64_t limit = 64;
-  std::string backend = "cpu";
+  std::string backend = "cpu", target = "sm_90";
   bool tune = false, verify = false, time = false;
   int64_t threads = 0, repeat = 1;
   for (const auto& [opt, value] : a.options) {
@@ -367,6 +444,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       output_files[name] = file;
     } else if (opt == "--backend") {
       backend = value;
+    } else if (opt == "--target") {
+      target = value;
     } else if (opt == "--seed") {
       seed = static_cast<uint64_t>(parse_int(opt, value));
     } else if (opt == "--limit") {
@@ -375,10 +454,12 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       user_error("run: unknown option ", opt);
     }
   }
-  if (backend != "interp" && backend != "cpu") user_error("unknown backend '", backend, "' (available: cpu, interp)");
+  if (backend != "interp" && backend != "cpu" && backend != "cuda" && backend != "gpu-sim")
+    user_error("unknown backend '", backend, "' (available: cpu, interp, cuda, gpu-sim)");
+  const bool compiled_here = backend == "cpu" || backend == "gpu-sim";  // through the CPU backend
   if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
-  if (verify && backend != "cpu") user_error("--verify needs the cpu backend (the interpreter runs no passes)");
-  if (threads && backend != "cpu") user_error("--threads needs the cpu backend (the interpreter runs on one thread)");
+  if (verify && backend == "interp") user_error("--verify needs a compiling backend (the interpreter runs no passes)");
+  if (threads && !compiled_here) user_error("--threads needs the cpu or gpu-sim backend");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -398,8 +479,22 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   }
   options.verify = verify;
   options.threads = static_cast<int>(threads);
+  if (backend == "gpu-sim") options.target = sched::gpu_target(target);
   std::shared_ptr<const cpu::CompiledProgram> compiled;
-  if (backend == "cpu") {
+  std::optional<ptx::Compiled> kernels;
+  std::unique_ptr<cuda::Runner> gpu;
+  if (backend == "cuda") {
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
+    infer_types(p, types);
+    ptx::Options popts;
+    popts.arch = target;
+    popts.verify = verify;
+    kernels = ptx::compile(p, types, popts);
+    gpu = std::make_unique<cuda::Runner>();  // UserError in one line where there is no GPU
+    if (time) err << "compile: text to PTX " << ms(kernels->seconds * 1e3) << "\n";
+  }
+  if (compiled_here) {
     std::map<std::string, TensorType> types;
     for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
     compiled = cpu::compile(p, types, options);
@@ -417,6 +512,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     auto t0 = std::chrono::steady_clock::now();
     if (compiled) {
       compiled->run(inputs, results);  // outputs reused from the second run on
+    } else if (gpu) {
+      results = gpu->run(kernels->bundle, inputs);
     } else {
       results = interpret(p, inputs);
     }
@@ -452,7 +549,7 @@ Args parse_args(const std::vector<std::string>& argv) {
       a.help = true;
     } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time") {
       a.options.emplace_back(s, "true");  // the flags without a value
-    } else if (s.rfind("--", 0) == 0) {
+    } else if (s.rfind("--", 0) == 0 || s == "-o") {
       std::string opt = s, value;
       // options always take a value: --opt VALUE
       if (i + 1 >= argv.size()) user_error("option ", s, " needs a value");
@@ -489,6 +586,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         out << kLowerHelp;
       } else if (a.file == "grad") {
         out << kGradHelp;
+      } else if (a.file == "compile") {
+        out << kCompileHelp;
       } else if (a.file.empty()) {
         out << kMainHelp;
       } else {
@@ -496,12 +595,13 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       }
       return 0;
     }
-    if (a.command != "check" && a.command != "run" && a.command != "lower" && a.command != "grad")
+    if (a.command != "check" && a.command != "run" && a.command != "lower" && a.command != "grad" && a.command != "compile")
       user_error("unknown command '", a.command, "' (run 'polytile --help')");
     if (a.help) {
       out << (a.command == "check"   ? kCheckHelp
               : a.command == "run"   ? kRunHelp
               : a.command == "grad"  ? kGradHelp
+              : a.command == "compile" ? kCompileHelp
                                      : kLowerHelp);
       return 0;
     }
@@ -509,6 +609,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.command == "check") return cmd_check(a, out, err);
     if (a.command == "lower") return cmd_lower(a, out, err);
     if (a.command == "grad") return cmd_grad(a, out);
+    if (a.command == "compile") return cmd_compile(a, out);
     return cmd_run(a, out, err);
   } catch (const UserError& e) {
     std::string m = e.what();

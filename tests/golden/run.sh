@@ -5,6 +5,17 @@ set -uo pipefail
 polytile=$1
 filecheck=$2
 test=$3
+# `// REQUIRES: libdevice`: the test needs the CUDA toolkit's libdevice; without it, skip (CTest: 77).
+if grep -q '^// REQUIRES: libdevice' "$test"; then
+  found=
+  for d in "${POLYTILE_LIBDEVICE:-}" "${CUDA_PATH:+$CUDA_PATH/nvvm/libdevice/libdevice.10.bc}" /usr/local/cuda/nvvm/libdevice/libdevice.10.bc; do
+    [ -n "$d" ] && [ -f "$d" ] && found=$d && break
+  done
+  if [ -z "$found" ]; then
+    echo "skipped: no libdevice.10.bc (CUDA toolkit) in POLYTILE_LIBDEVICE, CUDA_PATH or /usr/local/cuda"
+    exit 77
+  fi
+fi
 n=0
 while IFS= read -r line; do
   cmd=${line#*RUN: }

@@ -1,0 +1,70 @@
+// The PTX code generator: Program -> the lowering pipeline with a GPU target (sched::gpu_target: kernels
+// with block and thread bands) -> LLVM IR kernels (llvm_ir::emit_kernel) in one module -> libdevice
+// linked for the math (only the functions used), nvvm-reflect with IEEE settings (no flush to zero,
+// precise division and square root, since the interpreter is the oracle) -> LLVM's NVPTX back end -> a
+// kernel bundle (polytile/cuda_runtime.h) that polytile-run-bundle or cuda::Runner runs. LLVM stays inside
+// this library; nothing here needs a GPU or the CUDA driver. ptxas from the CUDA toolkit, where present,
+// assembles the PTX and reports registers, spills and shared memory per kernel.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "polytile/cuda_runtime.h"
+#include "polytile/ir.h"
+#include "polytile/scheduler.h"
+#include "polytile/shapes.h"
+
+namespace polytile::ptx {
+
+struct Options {
+  std::string arch = "sm_90";  // sm_75 and later
+  bool reduce_and_defract = true;
+  bool verify = false;         // prove every rewriting pass (see cpu::CompileOptions::verify)
+  // libdevice.10.bc; empty: find_libdevice(). Needed only by programs that call math functions.
+  std::string libdevice;
+  // The GPU model's sizes (threads per block, register tile); the arch above wins over its arch.
+  std::optional<sched::GpuModel> model;
+};
+
+struct Compiled {
+  cuda::KernelBundle bundle;  // PTX and manifest: what runs
+  Program program;            // after the passes
+  ProgramTypes types;
+  sched::Schedule schedule;   // one nest per kernel, in launch order
+  std::string llvm_ir;        // the optimized module, before PTX (deterministic)
+  double seconds = 0;         // text to PTX: passes, schedule, LLVM
+};
+
+// UserError for what the inputs make impossible (as cpu::compile), a target that is not sm_XY >= 75,
+// and a program that calls a math function when no libdevice can be found (naming where it looked).
+Compiled compile(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options = {});
+
+// libdevice.10.bc: `configured` if not empty, else $POLYTILE_LIBDEVICE, $CUDA_PATH/nvvm/libdevice, the CUDA
+// toolkit found when polytile was built, /usr/local/cuda. nullopt when none exists; `looked` receives the
+// places tried.
+std::optional<std::string> find_libdevice(const std::string& configured = "", std::vector<std::string>* looked = nullptr);
+
+// ptxas of the CUDA toolkit ($CUDA_PATH/bin, the toolkit found at build time, /usr/local/cuda/bin, PATH).
+std::optional<std::string> find_ptxas();
+
+struct KernelResources {
+  std::string name;
+  int registers = 0;
+  int64_t spill_stores = 0, spill_loads = 0;  // bytes
+  int64_t shared_bytes = 0, stack_bytes = 0;
+};
+
+struct Assembled {
+  std::string arch;
+  std::vector<KernelResources> kernels;  // in the order ptxas reports them
+  std::string log;                       // ptxas -v's output
+};
+
+// Assembles `ptx` for `arch` with `ptxas -v` and reads what it reports per kernel. UserError with ptxas's
+// log when it rejects the PTX, or when no ptxas can be found.
+Assembled assemble(const std::string& ptx, const std::string& arch);
+
+}  // namespace polytile::ptx

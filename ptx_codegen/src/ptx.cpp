@@ -1,0 +1,293 @@
+// The PTX code generator (polytile/ptx.h): lowering for a GPU target, one LLVM module of kernels,
+// libdevice, NVPTX, and the kernel bundle; and ptxas, run as a program of the CUDA toolkit.
+#include "polytile/ptx.h"
+
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IRReader/IRReader.h>
+#include <llvm/Linker/Linker.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Transforms/IPO/Internalize.h>
+
+#include <unistd.h>
+
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "polytile/error.h"
+#include "polytile/llvm_ir.h"
+#include "polytile/lower.h"
+
+#ifndef POLYTILE_CUDA_PATH
+#define POLYTILE_CUDA_PATH "/usr/local/cuda"
+#endif
+
+namespace polytile::ptx {
+
+namespace {
+
+constexpr const char* kTriple = "nvptx64-nvidia-cuda";
+
+void initialize_nvptx() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+  });
+}
+
+std::unique_ptr<llvm::TargetMachine> target_machine(const std::string& arch) {
+  initialize_nvptx();
+  std::string error;
+  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(kTriple, error);
+  if (!target) throw InternalError("LLVM has no NVPTX target: " + error);
+  llvm::TargetOptions options;
+  options.AllowFPOpFusion = llvm::FPOpFusion::Strict;  // every operation rounds as the interpreter's
+  std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(kTriple, arch, "", options, llvm::Reloc::Static,
+                                                                      std::nullopt, llvm::CodeGenOpt::Aggressive));
+  if (!tm) throw InternalError("LLVM cannot make an NVPTX target machine for " + arch);
+  return tm;
+}
+
+std::vector<std::string> candidate_dirs(const char* sub) {
+  std::vector<std::string> dirs;
+  if (const char* cuda = std::getenv("CUDA_PATH"); cuda && *cuda) dirs.push_back(std::string(cuda) + sub);
+  dirs.push_back(std::string(POLYTILE_CUDA_PATH) + sub);
+  if (std::string(POLYTILE_CUDA_PATH) != "/usr/local/cuda") dirs.push_back(std::string("/usr/local/cuda") + sub);
+  return dirs;
+}
+
+// The kernel of nest k: its index, then the nest's name with '.' as '_' ("k3_DI_update").
+std::string kernel_name(size_t k, const sched::Nest& nest) {
+  std::string name = "k" + std::to_string(k) + "_";
+  for (char c : nest.name) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+// Optimizes for the device: O3 with the NVPTX machine's own passes (nvvm-reflect among them).
+void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::PipelineTuningOptions pto;
+  pto.LoopUnrolling = true;
+  llvm::PassBuilder pb(&tm, pto);
+  tm.registerPassBuilderCallbacks(pb);
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
+}
+
+// Links libdevice's functions that `m` calls (only those), then makes everything but the kernels internal
+// so that what no kernel reaches is dropped. UserError when math is called and no libdevice is found.
+void link_libdevice(llvm::Module& m, const Options& options, const std::set<std::string>& kernels) {
+  std::vector<std::string> needed;
+  for (const llvm::Function& f : m)
+    if (f.isDeclaration() && f.getName().startswith("__nv_")) needed.push_back(f.getName().str());
+  if (!needed.empty()) {
+    std::vector<std::string> looked;
+    std::optional<std::string> path = find_libdevice(options.libdevice, &looked);
+    if (!path) {
+      std::string where;
+      for (const auto& l : looked) where += (where.empty() ? "" : ", ") + l;
+      user_error("the program calls ", needed.front().substr(5), " and the GPU's math comes from the CUDA toolkit's ",
+                 "libdevice.10.bc, which is not at ", where, " (set CUDA_PATH or POLYTILE_LIBDEVICE)");
+    }
+    llvm::SMDiagnostic diagnostic;
+    std::unique_ptr<llvm::Module> lib = llvm::parseIRFile(*path, diagnostic, m.getContext());
+    if (!lib) user_error("cannot read libdevice ", *path, ": ", diagnostic.getMessage().str());
+    lib->setTargetTriple(m.getTargetTriple());
+    lib->setDataLayout(m.getDataLayout());
+    if (llvm::Linker::linkModules(m, std::move(lib), llvm::Linker::Flags::LinkOnlyNeeded))
+      throw InternalError("LLVM could not link libdevice " + *path);
+  }
+  llvm::internalizeModule(m, [&](const llvm::GlobalValue& gv) { return kernels.count(gv.getName().str()) != 0; });
+  // IEEE: no flush to zero, precise division and square root (libdevice asks through nvvm-reflect).
+  m.addModuleFlag(llvm::Module::Override, "nvvm-reflect-ftz", uint32_t{0});
+}
+
+std::string emit_ptx(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::SmallString<0> text;
+  llvm::raw_svector_ostream os(text);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_AssemblyFile))
+    throw InternalError("LLVM's NVPTX back end cannot emit PTX");
+  pm.run(m);
+  return std::string(text.str());
+}
+
+}  // namespace
+
+std::optional<std::string> find_libdevice(const std::string& configured, std::vector<std::string>* looked) {
+  std::vector<std::string> candidates;
+  if (!configured.empty()) {
+    candidates.push_back(configured);
+  } else {
+    if (const char* env = std::getenv("POLYTILE_LIBDEVICE"); env && *env) candidates.push_back(env);
+    for (const auto& d : candidate_dirs("/nvvm/libdevice")) candidates.push_back(d + "/libdevice.10.bc");
+  }
+  for (const auto& c : candidates) {
+    if (looked) looked->push_back(c);
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(c, ec)) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> find_ptxas() {
+  std::vector<std::string> candidates;
+  for (const auto& d : candidate_dirs("/bin")) candidates.push_back(d + "/ptxas");
+  if (const char* path = std::getenv("PATH")) {
+    std::istringstream dirs(path);
+    for (std::string dir; std::getline(dirs, dir, ':');)
+      if (!dir.empty()) candidates.push_back(dir + "/ptxas");
+  }
+  for (const auto& c : candidates)
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  return std::nullopt;
+}
+
+Compiled compile(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  sched::LowerOptions lower_options;
+  lower_options.target = sched::gpu_target(options.arch);
+  if (options.model) {
+    lower_options.target.gpu = *options.model;
+    lower_options.target.gpu->arch = options.arch;
+  }
+  lower_options.reduce_and_defract = options.reduce_and_defract;
+  lower_options.verify = options.verify;
+  sched::Lowered lowered = sched::lower(program, inputs, lower_options);
+  Compiled out;
+  out.program = std::move(lowered.program);
+  out.types = std::move(lowered.types);
+  out.schedule = std::move(lowered.schedule);
+
+  std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
+  llvm::LLVMContext context;
+  llvm::Module module("polytile", context);
+  module.setTargetTriple(kTriple);
+  module.setDataLayout(tm->createDataLayout());
+  cuda::KernelBundle& bundle = out.bundle;
+  bundle.target = options.arch;
+  std::set<std::string> kernels, touched;
+  for (size_t k = 0; k < out.schedule.nests.size(); ++k) {
+    const sched::Nest& nest = out.schedule.nests[k];
+    cuda::BundleKernel kernel;
+    kernel.name = kernel_name(k, nest);
+    kernel.grid = nest.kernel->grid;
+    kernel.block = nest.kernel->block;
+    kernel.shared_bytes = nest.kernel->shared_bytes;
+    kernel.args = llvm_ir::nest_tensors(nest);
+    llvm_ir::emit_kernel(module, nest, kernel.name, out.types);
+    kernels.insert(kernel.name);
+    touched.insert(kernel.args.begin(), kernel.args.end());
+    bundle.kernels.push_back(std::move(kernel));
+  }
+  link_libdevice(module, options, kernels);
+  optimize(module, *tm);
+  llvm::raw_string_ostream ir(out.llvm_ir);
+  module.print(ir, nullptr);
+  bundle.ptx = emit_ptx(module, *tm);
+
+  // Buffers: every input, every output, and the scratch tensors kernels touch.
+  std::set<std::string> listed;
+  for (const auto& in : out.program.inputs) {
+    bundle.buffers.push_back({in.name, cuda::BundleBuffer::Role::input, out.types.tensors.at(in.name)});
+    listed.insert(in.name);
+  }
+  for (const auto& o : out.program.outputs) {
+    if (listed.count(o)) user_error("output ", o, " is the program's input ", o, ": a kernel bundle returns computed tensors only");
+    bundle.buffers.push_back({o, cuda::BundleBuffer::Role::output, out.types.tensors.at(o)});
+    listed.insert(o);
+  }
+  for (const auto& st : out.program.statements) {
+    const std::string& t = statement_output(st);
+    if (!listed.count(t) && touched.count(t)) {
+      bundle.buffers.push_back({t, cuda::BundleBuffer::Role::scratch, out.types.tensors.at(t)});
+      listed.insert(t);
+    }
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+Assembled assemble(const std::string& ptx, const std::string& arch) {
+  sched::gpu_target(arch);  // UserError for a bad arch
+  std::optional<std::string> ptxas = find_ptxas();
+  if (!ptxas) user_error("ptxas (CUDA toolkit) not found in $CUDA_PATH/bin, ", POLYTILE_CUDA_PATH, "/bin or PATH");
+  char dir_template[] = "/tmp/polytile-ptxas-XXXXXX";
+  if (!::mkdtemp(dir_template)) user_error("cannot make a temporary directory for ptxas");
+  const std::filesystem::path dir(dir_template);
+  struct Cleanup {
+    std::filesystem::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  {
+    std::ofstream f(dir / "kernels.ptx", std::ios::binary);
+    f << ptx;
+    if (!f) user_error("cannot write ", (dir / "kernels.ptx").string());
+  }
+  const std::string command = "'" + *ptxas + "' -v -arch=" + arch + " -o '" + (dir / "kernels.cubin").string() + "' '" +
+                              (dir / "kernels.ptx").string() + "' 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) user_error("cannot run ", *ptxas);
+  Assembled out;
+  out.arch = arch;
+  std::array<char, 4096> chunk;
+  size_t n;
+  while ((n = std::fread(chunk.data(), 1, chunk.size(), pipe)) > 0) out.log.append(chunk.data(), n);
+  const int status = ::pclose(pipe);
+  if (status != 0) user_error("ptxas rejected the PTX for ", arch, ":\n", out.log);
+  // ptxas -v: "Compiling entry function 'k0' for 'sm_90'", then "N bytes stack frame, N bytes spill stores,
+  // N bytes spill loads" and "Used N registers, ... N bytes smem".
+  static const std::regex entry(R"(Compiling entry function '([^']+)')");
+  static const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  static const std::regex used(R"(Used (\d+) registers)");
+  static const std::regex smem(R"((\d+) bytes smem)");
+  std::istringstream lines(out.log);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, entry)) {
+      out.kernels.push_back({m[1].str()});
+      continue;
+    }
+    if (out.kernels.empty()) continue;
+    KernelResources& k = out.kernels.back();
+    if (std::regex_search(line, m, frame)) {
+      k.stack_bytes = std::stoll(m[1].str());
+      k.spill_stores = std::stoll(m[2].str());
+      k.spill_loads = std::stoll(m[3].str());
+    }
+    if (std::regex_search(line, m, used)) k.registers = std::stoi(m[1].str());
+    if (std::regex_search(line, m, smem)) k.shared_bytes = std::stoll(m[1].str());
+  }
+  return out;
+}
+
+}  // namespace polytile::ptx
