@@ -6,6 +6,8 @@
 #include <isl/cpp.h>
 
 #include <algorithm>
+#include <array>
+#include <set>
 #include <functional>
 #include <numeric>
 
@@ -40,6 +42,22 @@ const Contraction& contraction(const Program& p, const std::string& output) {
 // writes; the elements of an init nest and the image of the update cover the whole output; and under a
 // "parallel" mark, two points of the update that write the same element run in the same iteration of
 // the outermost loop.
+// The schedule dimensions of a kernel's "block" and "thread" bands (the outermost ones).
+int mapped_dimensions(const isl::schedule& tree) {
+  int mapped = 0;
+  tree.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
+    if (node.isa<isl::schedule_node_mark>()) {
+      const std::string mark = isl_support::mark_id(node).name();
+      if (mark == "block" || mark == "thread")
+        mapped = isl_support::schedule_depth(node) + static_cast<int>(node.child(0).as<isl::schedule_node_band>().n_member());
+    }
+    return true;
+  });
+  return mapped;
+}
+
+int kernels_proven = 0;
+
 void check_plain_nests(const Lowered& lowered) {
   IslContext ctx;
   int checked = 0;
@@ -64,6 +82,25 @@ void check_plain_nests(const Lowered& lowered) {
       case Nest::Kind::update: {
         isl::set domain = renamed(ctx.get(), a.domain, "S");
         EXPECT_TRUE(executed.is_equal(isl::union_set(domain))) << nest.name << ": " << executed << " vs " << domain;
+        if (nest.kernel && !nest.kernel->sequential) {
+          // A GPU kernel: two points that write the same element run in the same thread of the same block
+          // (the schedule dimensions of the "block" and "thread" bands agree), so no atomics are needed.
+          const int mapped = mapped_dimensions(tree);
+          ASSERT_GT(mapped, 0) << nest.name << ": a kernel without mapped bands\n" << nest.tree;
+          isl::map schedule = tree.get_map().as_map();
+          std::vector<std::string> dims, kept;
+          for (unsigned k = 0; k < schedule.range_tuple_dim(); ++k) {
+            dims.push_back("c" + std::to_string(k));
+            if (static_cast<int>(k) < mapped) kept.push_back(dims.back());
+          }
+          isl::map hardware = schedule.apply_range(isl::map(ctx.get(), "{ [" + isl_support::join(dims) + "] -> [" + isl_support::join(kept) + "] }"));
+          isl::map same_element = write.intersect_domain(domain).apply_range(write.intersect_domain(domain).reverse());
+          isl::map threads = same_element.apply_domain(hardware).apply_range(hardware);
+          const std::string same = "[" + isl_support::join(kept) + "]";
+          EXPECT_TRUE(threads.is_subset(isl::map(ctx.get(), "{ " + same + " -> " + same + " }")))
+              << nest.name << ": two threads of a kernel write the same element";
+          ++kernels_proven;
+        }
         if (nest.parallel_outer) {
           // The outermost schedule dimension, and the pairs of points that write the same element.
           isl::map schedule = tree.get_map().as_map();  // one statement: one map
@@ -269,6 +306,161 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
       break;
     }
   }
+}
+
+// The loop IR of GPU kernels run on integers over their whole launch: every block and thread runs the
+// nest with its mapped loops fixed at its indices, and together they execute every point of the nest's
+// domain exactly once (none outside the grid or the block, none twice); every output element is written
+// by one thread only. Shrinking any axis of a launch loses points: the check sees it.
+struct LaunchRun {
+  int64_t instances = 0, outside = 0, repeated = 0, shared_elements = 0;
+};
+
+void run_thread(const LoopNode& n, std::vector<int64_t>& it, const std::array<int64_t, 6>& hw,
+                const std::function<void(const std::vector<int64_t>&)>& visit) {
+  switch (n.kind) {
+    case LoopNode::Kind::block:
+      for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
+      break;
+    case LoopNode::Kind::loop: {
+      const size_t i = static_cast<size_t>(n.iterator);
+      if (n.hardware != LoopNode::Hardware::none) {
+        const int64_t v = hw[static_cast<size_t>((n.hardware == LoopNode::Hardware::block ? 0 : 3) + n.axis)];
+        it.at(i) = v;
+        const int64_t lower = evaluate(n.lower, it);
+        if (v >= lower && evaluate(n.condition, it) && (v - lower) % n.step == 0)
+          for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
+        break;
+      }
+      for (it.at(i) = evaluate(n.lower, it); evaluate(n.condition, it); it[i] += n.step)
+        for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
+      break;
+    }
+    case LoopNode::Kind::guard:
+      for (const LoopNode& c : evaluate(n.condition, it) ? n.body : n.otherwise) run_thread(c, it, hw, visit);
+      break;
+    case LoopNode::Kind::statement: {
+      std::vector<int64_t> args;
+      for (const LoopExpr& a : n.args) args.push_back(evaluate(a, it));
+      visit(args);
+      break;
+    }
+  }
+}
+
+// The points of a bounded set.
+std::set<std::vector<int64_t>> points_of(const isl::set& domain) {
+  std::set<std::vector<int64_t>> points;
+  domain.foreach_point([&](isl::point p) {
+    std::vector<int64_t> x;
+    for (unsigned d = 0; d < domain.tuple_dim(); ++d)
+      x.push_back(isl::manage(isl_point_get_coordinate_val(p.get(), isl_dim_set, static_cast<int>(d))).get_num_si());
+    points.insert(x);
+  });
+  return points;
+}
+
+LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::set<std::vector<int64_t>>& domain,
+                     const Lowered& lowered) {
+  LaunchRun out;
+  std::map<std::vector<int64_t>, int> seen;
+  std::map<std::vector<int64_t>, int64_t> writer;  // element -> linear thread id
+  std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
+  const Contraction* c = nest.kind == Nest::Kind::update ? &contraction(lowered.program, nest.tensor) : nullptr;
+  std::array<int64_t, 6> hw{};
+  for (hw[2] = 0; hw[2] < launch.grid[2]; ++hw[2])
+    for (hw[1] = 0; hw[1] < launch.grid[1]; ++hw[1])
+      for (hw[0] = 0; hw[0] < launch.grid[0]; ++hw[0])
+        for (hw[5] = 0; hw[5] < launch.block[2]; ++hw[5])
+          for (hw[4] = 0; hw[4] < launch.block[1]; ++hw[4])
+            for (hw[3] = 0; hw[3] < launch.block[0]; ++hw[3]) {
+              int64_t thread = 0;
+              for (size_t k = 0; k < 6; ++k) thread = thread * 4096 + hw[k];
+              run_thread(nest.root, it, hw, [&](const std::vector<int64_t>& args) {
+                ++out.instances;
+                if (!domain.count(args)) ++out.outside;
+                if (++seen[args] > 1) ++out.repeated;
+                std::vector<int64_t> element = args;
+                if (c) {
+                  element.clear();
+                  std::map<std::string, int64_t> values;
+                  for (size_t k = 0; k < nest.variables.size(); ++k) values[nest.variables[k]] = args[k];
+                  for (const Polynomial& q : c->output_indices) {
+                    Polynomial b = q.bind_dims(lowered.types.dims);
+                    Rational v = b.constant();
+                    for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
+                    element.push_back(v.num() / v.den());
+                  }
+                }
+                auto [w, fresh] = writer.emplace(element, thread);
+                if (!fresh && w->second != thread) ++out.shared_elements;
+              });
+            }
+  EXPECT_EQ(seen.size(), domain.size()) << nest.name << ": points not executed";
+  return out;
+}
+
+TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
+  const std::pair<const char*, std::map<std::string, TensorType>> cases[] = {
+      {"function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }",
+       {{"A", {DType::f32, {37, 20}}}, {"B", {DType::f32, {20, 45}}}}},
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+       "  O[n, y, x, co : N, H/3, W/3, CO] = +(I[n, 3*y + 2*j, 3*x + 2*i, ci] * K[j, i, ci, co]); }",
+       {{"I", {DType::f32, {2, 11, 10, 5}}}, {"K", {DType::f32, {2, 2, 5, 19}}}}},
+      {"function (K[KH, KW, CI, CO], DO[N, H, W, CO]) -> (DI) {"
+       "  DI[n, 3*y + 2*j, 3*x + 2*i, ci : N, 9, 9, CI] = +(K[j, i, ci, co] * DO[n, y, x, co]); }",
+       {{"K", {DType::f32, {2, 2, 5, 7}}}, {"DO", {DType::f32, {2, 3, 3, 7}}}}},
+      {"function (I[N, C]) -> (O) { O[i, c : N - 2, C] = >(I[i + j, c]), j < 3; R = relu(O) * 2; }",
+       {{"I", {DType::f32, {40, 33}}}}},
+      {"function (A[M, N]) -> (V) { V[i + j : M + N - 1] = +(A[i, j]); }", {{"A", {DType::f32, {30, 20}}}}},
+  };
+  int kernels = 0, shrunk = 0;
+  kernels_proven = 0;
+  for (int threads : {256, 8}) {
+    for (const auto& [text, inputs] : cases) {
+      LowerOptions options;
+      options.target = gpu_target("sm_90");
+      options.target.gpu->threads_per_block = threads;
+      options.target.gpu->tile_rows = threads == 8 ? 3 : 4;
+      Lowered lowered = lower(parse_program(text), inputs, options);
+      check_plain_nests(lowered);
+      IslContext ctx;
+      for (const Nest& nest : lowered.schedule.nests) {
+        ASSERT_TRUE(nest.kernel) << nest.name;
+        const std::set<std::vector<int64_t>> domain = points_of(isl::schedule(ctx.get(), nest.tree).domain().as_set());
+        LaunchRun r = run_launch(nest, *nest.kernel, domain, lowered);
+        EXPECT_EQ(r.outside, 0) << nest.name << " of " << text;
+        EXPECT_EQ(r.repeated, 0) << nest.name << " of " << text;
+        EXPECT_EQ(r.shared_elements, 0) << nest.name << " of " << text;
+        ++kernels;
+        // Shrinking an axis of the launch leaves points unexecuted.
+        for (int a = 0; a < 3; ++a) {
+          for (bool blocks : {true, false}) {
+            KernelLaunch less = *nest.kernel;
+            int64_t& extent = blocks ? less.grid[static_cast<size_t>(a)] : less.block[static_cast<size_t>(a)];
+            if (extent < 2) continue;
+            --extent;
+            // Count the instances: fewer than the domain's points.
+            int64_t instances = 0;
+            std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
+            std::array<int64_t, 6> hw{};
+            for (hw[2] = 0; hw[2] < less.grid[2]; ++hw[2])
+              for (hw[1] = 0; hw[1] < less.grid[1]; ++hw[1])
+                for (hw[0] = 0; hw[0] < less.grid[0]; ++hw[0])
+                  for (hw[5] = 0; hw[5] < less.block[2]; ++hw[5])
+                    for (hw[4] = 0; hw[4] < less.block[1]; ++hw[4])
+                      for (hw[3] = 0; hw[3] < less.block[0]; ++hw[3])
+                        run_thread(nest.root, it, hw, [&](const std::vector<int64_t>&) { ++instances; });
+            EXPECT_LT(instances, static_cast<int64_t>(domain.size())) << nest.name << ": a shrunk launch still runs every point";
+            ++shrunk;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(kernels, 20);
+  EXPECT_GE(shrunk, 20);
+  EXPECT_GE(kernels_proven, 8);
 }
 
 // Micro-kernel nests run through their loop IR on integers: the fused multiply-adds of uniform blocks

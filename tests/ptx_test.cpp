@@ -1,0 +1,184 @@
+// The PTX code generator without a GPU: every example, gradient program and generated contraction
+// compiles for sm_80 and sm_90 into a bundle whose PTX ptxas assembles (0 bytes spilled, registers and
+// shared memory within the target's budget), deterministically; bundles round-trip through their files;
+// and every error a user can cause (a bad target, no libdevice when math is called, PTX ptxas rejects) is a
+// UserError. The kernels' results are checked with GPU semantics on the host in cpu_test and, on a machine
+// with a GPU, by cuda_runtime_test's bundles and `polytile run --backend cuda`.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "generators.h"
+#include "polytile/autodiff.h"
+#include "polytile/error.h"
+#include "polytile/parser.h"
+#include "polytile/ptx.h"
+
+namespace polytile::ptx {
+namespace {
+
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+std::map<std::string, TensorType> f32_types(const Shapes& shapes) {
+  std::map<std::string, TensorType> t;
+  for (const auto& [name, shape] : shapes) t[name] = TensorType{DType::f32, shape};
+  return t;
+}
+
+Shapes shapes_from_args(const std::string& line) {
+  Shapes s;
+  std::stringstream ss(line);
+  std::string tok;
+  while (ss >> tok) {
+    if (tok == "--random") continue;
+    auto eq = tok.find('=');
+    std::vector<int64_t> shape;
+    std::stringstream dims(tok.substr(eq + 1));
+    std::string d;
+    while (std::getline(dims, d, 'x')) shape.push_back(std::stoll(d));
+    s[tok.substr(0, eq)] = shape;
+  }
+  return s;
+}
+
+// The programs of the gate: the examples at their documented shapes and their reverse-mode gradients.
+std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> gate_programs() {
+  std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> out;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples"))
+    if (entry.path().extension() == ".tile") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& path : files) {
+    std::ifstream f(path);
+    std::string first;
+    std::getline(f, first);
+    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
+    Program p = parse_file(path.string());
+    auto types = f32_types(shapes);
+    out.push_back({path.filename().string(), {p, types}});
+    // The gradient: inputs plus the adjoint of every output.
+    ad::Result g = ad::vjp(p);
+    auto gtypes = types;
+    ProgramTypes pt = infer_types(p, types);
+    for (size_t o = 0; o < p.outputs.size(); ++o)
+      gtypes[g.program.inputs[p.inputs.size() + o].name] = pt.tensors.at(p.outputs[o]);
+    out.push_back({"gradient of " + path.filename().string(), {g.program, gtypes}});
+  }
+  return out;
+}
+
+// ptxas accepts the PTX; every kernel of the manifest is in its report, spills nothing and fits the
+// target's registers and shared memory.
+void expect_assembles(const Compiled& c, const std::string& arch, const std::string& what) {
+  Assembled a = assemble(c.bundle.ptx, arch);
+  ASSERT_EQ(a.kernels.size(), c.bundle.kernels.size()) << what << "\n" << a.log;
+  for (const auto& k : c.bundle.kernels) {
+    auto r = std::find_if(a.kernels.begin(), a.kernels.end(), [&](const KernelResources& x) { return x.name == k.name; });
+    ASSERT_NE(r, a.kernels.end()) << what << ": ptxas does not report " << k.name << "\n" << a.log;
+    EXPECT_EQ(r->spill_stores, 0) << what << " " << k.name << "\n" << a.log;
+    EXPECT_EQ(r->spill_loads, 0) << what << " " << k.name << "\n" << a.log;
+    EXPECT_GT(r->registers, 0) << what << " " << k.name << "\n" << a.log;
+    EXPECT_LE(r->registers, 255) << what << " " << k.name;
+    EXPECT_LE(r->shared_bytes, 48 * 1024) << what << " " << k.name;
+    EXPECT_LE(k.block[0] * k.block[1] * k.block[2], 1024) << what << " " << k.name;
+  }
+}
+
+bool have_toolkit() {
+  if (!find_ptxas() || !find_libdevice()) {
+    std::cout << "skipped: the CUDA toolkit's ptxas or libdevice is not here (CUDA_PATH, /usr/local/cuda)\n";
+    return false;
+  }
+  return true;
+}
+
+TEST(PtxTest, EveryExampleAndGradientAssemblesForSm80AndSm90) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  int kernels = 0;
+  for (const auto& [what, program] : gate_programs()) {
+    for (const char* arch : {"sm_80", "sm_90"}) {
+      Options o;
+      o.arch = arch;
+      Compiled c = compile(program.first, program.second, o);
+      ASSERT_EQ(c.bundle.kernels.size(), c.schedule.nests.size()) << what;
+      EXPECT_NE(c.bundle.ptx.find(std::string(".target ") + arch), std::string::npos) << what;
+      expect_assembles(c, arch, what + " for " + arch);
+      kernels += static_cast<int>(c.bundle.kernels.size());
+    }
+  }
+  EXPECT_GE(kernels, 100);
+}
+
+TEST(PtxTest, GeneratedContractionsAssemble) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  const uint64_t seed = 737373;
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 40; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    Program p = parse_program(cs.text);
+    auto types = f32_types(cs.shapes);
+    for (auto& [name, t] : types) t.dtype = DType::f64;
+    Options o;
+    o.arch = iter % 2 ? "sm_80" : "sm_90";
+    expect_assembles(compile(p, types, o), o.arch, "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + ": " + cs.text);
+  }
+}
+
+// The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.
+TEST(PtxTest, DeterministicAndRoundTrips) {
+  Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");
+  auto types = f32_types({{"I", {2, 9, 9, 5}}, {"K", {2, 2, 5, 7}}});
+  Compiled a = compile(p, types), b = compile(p, types);
+  EXPECT_EQ(a.bundle.ptx, b.bundle.ptx);
+  EXPECT_EQ(a.bundle.manifest(), b.bundle.manifest());
+  EXPECT_EQ(a.llvm_ir, b.llvm_ir);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "polytile_ptx_test_bundle";
+  std::filesystem::remove_all(dir);
+  a.bundle.write(dir.string());
+  cuda::KernelBundle back = cuda::KernelBundle::read(dir.string());
+  EXPECT_EQ(back.manifest(), a.bundle.manifest());
+  EXPECT_EQ(back.ptx, a.bundle.ptx);
+  std::filesystem::remove_all(dir);
+  // Buffers: inputs, outputs, then the scratch tensors the kernels touch.
+  ASSERT_GE(a.bundle.buffers.size(), 3u);
+  EXPECT_EQ(a.bundle.buffers[0].role, cuda::BundleBuffer::Role::input);
+  EXPECT_EQ(a.bundle.buffers[2].name, "O");
+  EXPECT_EQ(a.bundle.buffers[2].role, cuda::BundleBuffer::Role::output);
+}
+
+TEST(PtxTest, UserErrors) {
+  Program plain = parse_program("function (A[N]) -> (O) { O = A * 2; }");
+  Program math = parse_program("function (A[N]) -> (O) { O = exp(A); }");
+  auto types = f32_types({{"A", {100}}});
+  auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no UserError)";
+  };
+  for (const char* bad : {"sm_70", "sm_9", "compute_90", "sm_90a", ""}) {
+    Options o;
+    o.arch = bad;
+    EXPECT_NE(message([&] { compile(plain, types, o); }).find("is not an NVIDIA architecture"), std::string::npos) << bad;
+  }
+  Options no_libdevice;
+  no_libdevice.libdevice = "/nonexistent/libdevice.10.bc";
+  std::string m = message([&] { compile(math, types, no_libdevice); });
+  EXPECT_NE(m.find("calls exp"), std::string::npos) << m;
+  EXPECT_NE(m.find("/nonexistent/libdevice.10.bc"), std::string::npos) << m;
+  EXPECT_NO_THROW(compile(plain, types, no_libdevice));  // no math, no libdevice needed
+  // A shape mismatch is the front end's user error, as on the CPU.
+  EXPECT_THROW(compile(parse_program("function (A[N], B[N]) -> (O) { O = A + B; }"), f32_types({{"A", {3}}, {"B", {4}}})), UserError);
+  if (find_ptxas()) {
+    m = message([] { assemble(".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry k() { bogus; }\n", "sm_90"); });
+    EXPECT_NE(m.find("ptxas rejected the PTX for sm_90"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace polytile::ptx
