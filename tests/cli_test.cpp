@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "polytile/cuda_runtime.h"
 #include "polytile/interpreter.h"
 #include "polytile/npy.h"
 #include "polytile/parser.h"
@@ -212,6 +213,53 @@ TEST(CliTest, RunTimesStagesAndRepeatedRunsOnStderr) {
   ASSERT_EQ(interp.code, 0) << interp.err;
   EXPECT_EQ(interp.err.find("compile:"), std::string::npos) << interp.err;
   EXPECT_NE(interp.err.find("run (interp): median "), std::string::npos) << interp.err;
+}
+
+// The GPU commands without a GPU: compile writes a bundle that reads back, lower shows the kernels'
+// mapping and PTX, gpu-sim runs the kernels with GPU semantics and prints what the interpreter prints,
+// and every misuse is one line with exit code 1.
+TEST(CliTest, GpuCommandsWithoutAGpu) {
+  const std::string file = kExamples + "conv2d_strided_dilated.tile", dir = temp("bundle");
+  Result c = cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7", "-o", dir, "--target", "sm_80"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("2 kernels for sm_80"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("k1_O_update: grid "), std::string::npos) << c.out;
+  std::ifstream manifest(dir + "/manifest.txt");
+  std::string first;
+  std::getline(manifest, first);
+  EXPECT_EQ(first, "polytile kernel bundle 1");
+  Result loops = cli({"lower", file, "--emit", "loops", "--target", "sm_90", "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"});
+  EXPECT_EQ(loops.code, 0) << loops.err;
+  EXPECT_NE(loops.out.find("thread.x for"), std::string::npos) << loops.out;
+  Result ptx = cli({"lower", file, "--emit", "ptx", "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"});
+  EXPECT_EQ(ptx.code, 0) << ptx.err;
+  EXPECT_NE(ptx.out.find(".target sm_90"), std::string::npos);
+  const std::vector<std::string> args{"run", kExamples + "conv2d_strided_dilated_grad_input.tile", "--random", "DO=2x3x3x7:f64",
+                                      "--random", "K=2x2x5x7:f64"};
+  Result interp = cli([&] { auto a = args; a.insert(a.end(), {"--backend", "interp"}); return a; }());
+  Result sim = cli([&] { auto a = args; a.insert(a.end(), {"--backend", "gpu-sim", "--target", "sm_80"}); return a; }());
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  EXPECT_EQ(sim.out, interp.out);
+  // Misuse.
+  auto one_line_error = [](const Result& r, const std::string& what) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"}), "-o DIR is required");
+  one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "-o", dir}), "K");
+  one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7", "-o", dir, "--target", "sm_70"}),
+                 "'sm_70' is not an NVIDIA architecture");
+  one_line_error(cli({"lower", file, "--emit", "ptx", "--target", "cpu", "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"}),
+                 "needs a GPU --target");
+  one_line_error(cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "gpu-sim", "--target", "gfx90a"}),
+                 "'gfx90a' is not an NVIDIA architecture");
+  if (cuda::driver_status().state != cuda::DriverStatus::State::ready) {
+    // Without a GPU, the cuda backend compiles and then says in one line that there is nothing to run on.
+    Result cuda = cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "cuda"});
+    EXPECT_EQ(cuda.code, 1) << cuda.out;
+    EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+  }
 }
 
 TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
