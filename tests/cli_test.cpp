@@ -308,7 +308,7 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--threads", "0"}, "--threads 0: give a thread count from 1"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--repeat", "0"}, "--repeat 0: give a count from 1"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--threads", "2", "--backend", "interp"},
-       "--threads needs the cpu backend"},
+       "--threads needs the cpu or gpu-sim backend"},
       {{"run", mm, "extra.tile"}, "unexpected argument 'extra.tile'"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "C=/nonexistent/c.npy"},
        "cannot write .npy file /nonexistent/c.npy"},
@@ -317,7 +317,7 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"grad", mm, "--emit", "ptx"}, "grad: unknown stage 'ptx'"},
       {{"grad", mm, "--wrt", "C"}, "cannot differentiate with respect to C: it is not an input"},
       {{"grad", kExamples + "max_over_axis.tile", "--wrt", "Q"}, "cannot differentiate with respect to Q"},
-      {{"lower", mm, "--emit", "ptx"}, "lower: unknown stage 'ptx'"},
+      {{"lower", mm, "--emit", "sass"}, "lower: unknown stage 'sass'"},
       {{"lower", mm, "--emit", "isl"}, "lower --emit isl needs --shape"},
       {{"lower", mm, "--emit", "isl", "--shape", "A=3x4", "--shape", "B=5x2"}, "dims disagree"},
       // Sizes that are well-formed but impossible are refused before anything runs or is allocated.

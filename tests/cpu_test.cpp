@@ -25,7 +25,8 @@
 namespace polytile::cpu {
 namespace {
 
-using Shapes = std::map<std::string, std::vector<int64_t>>;
+using testing::Shapes;
+using testing::shapes_from_args;
 
 TensorMap inputs_for(const Shapes& shapes, DType dtype, uint64_t seed) {
   TensorMap in;
@@ -76,32 +77,11 @@ CompileOptions microkernels_forced(int vector_bits) {
   return o;
 }
 
-Shapes shapes_from_args(const std::string& line) {
-  Shapes s;
-  std::stringstream ss(line);
-  std::string tok;
-  while (ss >> tok) {
-    if (tok == "--random") continue;
-    auto eq = tok.find('=');
-    std::vector<int64_t> shape;
-    std::stringstream dims(tok.substr(eq + 1));
-    std::string d;
-    while (std::getline(dims, d, 'x')) shape.push_back(std::stoll(d));
-    s[tok.substr(0, eq)] = shape;
-  }
-  return s;
-}
-
 TEST(CpuTest, EveryExampleInF32AndF64) {
   int n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
-    if (entry.path().extension() != ".tile") continue;
-    std::ifstream f(entry.path());
-    std::string first;
-    std::getline(f, first);
-    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
-    Program p = parse_file(entry.path().string());
-    for (DType t : {DType::f32, DType::f64}) expect_same(p, inputs_for(shapes, t, 7), entry.path().filename().string());
+  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples")) {
+    Program p = parse_file(path.string());
+    for (DType t : {DType::f32, DType::f64}) expect_same(p, inputs_for(shapes, t, 7), path.filename().string());
     ++n;
   }
   EXPECT_GE(n, 19);
@@ -138,16 +118,11 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
 
 TEST(CpuTest, EveryExampleUnderGpuSemantics) {
   int n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples")) {
-    if (entry.path().extension() != ".tile") continue;
-    std::ifstream f(entry.path());
-    std::string first;
-    std::getline(f, first);
-    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
-    Program p = parse_file(entry.path().string());
+  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples")) {
+    Program p = parse_file(path.string());
     for (const auto& [what, options] : gpu_semantics())
       for (DType t : {DType::f32, DType::f64})
-        expect_same(p, inputs_for(shapes, t, 7), entry.path().filename().string() + " on " + what, options);
+        expect_same(p, inputs_for(shapes, t, 7), path.filename().string() + " on " + what, options);
     ++n;
   }
   EXPECT_GE(n, 19);

@@ -16,11 +16,12 @@
 #include "polytile/error.h"
 #include "polytile/parser.h"
 #include "polytile/ptx.h"
+#include "test_util.h"
 
 namespace polytile::ptx {
 namespace {
 
-using Shapes = std::map<std::string, std::vector<int64_t>>;
+using testing::Shapes;
 
 std::map<std::string, TensorType> f32_types(const Shapes& shapes) {
   std::map<std::string, TensorType> t;
@@ -28,34 +29,10 @@ std::map<std::string, TensorType> f32_types(const Shapes& shapes) {
   return t;
 }
 
-Shapes shapes_from_args(const std::string& line) {
-  Shapes s;
-  std::stringstream ss(line);
-  std::string tok;
-  while (ss >> tok) {
-    if (tok == "--random") continue;
-    auto eq = tok.find('=');
-    std::vector<int64_t> shape;
-    std::stringstream dims(tok.substr(eq + 1));
-    std::string d;
-    while (std::getline(dims, d, 'x')) shape.push_back(std::stoll(d));
-    s[tok.substr(0, eq)] = shape;
-  }
-  return s;
-}
-
 // The programs of the gate: the examples at their documented shapes and their reverse-mode gradients.
 std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> gate_programs() {
   std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> out;
-  std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(POLYTILE_SOURCE_DIR "/examples"))
-    if (entry.path().extension() == ".tile") files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  for (const auto& path : files) {
-    std::ifstream f(path);
-    std::string first;
-    std::getline(f, first);
-    Shapes shapes = shapes_from_args(first.substr(first.find(':') + 1));
+  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples")) {
     Program p = parse_file(path.string());
     auto types = f32_types(shapes);
     out.push_back({path.filename().string(), {p, types}});

@@ -287,17 +287,32 @@ int64_t evaluate(const LoopExpr& e, const std::vector<int64_t>& it) {
   return 0;
 }
 
-void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<void(const LoopNode&, const std::vector<int64_t>&)>& visit) {
+// `hw`: in a GPU kernel, the block (x, y, z) and thread (x, y, z) indices of the thread that runs: a mapped
+// loop runs its body once, with its iterator at its index, when that lies in the loop's range.
+void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<void(const LoopNode&, const std::vector<int64_t>&)>& visit,
+               const std::array<int64_t, 6>* hw = nullptr) {
+  auto children = [&](const std::vector<LoopNode>& nodes) {
+    for (const LoopNode& c : nodes) run_loops(c, it, visit, hw);
+  };
   switch (n.kind) {
     case LoopNode::Kind::block:
-      for (const LoopNode& c : n.body) run_loops(c, it, visit);
+      children(n.body);
       break;
-    case LoopNode::Kind::loop:
-      for (it.at(static_cast<size_t>(n.iterator)) = evaluate(n.lower, it); evaluate(n.condition, it); it[static_cast<size_t>(n.iterator)] += n.step)
-        for (const LoopNode& c : n.body) run_loops(c, it, visit);
+    case LoopNode::Kind::loop: {
+      const size_t i = static_cast<size_t>(n.iterator);
+      if (n.hardware != LoopNode::Hardware::none) {
+        ASSERT_NE(hw, nullptr) << "a mapped loop outside a kernel launch";
+        const int64_t v = (*hw)[static_cast<size_t>((n.hardware == LoopNode::Hardware::block ? 0 : 3) + n.axis)];
+        it.at(i) = v;
+        const int64_t lower = evaluate(n.lower, it);
+        if (v >= lower && evaluate(n.condition, it) && (v - lower) % n.step == 0) children(n.body);
+        break;
+      }
+      for (it.at(i) = evaluate(n.lower, it); evaluate(n.condition, it); it[i] += n.step) children(n.body);
       break;
+    }
     case LoopNode::Kind::guard:
-      for (const LoopNode& c : evaluate(n.condition, it) ? n.body : n.otherwise) run_loops(c, it, visit);
+      children(evaluate(n.condition, it) ? n.body : n.otherwise);
       break;
     case LoopNode::Kind::statement: {
       std::vector<int64_t> args;
@@ -308,6 +323,23 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
   }
 }
 
+// Every thread of a launch (blocks and threads in order) runs the kernel's loop IR.
+void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
+                        const std::function<void(int64_t thread, const std::vector<int64_t>& args)>& visit) {
+  std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
+  std::array<int64_t, 6> hw{};
+  for (hw[2] = 0; hw[2] < launch.grid[2]; ++hw[2])
+    for (hw[1] = 0; hw[1] < launch.grid[1]; ++hw[1])
+      for (hw[0] = 0; hw[0] < launch.grid[0]; ++hw[0])
+        for (hw[5] = 0; hw[5] < launch.block[2]; ++hw[5])
+          for (hw[4] = 0; hw[4] < launch.block[1]; ++hw[4])
+            for (hw[3] = 0; hw[3] < launch.block[0]; ++hw[3]) {
+              int64_t thread = 0;
+              for (size_t k = 0; k < 6; ++k) thread = thread * 4096 + hw[k];
+              run_loops(nest.root, it, [&](const LoopNode&, const std::vector<int64_t>& args) { visit(thread, args); }, &hw);
+            }
+}
+
 // The loop IR of GPU kernels run on integers over their whole launch: every block and thread runs the
 // nest with its mapped loops fixed at its indices, and together they execute every point of the nest's
 // domain exactly once (none outside the grid or the block, none twice); every output element is written
@@ -315,38 +347,6 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
 struct LaunchRun {
   int64_t instances = 0, outside = 0, repeated = 0, shared_elements = 0;
 };
-
-void run_thread(const LoopNode& n, std::vector<int64_t>& it, const std::array<int64_t, 6>& hw,
-                const std::function<void(const std::vector<int64_t>&)>& visit) {
-  switch (n.kind) {
-    case LoopNode::Kind::block:
-      for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
-      break;
-    case LoopNode::Kind::loop: {
-      const size_t i = static_cast<size_t>(n.iterator);
-      if (n.hardware != LoopNode::Hardware::none) {
-        const int64_t v = hw[static_cast<size_t>((n.hardware == LoopNode::Hardware::block ? 0 : 3) + n.axis)];
-        it.at(i) = v;
-        const int64_t lower = evaluate(n.lower, it);
-        if (v >= lower && evaluate(n.condition, it) && (v - lower) % n.step == 0)
-          for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
-        break;
-      }
-      for (it.at(i) = evaluate(n.lower, it); evaluate(n.condition, it); it[i] += n.step)
-        for (const LoopNode& c : n.body) run_thread(c, it, hw, visit);
-      break;
-    }
-    case LoopNode::Kind::guard:
-      for (const LoopNode& c : evaluate(n.condition, it) ? n.body : n.otherwise) run_thread(c, it, hw, visit);
-      break;
-    case LoopNode::Kind::statement: {
-      std::vector<int64_t> args;
-      for (const LoopExpr& a : n.args) args.push_back(evaluate(a, it));
-      visit(args);
-      break;
-    }
-  }
-}
 
 // The points of a bounded set.
 std::set<std::vector<int64_t>> points_of(const isl::set& domain) {
@@ -365,37 +365,26 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
   LaunchRun out;
   std::map<std::vector<int64_t>, int> seen;
   std::map<std::vector<int64_t>, int64_t> writer;  // element -> linear thread id
-  std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
   const Contraction* c = nest.kind == Nest::Kind::update ? &contraction(lowered.program, nest.tensor) : nullptr;
-  std::array<int64_t, 6> hw{};
-  for (hw[2] = 0; hw[2] < launch.grid[2]; ++hw[2])
-    for (hw[1] = 0; hw[1] < launch.grid[1]; ++hw[1])
-      for (hw[0] = 0; hw[0] < launch.grid[0]; ++hw[0])
-        for (hw[5] = 0; hw[5] < launch.block[2]; ++hw[5])
-          for (hw[4] = 0; hw[4] < launch.block[1]; ++hw[4])
-            for (hw[3] = 0; hw[3] < launch.block[0]; ++hw[3]) {
-              int64_t thread = 0;
-              for (size_t k = 0; k < 6; ++k) thread = thread * 4096 + hw[k];
-              run_thread(nest.root, it, hw, [&](const std::vector<int64_t>& args) {
-                ++out.instances;
-                if (!domain.count(args)) ++out.outside;
-                if (++seen[args] > 1) ++out.repeated;
-                std::vector<int64_t> element = args;
-                if (c) {
-                  element.clear();
-                  std::map<std::string, int64_t> values;
-                  for (size_t k = 0; k < nest.variables.size(); ++k) values[nest.variables[k]] = args[k];
-                  for (const Polynomial& q : c->output_indices) {
-                    Polynomial b = q.bind_dims(lowered.types.dims);
-                    Rational v = b.constant();
-                    for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
-                    element.push_back(v.num() / v.den());
-                  }
-                }
-                auto [w, fresh] = writer.emplace(element, thread);
-                if (!fresh && w->second != thread) ++out.shared_elements;
-              });
-            }
+  run_launch_threads(nest, launch, [&](int64_t thread, const std::vector<int64_t>& args) {
+    ++out.instances;
+    if (!domain.count(args)) ++out.outside;
+    if (++seen[args] > 1) ++out.repeated;
+    std::vector<int64_t> element = args;
+    if (c) {
+      element.clear();
+      std::map<std::string, int64_t> values;
+      for (size_t k = 0; k < nest.variables.size(); ++k) values[nest.variables[k]] = args[k];
+      for (const Polynomial& q : c->output_indices) {
+        Polynomial b = q.bind_dims(lowered.types.dims);
+        Rational v = b.constant();
+        for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
+        element.push_back(v.num() / v.den());
+      }
+    }
+    auto [w, fresh] = writer.emplace(element, thread);
+    if (!fresh && w->second != thread) ++out.shared_elements;
+  });
   EXPECT_EQ(seen.size(), domain.size()) << nest.name << ": points not executed";
   return out;
 }
@@ -442,15 +431,7 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
             --extent;
             // Count the instances: fewer than the domain's points.
             int64_t instances = 0;
-            std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
-            std::array<int64_t, 6> hw{};
-            for (hw[2] = 0; hw[2] < less.grid[2]; ++hw[2])
-              for (hw[1] = 0; hw[1] < less.grid[1]; ++hw[1])
-                for (hw[0] = 0; hw[0] < less.grid[0]; ++hw[0])
-                  for (hw[5] = 0; hw[5] < less.block[2]; ++hw[5])
-                    for (hw[4] = 0; hw[4] < less.block[1]; ++hw[4])
-                      for (hw[3] = 0; hw[3] < less.block[0]; ++hw[3])
-                        run_thread(nest.root, it, hw, [&](const std::vector<int64_t>&) { ++instances; });
+            run_launch_threads(nest, less, [&](int64_t, const std::vector<int64_t>&) { ++instances; });
             EXPECT_LT(instances, static_cast<int64_t>(domain.size())) << nest.name << ": a shrunk launch still runs every point";
             ++shrunk;
           }

@@ -38,23 +38,13 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
 
 isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                           const std::vector<size_t>& order, const NestFacts& facts) {
+  std::optional<NeutralBand> band = read_band(neutral, vars, order);
+  if (!band) return neutral;
   isl::schedule_node root = neutral.root().child(0);
-  if (!root.isa<isl::schedule_node_band>()) return neutral;
-  isl::schedule_node_band neutral_band = root.as<isl::schedule_node_band>();
-  size_t parallel = 0;  // the leading coincident members: output variables proven to write distinct elements
-  while (parallel < neutral_band.n_member() && neutral_band.member_get_coincident(static_cast<int>(parallel))) ++parallel;
-  std::vector<std::string> perm;
-  for (size_t k : order) perm.push_back(vars[k]);
-  // Extents of the band members, for the cost model.
-  isl::set box = neutral.get_domain().apply(isl::union_map::from(neutral_band.partial_schedule()))
-                     .extract_set(isl_support::set_space(ctx.get(), static_cast<unsigned>(perm.size())));
-  std::vector<int64_t> extents, lows;
-  for (size_t k = 0; k < perm.size(); ++k) {
-    isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
-    bool known = lo.is_int() && hi.is_int();
-    extents.push_back(known ? hi.get_num_si() - lo.get_num_si() + 1 : 1);
-    lows.push_back(known ? lo.get_num_si() : 0);
-  }
+  const size_t parallel = band->parallel;
+  const std::vector<std::string>& perm = band->members;
+  const std::vector<int64_t>& extents = band->extents;  // for the cost model
+  const std::vector<int64_t>& lows = band->lows;
   int64_t points = 1;
   for (int64_t e : extents) points = points > (int64_t{1} << 40) / std::max<int64_t>(e, 1) ? points : points * e;
   const bool tile = facts.update && parallel > 0 && perm.size() >= 2 && points > 64 * 64 * 64;

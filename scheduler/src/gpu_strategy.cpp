@@ -43,23 +43,13 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
   launch.sequential = true;
+  std::optional<NeutralBand> band = read_band(neutral, vars, order);
+  if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
   isl::schedule_node root = neutral.root().child(0);
-  if (!root.isa<isl::schedule_node_band>()) return neutral;
-  isl::schedule_node_band band = root.as<isl::schedule_node_band>();
-  size_t parallel = 0;
-  while (parallel < band.n_member() && band.member_get_coincident(static_cast<int>(parallel))) ++parallel;
-  if (parallel == 0) return neutral;
-  std::vector<std::string> perm;
-  for (size_t k : order) perm.push_back(vars[k]);
-  isl::set box = neutral.get_domain().apply(isl::union_map::from(band.partial_schedule()))
-                     .extract_set(isl_support::set_space(ctx.get(), static_cast<unsigned>(perm.size())));
-  std::vector<int64_t> extents, lows;
-  for (size_t k = 0; k < perm.size(); ++k) {
-    isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
-    if (!lo.is_int() || !hi.is_int()) return neutral;  // unbounded: nothing to map
-    lows.push_back(lo.get_num_si());
-    extents.push_back(hi.get_num_si() - lo.get_num_si() + 1);
-  }
+  const size_t parallel = band->parallel;
+  const std::vector<std::string>& perm = band->members;
+  const std::vector<int64_t>& extents = band->extents;
+  const std::vector<int64_t>& lows = band->lows;
   auto shifted = [&](size_t k) { return lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + s(lows[k]) + "))"; };
   // x, y, then z: the earlier coincident members linearized (injective on the box).
   std::vector<Mapped> dims;

@@ -49,6 +49,26 @@ isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const 
   return band;
 }
 
+std::optional<NeutralBand> NestBuilder::read_band(const isl::schedule& neutral, const std::vector<std::string>& vars,
+                                                  const std::vector<size_t>& order) {
+  isl::schedule_node root = neutral.root().child(0);
+  if (!root.isa<isl::schedule_node_band>()) return std::nullopt;
+  isl::schedule_node_band band = root.as<isl::schedule_node_band>();
+  NeutralBand out;
+  while (out.parallel < band.n_member() && band.member_get_coincident(static_cast<int>(out.parallel))) ++out.parallel;
+  for (size_t k : order) out.members.push_back(vars[k]);
+  isl::set box = neutral.get_domain().apply(isl::union_map::from(band.partial_schedule()))
+                     .extract_set(isl_support::set_space(ctx.get(), static_cast<unsigned>(out.members.size())));
+  for (size_t k = 0; k < out.members.size(); ++k) {
+    isl::val lo = box.dim_min_val(static_cast<int>(k)), hi = box.dim_max_val(static_cast<int>(k));
+    const bool known = lo.is_int() && hi.is_int();
+    out.bounded = out.bounded && known;
+    out.extents.push_back(known ? hi.get_num_si() - lo.get_num_si() + 1 : 1);
+    out.lows.push_back(known ? lo.get_num_si() : 0);
+  }
+  return out;
+}
+
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
   const isl::schedule neutral = neutral_tree(domain, vars, order, coincident);

@@ -83,6 +83,14 @@ struct BlockStep {
   std::string str() const;      // C-like text of a step, for `lower --emit ast`
 };
 
+// The band of a target-neutral tree, as the strategies read it.
+struct NeutralBand {
+  size_t parallel = 0;                 // the leading coincident members (output variables writing distinct elements)
+  std::vector<std::string> members;    // the variables in band order
+  std::vector<int64_t> lows, extents;  // each member's range over the domain (0 and 1 where it is unbounded)
+  bool bounded = true;                 // every member's range is finite
+};
+
 struct NestBuilder {
   explicit NestBuilder(const Target& t) : target(t) {}
   const Target& target;
@@ -95,6 +103,9 @@ struct NestBuilder {
              size_t coincident, const NestFacts& facts);
   isl::schedule neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
                              const std::vector<size_t>& order, size_t coincident);
+  // The band under the neutral tree's domain; nullopt when there is none (a nest without variables).
+  std::optional<NeutralBand> read_band(const isl::schedule& neutral, const std::vector<std::string>& vars,
+                                       const std::vector<size_t>& order);
   isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                const std::vector<size_t>& order, const NestFacts& facts);
   // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
