@@ -26,7 +26,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -126,6 +125,16 @@ void link_libdevice(llvm::Module& m, const Options& options, const std::set<std:
   llvm::internalizeModule(m, [&](const llvm::GlobalValue& gv) { return kernels.count(gv.getName().str()) != 0; });
   // IEEE: no flush to zero, precise division and square root (libdevice asks through nvvm-reflect).
   m.addModuleFlag(llvm::Module::Override, "nvvm-reflect-ftz", uint32_t{0});
+}
+
+// The decimal number just before `label` in `line` ("Used 32 registers" -> 32 for " registers").
+std::optional<int64_t> number_before(const std::string& line, const std::string& label) {
+  const size_t at = line.find(label);
+  if (at == std::string::npos) return std::nullopt;
+  size_t from = at;
+  while (from > 0 && std::isdigit(static_cast<unsigned char>(line[from - 1]))) --from;
+  if (from == at) return std::nullopt;
+  return std::stoll(line.substr(from, at - from));
 }
 
 std::string emit_ptx(llvm::Module& m, llvm::TargetMachine& tm) {
@@ -266,26 +275,21 @@ Assembled assemble(const std::string& ptx, const std::string& arch) {
   if (status != 0) user_error("ptxas rejected the PTX for ", arch, ":\n", out.log);
   // ptxas -v: "Compiling entry function 'k0' for 'sm_90'", then "N bytes stack frame, N bytes spill stores,
   // N bytes spill loads" and "Used N registers, ... N bytes smem".
-  static const std::regex entry(R"(Compiling entry function '([^']+)')");
-  static const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-  static const std::regex used(R"(Used (\d+) registers)");
-  static const std::regex smem(R"((\d+) bytes smem)");
   std::istringstream lines(out.log);
   for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, entry)) {
-      out.kernels.push_back({m[1].str()});
+    const std::string entry = "Compiling entry function '";
+    if (size_t at = line.find(entry); at != std::string::npos) {
+      const size_t from = at + entry.size();
+      out.kernels.push_back({line.substr(from, line.find('\'', from) - from)});
       continue;
     }
     if (out.kernels.empty()) continue;
     KernelResources& k = out.kernels.back();
-    if (std::regex_search(line, m, frame)) {
-      k.stack_bytes = std::stoll(m[1].str());
-      k.spill_stores = std::stoll(m[2].str());
-      k.spill_loads = std::stoll(m[3].str());
-    }
-    if (std::regex_search(line, m, used)) k.registers = std::stoi(m[1].str());
-    if (std::regex_search(line, m, smem)) k.shared_bytes = std::stoll(m[1].str());
+    if (auto v = number_before(line, " bytes stack frame")) k.stack_bytes = *v;
+    if (auto v = number_before(line, " bytes spill stores")) k.spill_stores = *v;
+    if (auto v = number_before(line, " bytes spill loads")) k.spill_loads = *v;
+    if (auto v = number_before(line, " registers")) k.registers = static_cast<int>(*v);
+    if (auto v = number_before(line, " bytes smem")) k.shared_bytes = *v;
   }
   return out;
 }
