@@ -128,6 +128,18 @@ TEST(CpuTest, EveryExampleUnderGpuSemantics) {
   EXPECT_GE(n, 19);
 }
 
+// The GPU model decides the kernels' launches: two models of one architecture are two compilations.
+TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
+  Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  std::map<std::string, TensorType> types{{"A", {DType::f32, {40, 16}}}, {"B", {DType::f32, {16, 50}}}};
+  CompileOptions wide, narrow;
+  wide.target = narrow.target = sched::gpu_target("sm_90");
+  narrow.target.gpu->threads_per_block = 8;
+  auto a = compile(p, types, wide), b = compile(p, types, narrow);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a->schedule().nests.back().kernel->block, b->schedule().nests.back().kernel->block);
+}
+
 TEST(CpuTest, GeneratedContractionsUnderGpuSemantics) {
   const uint64_t seed = 626262;
   std::mt19937_64 rng(seed);

@@ -480,23 +480,21 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   options.verify = verify;
   options.threads = static_cast<int>(threads);
   if (backend == "gpu-sim") options.target = sched::gpu_target(target);
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
   std::shared_ptr<const cpu::CompiledProgram> compiled;
   std::optional<ptx::Compiled> kernels;
   std::unique_ptr<cuda::Runner> gpu;
   if (backend == "cuda") {
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
     infer_types(p, types);
+    gpu = std::make_unique<cuda::Runner>();  // UserError in one line where there is no GPU, before compiling
     ptx::Options popts;
     popts.arch = target;
     popts.verify = verify;
     kernels = ptx::compile(p, types, popts);
-    gpu = std::make_unique<cuda::Runner>();  // UserError in one line where there is no GPU
     if (time) err << "compile: text to PTX " << ms(kernels->seconds * 1e3) << "\n";
   }
   if (compiled_here) {
-    std::map<std::string, TensorType> types;
-    for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
     compiled = cpu::compile(p, types, options);
     if (tune && !compiled->tuning().candidates.empty())
       err << "tuning: kept " << compiled->tuning().candidates.front().first << "\n";

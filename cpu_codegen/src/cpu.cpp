@@ -304,6 +304,8 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
+  if (const auto& gpu = o.target.gpu)  // GPU semantics: the kernels' launch shapes depend on the model
+    key += "|gpu/" + std::to_string(gpu->threads_per_block) + "/" + std::to_string(gpu->tile_rows) + "x" + std::to_string(gpu->tile_cols);
   return key;
 }
 

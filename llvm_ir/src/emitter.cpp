@@ -120,20 +120,24 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
   }
 }
 
-void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body) {
-  auto* i64 = b_.getInt64Ty();
-  b_.CreateStore(from, it);
+void NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
+                            const std::function<void()>& body) {
+  b_.CreateStore(start, it);
   auto* cond_bb = llvm::BasicBlock::Create(ctx_, "loop.cond", fn_);
   auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
   auto* exit_bb = llvm::BasicBlock::Create(ctx_, "loop.exit", fn_);
   b_.CreateBr(cond_bb);
   b_.SetInsertPoint(cond_bb);
-  b_.CreateCondBr(b_.CreateICmpSLT(b_.CreateLoad(i64, it), to), body_bb, exit_bb);
+  b_.CreateCondBr(condition(), body_bb, exit_bb);
   b_.SetInsertPoint(body_bb);
   body();
-  b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64, it), b_.getInt64(1)), it);
+  b_.CreateStore(b_.CreateAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(step)), it);
   b_.CreateBr(cond_bb);
   b_.SetInsertPoint(exit_bb);
+}
+
+void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body) {
+  emit_loop(it, from, 1, [&] { return b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), to); }, body);
 }
 
 void NestEmitter::mapped_loop(const sched::LoopNode& n) {
@@ -289,20 +293,12 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
     Value* aligned = b_.CreateAdd(start, b_.CreateMul(k, step));
     start = b_.CreateSelect(b_.CreateICmpSGT(aligned, start), aligned, start);
   }
-  b_.CreateStore(start, it);
-  auto* cond_bb = llvm::BasicBlock::Create(ctx_, "loop.cond", fn_);
-  auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
-  auto* exit_bb = llvm::BasicBlock::Create(ctx_, "loop.exit", fn_);
-  b_.CreateBr(cond_bb);
-  b_.SetInsertPoint(cond_bb);
-  Value* c = cond(n.condition);
-  if (split) c = b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), hi_));
-  b_.CreateCondBr(c, body_bb, exit_bb);
-  b_.SetInsertPoint(body_bb);
-  for (const auto& child : n.body) node(child, false);
-  b_.CreateStore(b_.CreateAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(n.step)), it);
-  b_.CreateBr(cond_bb);
-  b_.SetInsertPoint(exit_bb);
+  emit_loop(it, start, n.step, [&] {
+    Value* c = cond(n.condition);
+    return split ? b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), hi_)) : c;
+  }, [&] {
+    for (const auto& child : n.body) node(child, false);
+  });
 }
 
 }  // namespace polytile::llvm_ir::internal

@@ -62,6 +62,9 @@ class NestEmitter {
   void node(const sched::LoopNode& n, bool outermost);
   // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
   void prologue(llvm::Function* fn, const std::vector<std::string>& used);
+  // for (*it = start; condition(); *it += step) body()
+  void emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
+                 const std::function<void()>& body);
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.

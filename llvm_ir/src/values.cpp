@@ -74,11 +74,10 @@ Typed NestEmitter::constant(double v, DType t) {
 }
 
 Value* NestEmitter::fn_call(const char* name, Typed x) {
+  if (device_) return device_call(name, {x.v});  // no libm on the device (kernels are scalar code)
   bool f32 = x.t == DType::f32;
   llvm::Type* ty = x.v->getType()->getScalarType();
-  // The device has no libm: libdevice's __nv_ functions (linked in by the PTX code generator).
-  const std::string symbol = (device_ ? "__nv_" : "") + std::string(name) + (f32 ? "f" : "");
-  llvm::FunctionCallee callee = m_.getOrInsertFunction(symbol, ty, ty);
+  llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
   if (!width_) return b_.CreateCall(callee, {x.v});
   Value* out = llvm::UndefValue::get(x.v->getType());  // libm has no vector versions: lane by lane
   for (unsigned l = 0; l < width_; ++l)

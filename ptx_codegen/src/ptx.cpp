@@ -182,10 +182,7 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
   auto t0 = std::chrono::steady_clock::now();
   sched::LowerOptions lower_options;
   lower_options.target = sched::gpu_target(options.arch);
-  if (options.model) {
-    lower_options.target.gpu = *options.model;
-    lower_options.target.gpu->arch = options.arch;
-  }
+  if (options.model) lower_options.target.gpu = *options.model;
   lower_options.reduce_and_defract = options.reduce_and_defract;
   lower_options.verify = options.verify;
   sched::Lowered lowered = sched::lower(program, inputs, lower_options);
@@ -194,34 +191,11 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
   out.types = std::move(lowered.types);
   out.schedule = std::move(lowered.schedule);
 
-  std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
-  llvm::LLVMContext context;
-  llvm::Module module("polytile", context);
-  module.setTargetTriple(kTriple);
-  module.setDataLayout(tm->createDataLayout());
+  // Buffers (before any code is generated): every input, every output, and the scratch tensors kernels touch.
   cuda::KernelBundle& bundle = out.bundle;
-  bundle.target = options.arch;
-  std::set<std::string> kernels, touched;
-  for (size_t k = 0; k < out.schedule.nests.size(); ++k) {
-    const sched::Nest& nest = out.schedule.nests[k];
-    cuda::BundleKernel kernel;
-    kernel.name = kernel_name(k, nest);
-    kernel.grid = nest.kernel->grid;
-    kernel.block = nest.kernel->block;
-    kernel.shared_bytes = nest.kernel->shared_bytes;
-    kernel.args = llvm_ir::nest_tensors(nest);
-    llvm_ir::emit_kernel(module, nest, kernel.name, out.types);
-    kernels.insert(kernel.name);
-    touched.insert(kernel.args.begin(), kernel.args.end());
-    bundle.kernels.push_back(std::move(kernel));
-  }
-  link_libdevice(module, options, kernels);
-  optimize(module, *tm);
-  llvm::raw_string_ostream ir(out.llvm_ir);
-  module.print(ir, nullptr);
-  bundle.ptx = emit_ptx(module, *tm);
-
-  // Buffers: every input, every output, and the scratch tensors kernels touch.
+  std::set<std::string> touched;
+  for (const sched::Nest& nest : out.schedule.nests)
+    for (const std::string& t : llvm_ir::nest_tensors(nest)) touched.insert(t);
   std::set<std::string> listed;
   for (const auto& in : out.program.inputs) {
     bundle.buffers.push_back({in.name, cuda::BundleBuffer::Role::input, out.types.tensors.at(in.name)});
@@ -239,6 +213,31 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
       listed.insert(t);
     }
   }
+
+  std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
+  llvm::LLVMContext context;
+  llvm::Module module("polytile", context);
+  module.setTargetTriple(kTriple);
+  module.setDataLayout(tm->createDataLayout());
+  bundle.target = options.arch;
+  std::set<std::string> kernels;
+  for (size_t k = 0; k < out.schedule.nests.size(); ++k) {
+    const sched::Nest& nest = out.schedule.nests[k];
+    cuda::BundleKernel kernel;
+    kernel.name = kernel_name(k, nest);
+    kernel.grid = nest.kernel->grid;
+    kernel.block = nest.kernel->block;
+    kernel.args = llvm_ir::nest_tensors(nest);
+    llvm_ir::emit_kernel(module, nest, kernel.name, out.types);
+    kernels.insert(kernel.name);
+    bundle.kernels.push_back(std::move(kernel));
+  }
+  link_libdevice(module, options, kernels);
+  optimize(module, *tm);
+  llvm::raw_string_ostream ir(out.llvm_ir);
+  module.print(ir, nullptr);
+  bundle.ptx = emit_ptx(module, *tm);
+
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -137,13 +137,12 @@ class AstTranslator {
     LoopExpr step = expr(f.inc());
     POLYTILE_CHECK(step.kind == LoopExpr::Kind::constant && step.value > 0, "non-constant loop step");
     out.step = step.value;
-    if (auto dimension = dimension_of_.find(id.get()); dimension != dimension_of_.end()) {
+    // A micro-kernel step's loops (over its parameters' points) are over no schedule dimension.
+    auto dimension = dimension_of_.find(id.get());
+    POLYTILE_CHECK(!parallel_mark || dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
+    if (dimension != dimension_of_.end()) {
+      out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
       if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) std::tie(out.hardware, out.axis) = hw->second;
-    }
-    if (parallel_mark) {
-      auto dimension = dimension_of_.find(id.get());
-      POLYTILE_CHECK(dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
-      out.parallel = parallel_dims_.count(dimension->second) != 0;
     }
     out.body.push_back(node(f.body(), false));
     return out;

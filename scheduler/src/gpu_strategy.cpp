@@ -42,7 +42,6 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
                                           const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch) {
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
-  launch.sequential = true;
   std::optional<NeutralBand> band = read_band(neutral, vars, order);
   if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
   isl::schedule_node root = neutral.root().child(0);
@@ -64,7 +63,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     dims.push_back(z);
   }
   // Threads: x up to a warp, y and z fill the block up to the model's aim.
-  const int64_t aim = std::max(1, std::min(gpu.threads_per_block, gpu.max_threads_per_block));
+  const int64_t aim = std::clamp(gpu.threads_per_block, 1, 1024);
   dims[0].threads = std::min<int64_t>(dims[0].extent, 32);
   int64_t used = dims[0].threads;
   const int64_t axis_limit[3] = {1024, 1024, 64};
@@ -158,9 +157,6 @@ Target gpu_target(const std::string& arch) {
   t.name = arch;
   t.threads = 1;
   t.gpu = GpuModel{};
-  t.gpu->arch = arch;
-  if (version < 80) t.gpu->sms = 40;
-  else if (version < 90) t.gpu->sms = 108;
   return t;
 }
 

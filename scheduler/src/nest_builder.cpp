@@ -77,7 +77,6 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     generate(nest, gpu_plain_nest(neutral, vars, order, facts, *nest.kernel));
     if (finish_kernel(nest)) return;
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
-    nest.kernel->sequential = true;
     generate(nest, neutral);
     return;
   }

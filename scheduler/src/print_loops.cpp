@@ -124,7 +124,7 @@ std::string print_loops(const Schedule& schedule) {
       auto dims = [](const std::array<int64_t, 3>& d) {
         return std::to_string(d[0]) + "x" + std::to_string(d[1]) + "x" + std::to_string(d[2]);
       };
-      out += k.sequential ? "; kernel on one thread (no output variable provably writes distinct elements to map to threads)"
+      out += k.sequential ? "; kernel on one thread (nothing mapped to blocks and threads)"
                           : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
     }
     out += ")\n";

@@ -25,7 +25,7 @@ struct Options {
   bool verify = false;         // prove every rewriting pass (see cpu::CompileOptions::verify)
   // libdevice.10.bc; empty: find_libdevice(). Needed only by programs that call math functions.
   std::string libdevice;
-  // The GPU model's sizes (threads per block, register tile); the arch above wins over its arch.
+  // The GPU model's sizes (threads per block, register tile); the defaults of sched::GpuModel otherwise.
   std::optional<sched::GpuModel> model;
 };
 

@@ -29,14 +29,10 @@ struct CpuModel {
   int64_t microkernel_min_points = int64_t{1} << 15;
 };
 
-// The machine model of the GPU strategy (sched::gpu_target): what bounds a kernel's launch shape.
+// The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
+// architecture is the target's name.
 struct GpuModel {
-  std::string arch = "sm_90";        // sm_XY, XY >= 75 (the oldest ptxas of CUDA 13 accepts)
-  int sms = 132;                     // streaming multiprocessors
-  int max_threads_per_block = 1024;
-  int threads_per_block = 256;       // what the strategy aims for
-  int64_t shared_bytes = 48 * 1024;  // static shared memory per block
-  int registers_per_thread = 255;
+  int threads_per_block = 256;  // what the strategy aims for (at most 1024, the limit of every sm_75+ GPU)
   // Update nests with reductions get a register tile: each thread computes rows x cols outputs (rows
   // along the second mapped dimension, cols interleaved along the first, so that a warp's loads and
   // stores stay coalesced), with the reduction loops outside the tile.
@@ -46,7 +42,8 @@ struct GpuModel {
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
 // decisions (marks and bands) to the target-neutral schedule trees. The defaults describe no particular
 // machine; cpu::host_target() (polytile/cpu.h) reads the running one, gpu_target() describes an NVIDIA GPU.
-// A target with `gpu` makes every nest a kernel (Nest::kernel); the CPU model is then unused.
+// A target with `gpu` makes every nest a kernel (Nest::kernel), for the architecture `name` (sm_XY); the
+// CPU model is then unused.
 struct Target {
   std::string name = "cpu";
   int threads = 2;
@@ -54,8 +51,8 @@ struct Target {
   std::optional<GpuModel> gpu;
 };
 
-// The GPU target of an architecture "sm_XY" (sm_75 and later; the defaults of GpuModel otherwise). UserError
-// for anything else, naming it.
+// The GPU target of an architecture "sm_XY" (sm_75 and later), with the defaults of GpuModel. UserError for
+// anything else, naming it.
 Target gpu_target(const std::string& arch);
 
 // An integer or boolean expression over loop iterators, as isl's AST writes loop bounds, guards and
@@ -133,10 +130,8 @@ struct RowReduction {
 struct KernelLaunch {
   std::array<int64_t, 3> grid{1, 1, 1};
   std::array<int64_t, 3> block{1, 1, 1};
-  int64_t shared_bytes = 0;
-  bool sequential = false;  // grid and block of one
+  bool sequential = true;  // nothing mapped: grid and block of one (the strategy clears it when it maps)
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
-  int64_t threads() const { return block[0] * block[1] * block[2]; }
 };
 
 // One loop nest and the statement its instances execute.
