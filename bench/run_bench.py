@@ -2,10 +2,11 @@
 """Runs build/polytile_bench, writes bench/results.json, prints polytile/peer ratios as a table, and plots
 them to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
-Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS]
+Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [-- BENCH ARGS]
 A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
-unfused);
+unfused; on a GPU cublas, cudnn, cudnn_tf32);
 the ratio is polytile's rate over the peer's (above 1: polytile is faster).
+The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bundles KIT/bundles
 """
 import argparse
 import json
@@ -29,15 +30,20 @@ def main():
     ap.add_argument("--filter", default=".")
     ap.add_argument("--min-time", default="0.2")
     ap.add_argument("--binary", default=os.path.join(root, "build", "polytile_bench"))
+    ap.add_argument("--out", default=here, help="folder for results.json and ratios.png")
+    ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
-    out = os.path.join(here, "results.json")
-    subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
-                    "--benchmark_out=" + out, "--benchmark_out_format=json"], check=True)
+    out = os.path.join(args.out, "results.json")
+    r = subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
+                        "--benchmark_out=" + out, "--benchmark_out_format=json", *args.rest])
+    status = 1 if r.returncode else 0  # a failed check still leaves the other cases' numbers
+    if not os.path.exists(out):
+        sys.exit(f"run_bench: {args.binary} failed (exit {r.returncode}) and wrote no results")
     with open(out) as f:
         benches = json.load(f)["benchmarks"]
     by_name = {}
     for b in benches:
-        name = b["name"].replace("/real_time", "")
+        name = b["name"].replace("/real_time", "").replace("/manual_time", "")
         by_name[name] = b
     rows = []
     for name, b in sorted(by_name.items()):
@@ -47,7 +53,7 @@ def main():
         i = parts.index("polytile")
         case = "/".join(parts[:i] + parts[i + 1:])
         mine, unit = rate(b)
-        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "unfused"):
+        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "unfused", "cublas", "cudnn", "cudnn_tf32"):
             other = by_name.get("/".join(parts[:i] + [peer] + parts[i + 1:]))
             if other:
                 theirs, _ = rate(other)
@@ -68,8 +74,8 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is missing (apt-get install python3-matplotlib): no plot", file=sys.stderr)
-        return
-    paired = [r for r in rows if r[1] != "-"]
+        return status
+    paired = [row for row in rows if row[1] != "-"]
     if paired:
         fig, ax = plt.subplots(figsize=(10, 0.3 * len(paired) + 1.5))
         labels = [f"{c} vs {p}" for c, p, *_ in paired]
@@ -78,9 +84,10 @@ def main():
         ax.axvline(0.5, color="red", linewidth=0.8, linestyle="--")
         ax.set_xlabel("polytile / peer (higher is better; dashed: 0.5x target)")
         fig.tight_layout()
-        fig.savefig(os.path.join(here, "ratios.png"), dpi=100)
-        print("plot: bench/ratios.png")
+        fig.savefig(os.path.join(args.out, "ratios.png"), dpi=100)
+        print("plot: " + os.path.join(args.out, "ratios.png"))
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

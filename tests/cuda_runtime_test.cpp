@@ -4,6 +4,7 @@
 // a GPU, the bundle run against values computed here. Links only the front end and the runtime.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +19,13 @@ namespace {
 namespace fs = std::filesystem;
 using State = DriverStatus::State;
 
-const std::string kBundle = std::string(POLYTILE_SOURCE_DIR) + "/tests/data/bundles/add_twice";
+// The source tree: where this test was built from, or $POLYTILE_SOURCE_DIR (a copy of the tree on a GPU
+// machine that runs a test binary built elsewhere).
+std::string source_dir() {
+  const char* env = std::getenv("POLYTILE_SOURCE_DIR");
+  return env ? env : POLYTILE_SOURCE_DIR;
+}
+const std::string kBundle = source_dir() + "/tests/data/bundles/add_twice";
 
 fs::path fresh_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("polytile_cuda_" + name + "_" + std::to_string(::getpid()));
@@ -174,6 +181,27 @@ TEST(CudaRuntimeTest, TheTestBundleRunsOnAGpu) {
     EXPECT_EQ(static_cast<float>(out.at("O").get(i)), want) << i;
   }
   EXPECT_GE(ms, 0.0);
+  // Loaded once, launched many times: outputs poisoned with NaN before a launch are all written by it,
+  // new inputs are used by the next launch, and a relaunch gives the same result.
+  std::unique_ptr<LoadedBundle> loaded = runner.load(b);
+  loaded->upload("A", a);
+  loaded->upload("B", x);
+  loaded->fill(0xff);
+  EXPECT_TRUE(std::isnan(static_cast<float>(loaded->download("O").get(0))));
+  EXPECT_GE(loaded->launch(), 0.0);
+  Buffer first = loaded->download("O");
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(first.get(i), out.at("O").get(i)) << i;
+  loaded->upload("B", a);
+  loaded->fill(0xff);
+  loaded->launch();
+  Buffer second = loaded->download("O");
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(static_cast<float>(second.get(i)), static_cast<float>(a.get(i)) * 3.0f) << i;
+  EXPECT_NE(loaded->device_address("A"), 0u);
+  EXPECT_NE(loaded->device_address("A"), loaded->device_address("O"));
+  EXPECT_THROW(loaded->upload("O", a), UserError);                           // an output, not an input
+  EXPECT_THROW(loaded->upload("A", Buffer(DType::f32, {999})), UserError);  // wrong shape
+  EXPECT_THROW(loaded->download("A"), UserError);                            // an input, not an output
+  EXPECT_THROW(loaded->device_address("Z"), UserError);
   // What a user can get wrong is a one-line UserError.
   EXPECT_THROW(runner.run(b, {{"A", a}}, nullptr), UserError);                                  // missing input
   EXPECT_THROW(runner.run(b, {{"A", a}, {"B", Buffer(DType::f32, {999})}}, nullptr), UserError);  // wrong shape

@@ -1,6 +1,8 @@
 // polytile-run-bundle: runs a kernel bundle on the GPU with .npy inputs and outputs. It links only the
 // front end and the CUDA runtime, so it builds on a GPU machine without LLVM, isl or NTL
 // (-DPOLYTILE_RUNTIME_ONLY=ON).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -13,18 +15,53 @@
 namespace {
 
 const char* kUsage =
-    "usage: polytile-run-bundle DIR [--input NAME=FILE.npy]... [--output NAME=FILE.npy]... [--repeat N]\n"
+    "usage: polytile-run-bundle DIR [--input NAME=FILE.npy]... [--output NAME=FILE.npy]...\n"
+    "                           [--expect NAME=FILE.npy]... [--tolerance REL] [--poison] [--repeat N]\n"
     "       polytile-run-bundle --status\n"
     "\n"
     "Runs the kernel bundle in DIR (manifest.txt and kernels.ptx) on GPU 0: every input buffer from its .npy\n"
     "file, outputs written where --output says (others are summarized), the kernels' time measured with\n"
-    "CUDA events (the best of --repeat runs). --status says in one line whether this machine can run\n"
-    "bundles (exit 0) or why not (exit 1): no driver library, the toolkit's stub library, no device.\n";
+    "CUDA events (the median and the best of --repeat launches; the bundle is loaded once).\n"
+    "  --expect NAME=FILE.npy  compare output NAME with FILE: ||out - expected|| / ||expected|| (2-norms)\n"
+    "                          must be at most --tolerance (default 1e-5; integers and bools must be equal),\n"
+    "                          and NaN only where FILE has NaN; exit 1 otherwise\n"
+    "  --poison                fill outputs and scratch with NaN bytes (0xff) before every launch instead of\n"
+    "                          zeros, so that an element no kernel writes fails --expect\n"
+    "--status says in one line whether this machine can run bundles (exit 0) or why not (exit 1): no driver\n"
+    "library, the toolkit's stub library, no device.\n";
 
 std::pair<std::string, std::string> name_and_file(const std::string& arg, const char* flag) {
   size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size()) polytile::user_error(flag, " expects NAME=FILE.npy, not '", arg, "'");
   return {arg.substr(0, eq), arg.substr(eq + 1)};
+}
+
+// How far `got` is from `want`: the relative 2-norm of the difference (exact equality for integers and
+// bools), and whether NaN appears where `want` has none.
+struct Comparison {
+  double relative = 0;
+  int64_t unexpected_nan = 0;
+  int64_t elements = 0;
+};
+
+Comparison compare(const polytile::Buffer& got, const polytile::Buffer& want) {
+  using polytile::DType;
+  Comparison c;
+  c.elements = got.size();
+  const bool exact = got.dtype() != DType::f32 && got.dtype() != DType::f64;
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const double g = got.get(i), w = want.get(i);
+    if (std::isnan(w)) continue;
+    if (std::isnan(g)) {
+      ++c.unexpected_nan;
+      continue;
+    }
+    diff += exact ? (g != w) : (g - w) * (g - w);
+    norm += exact ? 1 : w * w;
+  }
+  c.relative = exact ? (diff > 0 ? 1 : 0) : norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return c;
 }
 
 int run(const std::vector<std::string>& args) {
@@ -39,17 +76,31 @@ int run(const std::vector<std::string>& args) {
     return s.state == cuda::DriverStatus::State::ready ? 0 : 1;
   }
   std::string dir = args[0];
-  TensorMap inputs;
+  TensorMap inputs, expected;
   std::vector<std::pair<std::string, std::string>> outputs;
   int repeat = 1;
+  double tolerance = 1e-5;
+  bool poison = false;
   for (size_t k = 1; k < args.size(); ++k) {
     const std::string& a = args[k];
+    if (a == "--poison") {
+      poison = true;
+      continue;
+    }
     if (k + 1 >= args.size()) user_error(a, " needs a value");
     if (a == "--input") {
       auto [name, file] = name_and_file(args[++k], "--input");
       inputs[name] = read_npy(file);
     } else if (a == "--output") {
       outputs.push_back(name_and_file(args[++k], "--output"));
+    } else if (a == "--expect") {
+      auto [name, file] = name_and_file(args[++k], "--expect");
+      expected[name] = read_npy(file);
+    } else if (a == "--tolerance") {
+      char* end = nullptr;
+      const std::string& v = args[++k];
+      tolerance = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(tolerance >= 0)) user_error("--tolerance expects a number >= 0, not '", v, "'");
     } else if (a == "--repeat") {
       repeat = std::atoi(args[++k].c_str());
       if (repeat < 1 || repeat > 100000) user_error("--repeat expects a count from 1 to 100000");
@@ -58,23 +109,47 @@ int run(const std::vector<std::string>& args) {
     }
   }
   cuda::KernelBundle bundle = cuda::KernelBundle::read(dir);
+  for (const auto& [name, file] : outputs) {
+    bool known = false;
+    for (const auto& b : bundle.buffers) known |= b.name == name && b.role == cuda::BundleBuffer::Role::output;
+    if (!known) user_error("the bundle has no output ", name);
+  }
+  for (const auto& b : bundle.buffers)
+    if (b.role == cuda::BundleBuffer::Role::input && !inputs.count(b.name))
+      user_error("missing input ", b.name, " (", b.type.str(), "): give --input ", b.name, "=FILE.npy");
   cuda::Runner runner;
   std::cerr << runner.status().line << "\n";
-  TensorMap result;
-  double best = 1e300;
+  std::unique_ptr<cuda::LoadedBundle> loaded = runner.load(bundle);
+  for (const auto& [name, value] : inputs) loaded->upload(name, value);
+  std::vector<double> times;
   for (int r = 0; r < repeat; ++r) {
-    double ms = 0;
-    result = runner.run(bundle, inputs, &ms);
-    best = std::min(best, ms);
+    loaded->fill(poison ? 0xff : 0);
+    times.push_back(loaded->launch());
   }
-  for (const auto& [name, file] : outputs) {
-    auto it = result.find(name);
-    if (it == result.end()) user_error("the bundle has no output ", name);
-    write_npy(file, it->second);
-  }
+  TensorMap result;
+  for (const auto& b : bundle.buffers)
+    if (b.role == cuda::BundleBuffer::Role::output) result[b.name] = loaded->download(b.name);
+  for (const auto& [name, file] : outputs) write_npy(file, result.at(name));
   for (const auto& [name, b] : result) std::cout << name << ": " << TensorType{b.dtype(), b.shape()}.str() << "\n";
-  std::cerr << "kernels: " << best << " ms (best of " << repeat << ")\n";
-  return 0;
+  std::sort(times.begin(), times.end());
+  std::cerr << "kernels: median " << times[times.size() / 2] << " ms, best " << times.front() << " ms (" << repeat
+            << " launch" << (repeat == 1 ? "" : "es") << ")\n";
+  bool ok = true;
+  for (const auto& [name, want] : expected) {
+    auto it = result.find(name);
+    if (it == result.end()) user_error("--expect ", name, ": the bundle has no output ", name);
+    const Buffer& got = it->second;
+    if (got.dtype() != want.dtype() || got.shape() != want.shape())
+      user_error("--expect ", name, ": the output is ", TensorType{got.dtype(), got.shape()}.str(), ", the file holds ",
+                 TensorType{want.dtype(), want.shape()}.str());
+    const Comparison c = compare(got, want);
+    const bool pass = c.unexpected_nan == 0 && c.relative <= tolerance;
+    ok &= pass;
+    std::cout << (pass ? "ok   " : "FAIL ") << name << ": relative error " << c.relative << " (tolerance " << tolerance << ")";
+    if (c.unexpected_nan) std::cout << ", " << c.unexpected_nan << " of " << c.elements << " elements NaN (not written?)";
+    std::cout << "\n";
+  }
+  return ok ? 0 : 1;
 }
 
 }  // namespace

@@ -79,6 +79,15 @@ class NestEmitter {
   Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
   Typed load(const std::string& tensor, Value* offset);
   void store(const std::string& tensor, Value* offset, Typed value);
+  // tensor[idx]. In a GPU kernel (on the device, and as the host runs it) the address is one GEP per
+  // dimension, so that alias analysis sees each index's constant part (a register tile's rows and
+  // columns) and tells a thread's elements apart: LLVM then keeps an update's accumulators in registers
+  // across its reduction loop. Elsewhere one flat offset, as the vectorizer expects.
+  Typed load_element(const std::string& tensor, const std::vector<Value*>& idx);
+  void store_element(const std::string& tensor, const std::vector<Value*>& idx, Typed value);
+  Value* element_address(const std::string& tensor, const std::vector<Value*>& idx);
+  Typed load_address(DType t, Value* addr);
+  void store_address(DType t, Value* addr, Typed value);
 
   // round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
   Value* convert(Typed x, DType to);

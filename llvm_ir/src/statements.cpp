@@ -23,7 +23,7 @@ Value* NestEmitter::poly(const Polynomial& p, const std::map<std::string, Value*
 Typed NestEmitter::input(const std::string& tensor, const std::vector<Value*>& idx) {
   auto in = nest_.inlined.find(tensor);
   if (in == nest_.inlined.end()) {
-    if (!width_) return load(tensor, flat_index(tensor, idx));
+    if (!width_) return load_element(tensor, idx);
     return expr(Expr::tensor(tensor), idx);
   }
   DType t = types_.tensors.at(tensor).dtype;
@@ -104,16 +104,16 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
   const TensorType& out = types_.tensors.at(nest_.tensor);
   switch (nest_.kind) {
     case NK::elementwise: {
-      store(nest_.tensor, flat_index(nest_.tensor, vals), expr(nest_.elementwise.expr, vals));
+      store_element(nest_.tensor, vals, expr(nest_.elementwise.expr, vals));
       return;
     }
-    case NK::finalize: store(nest_.tensor, flat_index(nest_.tensor, vals), constant(0, out.dtype)); return;
+    case NK::finalize: store_element(nest_.tensor, vals, constant(0, out.dtype)); return;
     case NK::init: {
       const Contraction& c = nest_.contraction;
       if (c.init) {
-        store(nest_.tensor, flat_index(nest_.tensor, vals), expr(Expr::tensor(*c.init), vals));
+        store_element(nest_.tensor, vals, expr(Expr::tensor(*c.init), vals));
       } else {
-        store(nest_.tensor, flat_index(nest_.tensor, vals), identity(c.aggregation, out.dtype));
+        store_element(nest_.tensor, vals, identity(c.aggregation, out.dtype));
       }
       return;
     }
@@ -124,7 +124,7 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
   for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
   std::vector<Value*> out_idx;
   for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
-  Value* out_off = flat_index(c.output, out_idx);
+  Value* out_addr = element_address(c.output, out_idx);
   std::vector<Typed> in;
   for (const auto& a : c.inputs) {
     std::vector<Value*> idx;
@@ -139,6 +139,15 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
     case CombinationOp::add: {
       DType t = promote(promote(in[0].t, in[1].t), DType::i32);
       value = arith(c.combination == CombinationOp::mul ? BinaryOp::mul : BinaryOp::add, in[0], in[1], t);
+      // In a GPU kernel (on the device, and as the host runs it) a product summed into the accumulator
+      // may become one fused multiply-add (the accumulation is contractible too): half the instructions
+      // of a reduction step.
+      if (nest_.kernel && c.combination == CombinationOp::mul && c.aggregation == AggregationOp::sum)
+        if (auto* mul = llvm::dyn_cast<llvm::Instruction>(value.v); mul && mul->getOpcode() == llvm::Instruction::FMul) {
+          llvm::FastMathFlags flags;
+          flags.setAllowContract();
+          mul->setFastMathFlags(flags);
+        }
       break;
     }
     case CombinationOp::eq: value = {compare(BinaryOp::eq, in[0], in[1], promote(in[0].t, in[1].t)), DType::boolean}; break;
@@ -159,10 +168,10 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
   }
   Value* v = convert(value, out.dtype);
   if (c.aggregation != AggregationOp::assign) {
-    Typed acc = load(c.output, out_off);
+    Typed acc = load_address(out.dtype, out_addr);
     v = accumulate(c.aggregation, acc.v, v, out.dtype);
   }
-  store(c.output, out_off, {v, out.dtype});
+  store_address(out.dtype, out_addr, {v, out.dtype});
   if (skip) {
     b_.CreateBr(skip);
     b_.SetInsertPoint(skip);

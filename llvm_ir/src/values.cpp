@@ -15,19 +15,47 @@ llvm::Type* NestEmitter::storage_type(DType t) {
   return nullptr;
 }
 
-Typed NestEmitter::load(const std::string& tensor, Value* offset) {
-  DType t = types_.tensors.at(tensor).dtype;
-  Value* addr = b_.CreateGEP(storage_type(t), buffer(tensor), offset);
+Typed NestEmitter::load_address(DType t, Value* addr) {
   Value* v = b_.CreateLoad(storage_type(t), addr);
   if (t == DType::boolean) v = b_.CreateICmpNE(v, b_.getInt8(0));
   return {v, t};
 }
 
-void NestEmitter::store(const std::string& tensor, Value* offset, Typed value) {
-  DType t = types_.tensors.at(tensor).dtype;
+void NestEmitter::store_address(DType t, Value* addr, Typed value) {
   Value* v = convert(value, t);
   if (t == DType::boolean) v = b_.CreateZExt(v, b_.getInt8Ty());
-  b_.CreateStore(v, b_.CreateGEP(storage_type(t), buffer(tensor), offset));
+  b_.CreateStore(v, addr);
+}
+
+Typed NestEmitter::load(const std::string& tensor, Value* offset) {
+  DType t = types_.tensors.at(tensor).dtype;
+  return load_address(t, b_.CreateGEP(storage_type(t), buffer(tensor), offset));
+}
+
+void NestEmitter::store(const std::string& tensor, Value* offset, Typed value) {
+  DType t = types_.tensors.at(tensor).dtype;
+  store_address(t, b_.CreateGEP(storage_type(t), buffer(tensor), offset), value);
+}
+
+Value* NestEmitter::element_address(const std::string& tensor, const std::vector<Value*>& idx) {
+  const TensorType& type = types_.tensors.at(tensor);
+  llvm::Type* et = storage_type(type.dtype);
+  if (!nest_.kernel) return b_.CreateGEP(et, buffer(tensor), flat_index(tensor, idx));
+  Value* addr = buffer(tensor);
+  int64_t stride = 1;
+  for (size_t k = type.shape.size(); k-- > 0;) {
+    addr = b_.CreateGEP(et, addr, stride == 1 ? idx[k] : b_.CreateMul(idx[k], b_.getInt64(stride)));
+    stride *= type.shape[k];
+  }
+  return addr;
+}
+
+Typed NestEmitter::load_element(const std::string& tensor, const std::vector<Value*>& idx) {
+  return load_address(types_.tensors.at(tensor).dtype, element_address(tensor, idx));
+}
+
+void NestEmitter::store_element(const std::string& tensor, const std::vector<Value*>& idx, Typed value) {
+  store_address(types_.tensors.at(tensor).dtype, element_address(tensor, idx), value);
 }
 
 // round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.

@@ -14,6 +14,7 @@ struct Runner::Impl {
   DriverStatus status;
   CUdevice device = 0;
   CUcontext context = nullptr;
+  ~Impl();  // releases the primary context
 
   // Throws the failure of `what` as a UserError in one line.
   void check(CUresult r, const std::string& what) const {
@@ -84,9 +85,19 @@ std::string first_line(const std::string& log) {
 
 int target_number(const std::string& target) { return std::stoi(target.substr(3)); }
 
+size_t buffer_bytes(const BundleBuffer& buf) {
+  size_t bytes = dtype_bytes(buf.type.dtype);
+  for (int64_t extent : buf.type.shape) bytes *= static_cast<size_t>(extent);
+  return bytes;
+}
+
+const char* role_name(BundleBuffer::Role r) {
+  return r == BundleBuffer::Role::input ? "an input" : r == BundleBuffer::Role::output ? "an output" : "scratch";
+}
+
 }  // namespace
 
-Runner::Runner(int device, const std::string& library) : impl_(std::make_unique<Impl>()) {
+Runner::Runner(int device, const std::string& library) : impl_(std::make_shared<Impl>()) {
   LoadedDriver d = load_driver(library);
   impl_->status = d.status;
   if (d.status.state != DriverStatus::State::ready) user_error("cannot run on a GPU: ", d.status.line);
@@ -98,84 +109,154 @@ Runner::Runner(int device, const std::string& library) : impl_(std::make_unique<
   impl_->check(impl_->api->cuCtxSetCurrent(impl_->context), "making the device's context current");
 }
 
-Runner::~Runner() {
-  if (impl_ && impl_->context) impl_->api->cuDevicePrimaryCtxRelease(impl_->device);
+Runner::~Runner() = default;
+
+Runner::Impl::~Impl() {
+  if (context) api->cuDevicePrimaryCtxRelease(device);
 }
 
 const DriverStatus& Runner::status() const { return impl_->status; }
 
-TensorMap Runner::run(const KernelBundle& bundle, const TensorMap& inputs, double* kernel_ms) {
+struct LoadedBundle::Impl {
+  std::shared_ptr<const Runner::Impl> runner;  // declared first: destroyed last, after the module and memory
+  KernelBundle bundle;
+  std::unique_ptr<Module> module;
+  std::vector<CUfunction> functions;
+  std::vector<std::unique_ptr<DeviceBuffer>> memory;  // one per buffer of the table, in its order
+  std::map<std::string, size_t> slot;
+  std::unique_ptr<Event> start, stop;
+
+  const DriverApi& api() const { return *runner->api; }
+  void current() const { runner->check(api().cuCtxSetCurrent(runner->context), "making the device's context current"); }
+  const BundleBuffer& buffer(const std::string& name, const char* what) const {
+    auto it = slot.find(name);
+    if (it == slot.end()) user_error("the bundle has no ", what, " ", name);
+    return bundle.buffers[it->second];
+  }
+};
+
+LoadedBundle::LoadedBundle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LoadedBundle::~LoadedBundle() = default;
+
+const KernelBundle& LoadedBundle::bundle() const { return impl_->bundle; }
+
+std::unique_ptr<LoadedBundle> Runner::load(const KernelBundle& bundle) {
   const Impl& m = *impl_;
   const DriverApi& api = *m.api;
   m.check(api.cuCtxSetCurrent(m.context), "making the device's context current");
   const int have = m.status.major * 10 + m.status.minor;
   if (target_number(bundle.target) > have)
     user_error("the bundle is compiled for ", bundle.target, ", newer than this GPU (", m.status.device_name, ", sm_", have, ")");
-  for (const auto& [name, b] : inputs) {
-    bool known = false;
-    for (const BundleBuffer& buf : bundle.buffers) known |= buf.name == name && buf.role == BundleBuffer::Role::input;
-    if (!known) user_error("the bundle has no input ", name);
-  }
-  // Device memory for the buffer table: inputs copied, outputs and scratch zeroed.
-  std::vector<std::unique_ptr<DeviceBuffer>> memory;
-  std::map<std::string, size_t> slot;
+  auto l = std::make_unique<LoadedBundle::Impl>();
+  l->runner = impl_;
+  l->bundle = bundle;
+  // Device memory for the buffer table, outputs and scratch zeroed.
   for (const BundleBuffer& buf : bundle.buffers) {
-    size_t bytes = dtype_bytes(buf.type.dtype);
-    for (int64_t extent : buf.type.shape) bytes *= static_cast<size_t>(extent);
+    const size_t bytes = buffer_bytes(buf);
     auto d = std::make_unique<DeviceBuffer>(api, bytes);
     if (!d->get()) user_error("the GPU is out of memory for buffer ", buf.name, " (", bytes, " bytes, ", m.status.device_name, ")");
-    if (buf.role == BundleBuffer::Role::input) {
-      auto it = inputs.find(buf.name);
-      if (it == inputs.end()) user_error("missing input ", buf.name, " (", buf.type.str(), ")");
-      if (it->second.dtype() != buf.type.dtype || it->second.shape() != buf.type.shape)
-        user_error("input ", buf.name, " must be ", buf.type.str(), ", not ", TensorType{it->second.dtype(), it->second.shape()}.str());
-      if (bytes) m.check(api.cuMemcpyHtoD(d->get(), it->second.data(), bytes), "copying input " + buf.name + " to the GPU");
-    } else if (bytes) {
-      m.check(api.cuMemsetD8(d->get(), 0, bytes), "zeroing buffer " + buf.name);
-    }
-    slot[buf.name] = memory.size();
-    memory.push_back(std::move(d));
+    l->slot[buf.name] = l->memory.size();
+    l->memory.push_back(std::move(d));
   }
   // The module, with the JIT's logs for a message.
-  Module module(api);
+  l->module = std::make_unique<Module>(api);
   std::string error_log(8192, '\0'), info_log(8192, '\0');
   int options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_INFO_LOG_BUFFER,
                    CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
   void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size()), info_log.data(),
                     reinterpret_cast<void*>(info_log.size())};
-  if (CUresult r = api.cuModuleLoadDataEx(module.address(), bundle.ptx.c_str(), 4, options, values); r != CUDA_SUCCESS)
+  if (CUresult r = api.cuModuleLoadDataEx(l->module->address(), bundle.ptx.c_str(), 4, options, values); r != CUDA_SUCCESS)
     user_error("the GPU's JIT rejected the bundle's PTX (", bundle.target, "): ", api.name(r), ": ", first_line(error_log.c_str()));
-  std::vector<CUfunction> functions;
   for (const BundleKernel& k : bundle.kernels) {
     CUfunction f = nullptr;
-    m.check(api.cuModuleGetFunction(&f, module.get(), k.name.c_str()), "finding kernel " + k.name);
-    functions.push_back(f);
+    m.check(api.cuModuleGetFunction(&f, l->module->get(), k.name.c_str()), "finding kernel " + k.name);
+    l->functions.push_back(f);
   }
-  Event start(api), stop(api);
-  if (!start.get() || !stop.get()) user_error("CUDA failed while creating timing events");
-  m.check(api.cuEventRecord(start.get(), nullptr), "starting the timer");
-  for (size_t i = 0; i < bundle.kernels.size(); ++i) {
-    const BundleKernel& k = bundle.kernels[i];
-    std::vector<void*> args;
-    for (const std::string& a : k.args) args.push_back(memory[slot.at(a)]->address());
-    m.check(api.cuLaunchKernel(functions[i], static_cast<unsigned>(k.grid[0]), static_cast<unsigned>(k.grid[1]),
+  l->start = std::make_unique<Event>(api);
+  l->stop = std::make_unique<Event>(api);
+  if (!l->start->get() || !l->stop->get()) user_error("CUDA failed while creating timing events");
+  std::unique_ptr<LoadedBundle> out(new LoadedBundle(std::move(l)));
+  out->fill(0);
+  return out;
+}
+
+void LoadedBundle::upload(const std::string& name, const Buffer& value) {
+  const Impl& l = *impl_;
+  const BundleBuffer& buf = l.buffer(name, "input");
+  if (buf.role != BundleBuffer::Role::input) user_error("the bundle has no input ", name, " (it is ", role_name(buf.role), ")");
+  if (value.dtype() != buf.type.dtype || value.shape() != buf.type.shape)
+    user_error("input ", name, " must be ", buf.type.str(), ", not ", TensorType{value.dtype(), value.shape()}.str());
+  l.current();
+  if (const size_t bytes = buffer_bytes(buf))
+    l.runner->check(l.api().cuMemcpyHtoD(l.memory[l.slot.at(name)]->get(), value.data(), bytes), "copying input " + name + " to the GPU");
+}
+
+void LoadedBundle::fill(unsigned char byte) {
+  const Impl& l = *impl_;
+  l.current();
+  for (size_t i = 0; i < l.bundle.buffers.size(); ++i) {
+    const BundleBuffer& buf = l.bundle.buffers[i];
+    if (buf.role == BundleBuffer::Role::input) continue;
+    if (const size_t bytes = buffer_bytes(buf))
+      l.runner->check(l.api().cuMemsetD8(l.memory[i]->get(), byte, bytes), "filling buffer " + buf.name);
+  }
+}
+
+double LoadedBundle::launch() {
+  const Impl& l = *impl_;
+  const DriverApi& api = l.api();
+  const Runner::Impl& m = *l.runner;
+  l.current();
+  m.check(api.cuEventRecord(l.start->get(), nullptr), "starting the timer");
+  std::vector<void*> args;
+  for (size_t i = 0; i < l.bundle.kernels.size(); ++i) {
+    const BundleKernel& k = l.bundle.kernels[i];
+    args.clear();
+    for (const std::string& a : k.args) args.push_back(l.memory[l.slot.at(a)]->address());
+    m.check(api.cuLaunchKernel(l.functions[i], static_cast<unsigned>(k.grid[0]), static_cast<unsigned>(k.grid[1]),
                                static_cast<unsigned>(k.grid[2]), static_cast<unsigned>(k.block[0]), static_cast<unsigned>(k.block[1]),
                                static_cast<unsigned>(k.block[2]), static_cast<unsigned>(k.shared_bytes), nullptr, args.data(), nullptr),
             "launching kernel " + k.name);
   }
-  m.check(api.cuEventRecord(stop.get(), nullptr), "stopping the timer");
-  m.check(api.cuEventSynchronize(stop.get()), "running the kernels");
+  m.check(api.cuEventRecord(l.stop->get(), nullptr), "stopping the timer");
+  m.check(api.cuEventSynchronize(l.stop->get()), "running the kernels");
   float ms = 0;
-  m.check(api.cuEventElapsedTime(&ms, start.get(), stop.get()), "reading the timer");
+  m.check(api.cuEventElapsedTime(&ms, l.start->get(), l.stop->get()), "reading the timer");
+  return ms;
+}
+
+Buffer LoadedBundle::download(const std::string& name) const {
+  const Impl& l = *impl_;
+  const BundleBuffer& buf = l.buffer(name, "output");
+  if (buf.role != BundleBuffer::Role::output) user_error("the bundle has no output ", name, " (it is ", role_name(buf.role), ")");
+  Buffer host(buf.type.dtype, buf.type.shape);
+  l.current();
+  if (host.byte_size())
+    l.runner->check(l.api().cuMemcpyDtoH(host.data(), l.memory[l.slot.at(name)]->get(), host.byte_size()), "copying output " + name + " back");
+  return host;
+}
+
+uint64_t LoadedBundle::device_address(const std::string& name) const {
+  const Impl& l = *impl_;
+  l.buffer(name, "buffer");
+  return l.memory[l.slot.at(name)]->get();
+}
+
+TensorMap Runner::run(const KernelBundle& bundle, const TensorMap& inputs, double* kernel_ms) {
+  for (const auto& [name, b] : inputs) {
+    bool known = false;
+    for (const BundleBuffer& buf : bundle.buffers) known |= buf.name == name && buf.role == BundleBuffer::Role::input;
+    if (!known) user_error("the bundle has no input ", name);
+  }
+  for (const BundleBuffer& buf : bundle.buffers)
+    if (buf.role == BundleBuffer::Role::input && !inputs.count(buf.name)) user_error("missing input ", buf.name, " (", buf.type.str(), ")");
+  std::unique_ptr<LoadedBundle> loaded = load(bundle);
+  for (const auto& [name, b] : inputs) loaded->upload(name, b);
+  const double ms = loaded->launch();
   if (kernel_ms) *kernel_ms = ms;
   TensorMap outputs;
-  for (const BundleBuffer& buf : bundle.buffers) {
-    if (buf.role != BundleBuffer::Role::output) continue;
-    Buffer host(buf.type.dtype, buf.type.shape);
-    if (host.byte_size())
-      m.check(api.cuMemcpyDtoH(host.data(), memory[slot.at(buf.name)]->get(), host.byte_size()), "copying output " + buf.name + " back");
-    outputs[buf.name] = std::move(host);
-  }
+  for (const BundleBuffer& buf : bundle.buffers)
+    if (buf.role == BundleBuffer::Role::output) outputs[buf.name] = loaded->download(buf.name);
   return outputs;
 }
 

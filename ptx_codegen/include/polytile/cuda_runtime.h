@@ -70,6 +70,37 @@ struct KernelBundle {
   static KernelBundle parse(const std::string& manifest, std::string ptx, const std::string& where = "manifest.txt");
 };
 
+class Runner;
+
+// A bundle loaded on the device: its module, its kernels and device memory for its buffer table, kept
+// between launches (upload the inputs once, launch many times, download what is needed). Made by
+// Runner::load; it keeps the runner's context alive. Not thread safe.
+class LoadedBundle {
+ public:
+  ~LoadedBundle();
+  LoadedBundle(const LoadedBundle&) = delete;
+  LoadedBundle& operator=(const LoadedBundle&) = delete;
+  const KernelBundle& bundle() const;
+  // Copies `value` to the input buffer `name`; UserError for a name that is not an input of the bundle
+  // or a value of another dtype or shape.
+  void upload(const std::string& name, const Buffer& value);
+  // Sets every byte of the outputs and scratch buffers: 0 is what Runner::run starts from; 0xff makes
+  // every float NaN, so an element no kernel writes shows in the result.
+  void fill(unsigned char byte);
+  // Launches the kernels in order on the default stream and waits for them; returns their time in
+  // milliseconds, measured with CUDA events around the launches.
+  double launch();
+  Buffer download(const std::string& output) const;
+  // The device address of a buffer (in the runner's context), for a library that works on it in place.
+  uint64_t device_address(const std::string& name) const;
+
+ private:
+  friend class Runner;
+  struct Impl;
+  explicit LoadedBundle(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // Runs bundles on one device, in its primary context. Every failure is a UserError in one line: the
 // driver not ready (driver_status's line), a bundle for a newer GPU than this one, PTX the driver's JIT
 // rejects (with its error log), out of device memory, a failed launch or copy (the CUresult's name).
@@ -80,14 +111,17 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
   const DriverStatus& status() const;
-  // Copies `inputs` (every input buffer, by name, of the bundle's types) to the device, zeroes outputs
-  // and scratch, launches the kernels in order and returns the outputs. `kernel_ms` receives the time
-  // of the launches alone, measured with CUDA events.
+  // Loads the bundle's PTX (the driver's JIT) and allocates its buffers, outputs and scratch zeroed.
+  std::unique_ptr<LoadedBundle> load(const KernelBundle& bundle);
+  // load, then copies `inputs` (every input buffer, by name, of the bundle's types) to the device,
+  // launches the kernels in order and returns the outputs. `kernel_ms` receives the time of the
+  // launches alone, measured with CUDA events.
   TensorMap run(const KernelBundle& bundle, const TensorMap& inputs, double* kernel_ms = nullptr);
 
- private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+
+ private:
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace polytile::cuda
