@@ -2,7 +2,7 @@
 //
 //   polytile_gpu_bench --bundles DIR [Google Benchmark flags]
 //
-// DIR holds the bundles that bench/gpu_kit.sh compiles on a machine with LLVM (`polytile compile`), one
+// DIR holds the bundles that bench/gpu_kit.py compiles on a machine with LLVM (`polytile compile`), one
 // folder per case and direction: DIR/matmul_4096/fwd, DIR/conv3x3_64_56/bwd_data, ... This binary needs
 // only the CUDA runtime, cuBLAS and cuDNN, so it runs on a GPU machine without LLVM, isl or NTL. The peer
 // of a case follows from its name (matmul_*: cublasSgemm; conv*: cuDNN's fastest algorithm, found with
@@ -48,11 +48,35 @@ void check_cudnn(cudnnStatus_t s, const char* what) {
 }
 
 
-const BundleBuffer& buffer(const KernelBundle& b, const std::string& name) {
-  for (const BundleBuffer& buf : b.buffers)
-    if (buf.name == name) return buf;
-  user_error("the bundle has no buffer ", name);
+// The shape of the bundle's buffer `name`.
+const std::vector<int64_t>& shape(const KernelBundle& b, const std::string& name) {
+  const BundleBuffer* buf = b.find(name);
+  if (!buf) user_error("the bundle has no buffer ", name);
+  return buf->type.shape;
 }
+
+// matmul: C[i, j] = +(A[i, k] * B[k, j]).
+struct MatmulShape {
+  int64_t m, n, k;
+  explicit MatmulShape(const KernelBundle& b) : m(shape(b, "A").at(0)), n(shape(b, "B").at(1)), k(shape(b, "A").at(1)) {}
+  double flops() const { return 2.0 * m * n * k; }
+};
+
+// conv: O[n, y, x, co] = +(I[n, y + j - P, x + i - P, ci] * K[j, i, ci, co]), stride 1, and its gradients
+// (which take DO, of O's shape).
+struct ConvShape {
+  int64_t n, h, w, ci, co, kh, kw, oh, ow, pad;
+  explicit ConvShape(const KernelBundle& b) {
+    const auto& i = shape(b, "I");
+    const auto& k = shape(b, "K");
+    const auto& o = shape(b, b.find("DO") ? "DO" : "O");
+    n = i.at(0), h = i.at(1), w = i.at(2), ci = i.at(3), kh = k.at(0), kw = k.at(1), co = k.at(3);
+    oh = o.at(1), ow = o.at(2);
+    pad = (oh - h + kh - 1) / 2;
+  }
+  // Every multiply-add of the forward convolution, also for its gradients.
+  double flops() const { return 2.0 * n * oh * ow * co * ci * kh * kw; }
+};
 
 // Device memory for a peer.
 struct DeviceFloats {
@@ -102,11 +126,15 @@ void time_device(benchmark::State& state, F&& launch) {
 
 // ---------------------------------------------------------------------------------------------- cases
 
+// The vendor library a case is measured against, from its family's name.
+enum class PeerKind { cublas, cudnn };
+
 struct Case {
   std::string name;       // "conv3x3_64_56/bwd_data"
   std::string family;     // "conv3x3_64_56"
   std::string direction;  // "fwd", "bwd_data", "bwd_weights"
   KernelBundle bundle;
+  PeerKind peer = PeerKind::cublas;
   double flops = 0;
   std::string output;  // the bundle's one output: C, O, DI or DK
 };
@@ -140,8 +168,7 @@ class Peer {
 class CublasMatmul : public Peer {
  public:
   explicit CublasMatmul(const KernelBundle& b)
-      : m_(buffer(b, "A").type.shape.at(0)), n_(buffer(b, "B").type.shape.at(1)), k_(buffer(b, "A").type.shape.at(1)),
-        a_(m_ * k_), b_(k_ * n_), c_(m_ * n_) {
+      : s_(b), a_(s_.m * s_.k), b_(s_.k * s_.n), c_(s_.m * s_.n) {
     check_cublas(cublasCreate(&h_), "cublasCreate");
     check_cublas(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
@@ -153,18 +180,18 @@ class CublasMatmul : public Peer {
   // Row-major C = A B is column-major C^T = B^T A^T.
   void run() override {
     const float one = 1, zero = 0;
-    const int m = static_cast<int>(m_), n = static_cast<int>(n_), k = static_cast<int>(k_);
+    const int m = static_cast<int>(s_.m), n = static_cast<int>(s_.n), k = static_cast<int>(s_.k);
     check_cublas(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b_.p, n, a_.p, k, &zero, c_.p, n), "cublasSgemm");
   }
   Buffer result() const override {
-    Buffer out(DType::f32, {m_, n_});
+    Buffer out(DType::f32, {s_.m, s_.n});
     std::vector<float> h = c_.download();
     for (size_t i = 0; i < h.size(); ++i) out.set(static_cast<int64_t>(i), h[i]);
     return out;
   }
 
  private:
-  int64_t m_, n_, k_;
+  MatmulShape s_;
   cublasHandle_t h_{};
   DeviceFloats a_, b_, c_;
 };
@@ -173,27 +200,20 @@ class CublasMatmul : public Peer {
 // cuDNN in NHWC with OHWI filters (it has no HWIO), the fastest algorithm cudnnFind* measures.
 class CudnnConv : public Peer {
  public:
-  CudnnConv(const KernelBundle& b, const std::string& direction, bool tf32) : direction_(direction) {
-    const auto& i = buffer(b, "I").type.shape;
-    const auto& k = buffer(b, "K").type.shape;
-    n_ = i.at(0), h_ = i.at(1), w_ = i.at(2), ci_ = i.at(3), kh_ = k.at(0), kw_ = k.at(1), co_ = k.at(3);
-    const bool has_do = std::any_of(b.buffers.begin(), b.buffers.end(), [](const BundleBuffer& x) { return x.name == "DO"; });
-    const auto& o = buffer(b, has_do ? "DO" : "O").type.shape;
-    oh_ = o.at(1), ow_ = o.at(2);
-    pad_ = (oh_ - h_ + kh_ - 1) / 2;
-    xs_ = std::make_unique<DeviceFloats>(n_ * h_ * w_ * ci_);
-    ws_ = std::make_unique<DeviceFloats>(kh_ * kw_ * ci_ * co_);
-    ys_ = std::make_unique<DeviceFloats>(n_ * oh_ * ow_ * co_);
+  CudnnConv(const KernelBundle& b, const std::string& direction, bool tf32) : direction_(direction), s_(b) {
+    xs_ = std::make_unique<DeviceFloats>(s_.n * s_.h * s_.w * s_.ci);
+    ws_ = std::make_unique<DeviceFloats>(s_.kh * s_.kw * s_.ci * s_.co);
+    ys_ = std::make_unique<DeviceFloats>(s_.n * s_.oh * s_.ow * s_.co);
     check_cudnn(cudnnCreate(&handle_), "cudnnCreate");
     check_cudnn(cudnnCreateTensorDescriptor(&x_), "cudnnCreateTensorDescriptor");
     check_cudnn(cudnnCreateTensorDescriptor(&y_), "cudnnCreateTensorDescriptor");
     check_cudnn(cudnnCreateFilterDescriptor(&wd_), "cudnnCreateFilterDescriptor");
     check_cudnn(cudnnCreateConvolutionDescriptor(&conv_), "cudnnCreateConvolutionDescriptor");
     auto i32 = [](int64_t v) { return static_cast<int>(v); };
-    check_cudnn(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(n_), i32(ci_), i32(h_), i32(w_)), "x");
-    check_cudnn(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(n_), i32(co_), i32(oh_), i32(ow_)), "y");
-    check_cudnn(cudnnSetFilter4dDescriptor(wd_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, i32(co_), i32(ci_), i32(kh_), i32(kw_)), "w");
-    check_cudnn(cudnnSetConvolution2dDescriptor(conv_, i32(pad_), i32(pad_), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+    check_cudnn(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(s_.n), i32(s_.ci), i32(s_.h), i32(s_.w)), "x");
+    check_cudnn(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(s_.n), i32(s_.co), i32(s_.oh), i32(s_.ow)), "y");
+    check_cudnn(cudnnSetFilter4dDescriptor(wd_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, i32(s_.co), i32(s_.ci), i32(s_.kh), i32(s_.kw)), "w");
+    check_cudnn(cudnnSetConvolution2dDescriptor(conv_, i32(s_.pad), i32(s_.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                 "cudnnSetConvolution2dDescriptor");
     check_cudnn(cudnnSetConvolutionMathType(conv_, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
     int found = 0;
@@ -226,7 +246,7 @@ class CudnnConv : public Peer {
   void upload(const TensorMap& in) override {
     if (in.count("I")) xs_->upload(floats(in.at("I")));
     if (in.count("DO")) ys_->upload(floats(in.at("DO")));
-    if (in.count("K")) ws_->upload(hwio_to_ohwi(floats(in.at("K"))));
+    if (in.count("K")) ws_->upload(filters(floats(in.at("K")), true));
   }
   void run() override {
     const float one = 1, zero = 0;
@@ -246,11 +266,11 @@ class CudnnConv : public Peer {
     std::vector<float> h;
     std::vector<int64_t> shape;
     if (direction_ == "fwd") {
-      h = ys_->download(), shape = {n_, oh_, ow_, co_};
+      h = ys_->download(), shape = {s_.n, s_.oh, s_.ow, s_.co};
     } else if (direction_ == "bwd_data") {
-      h = xs_->download(), shape = {n_, h_, w_, ci_};
+      h = xs_->download(), shape = {s_.n, s_.h, s_.w, s_.ci};
     } else {
-      h = ohwi_to_hwio(ws_->download()), shape = {kh_, kw_, ci_, co_};
+      h = filters(ws_->download(), false), shape = {s_.kh, s_.kw, s_.ci, s_.co};
     }
     Buffer out(DType::f32, shape);
     for (size_t i = 0; i < h.size(); ++i) out.set(static_cast<int64_t>(i), h[i]);
@@ -258,23 +278,20 @@ class CudnnConv : public Peer {
   }
 
  private:
-  std::vector<float> hwio_to_ohwi(const std::vector<float>& k) const {
-    std::vector<float> o(k.size());
-    for (int64_t j = 0; j < kh_ * kw_; ++j)
-      for (int64_t c = 0; c < ci_; ++c)
-        for (int64_t f = 0; f < co_; ++f) o[static_cast<size_t>((f * kh_ * kw_ + j) * ci_ + c)] = k[static_cast<size_t>((j * ci_ + c) * co_ + f)];
-    return o;
-  }
-  std::vector<float> ohwi_to_hwio(const std::vector<float>& o) const {
-    std::vector<float> k(o.size());
-    for (int64_t j = 0; j < kh_ * kw_; ++j)
-      for (int64_t c = 0; c < ci_; ++c)
-        for (int64_t f = 0; f < co_; ++f) k[static_cast<size_t>((j * ci_ + c) * co_ + f)] = o[static_cast<size_t>((f * kh_ * kw_ + j) * ci_ + c)];
-    return k;
+  // Filters between Tile's HWIO and cuDNN's OHWI layout.
+  std::vector<float> filters(const std::vector<float>& from, bool to_ohwi) const {
+    std::vector<float> out(from.size());
+    for (int64_t j = 0; j < s_.kh * s_.kw; ++j)
+      for (int64_t c = 0; c < s_.ci; ++c)
+        for (int64_t f = 0; f < s_.co; ++f) {
+          const auto hwio = static_cast<size_t>((j * s_.ci + c) * s_.co + f), ohwi = static_cast<size_t>((f * s_.kh * s_.kw + j) * s_.ci + c);
+          out[to_ohwi ? ohwi : hwio] = from[to_ohwi ? hwio : ohwi];
+        }
+    return out;
   }
 
   std::string direction_;
-  int64_t n_, h_, w_, ci_, co_, kh_, kw_, oh_, ow_, pad_;
+  ConvShape s_;
   std::unique_ptr<DeviceFloats> xs_, ws_, ys_;
   cudnnHandle_t handle_{};
   cudnnTensorDescriptor_t x_{}, y_{};
@@ -288,39 +305,13 @@ class CudnnConv : public Peer {
 };
 
 std::unique_ptr<Peer> peer_of(const Case& c, bool tf32) {
-  if (c.family.rfind("matmul", 0) == 0) return std::make_unique<CublasMatmul>(c.bundle);
-  if (c.family.rfind("conv", 0) == 0) return std::make_unique<CudnnConv>(c.bundle, c.direction, tf32);
-  return nullptr;
-}
-
-double flops_of(const Case& c) {
-  if (c.family.rfind("matmul", 0) == 0) {
-    const auto& a = buffer(c.bundle, "A").type.shape;
-    return 2.0 * a.at(0) * a.at(1) * buffer(c.bundle, "B").type.shape.at(1);
-  }
-  // Every multiply-add of the forward convolution, also for its gradients.
-  const auto& i = buffer(c.bundle, "I").type.shape;
-  const auto& k = buffer(c.bundle, "K").type.shape;
-  const bool has_do = std::any_of(c.bundle.buffers.begin(), c.bundle.buffers.end(), [](const BundleBuffer& x) { return x.name == "DO"; });
-  const auto& o = buffer(c.bundle, has_do ? "DO" : "O").type.shape;
-  return 2.0 * o.at(0) * o.at(1) * o.at(2) * o.at(3) * i.at(3) * k.at(0) * k.at(1);
-}
-
-// ||a - b|| / ||b||.
-double relative_error(const Buffer& a, const Buffer& b) {
-  double d = 0, n = 0;
-  for (int64_t i = 0; i < b.size(); ++i) {
-    const double x = a.get(i), y = b.get(i);
-    d += (x - y) * (x - y);
-    n += y * y;
-  }
-  return std::isnan(d) ? d : std::sqrt(d / n);
+  if (c.peer == PeerKind::cublas) return std::make_unique<CublasMatmul>(c.bundle);
+  return std::make_unique<CudnnConv>(c.bundle, c.direction, tf32);
 }
 
 // polytile's output (NaN-poisoned before the launch) against the peer's on the same random inputs.
 bool check(const Case& c, cuda::Runner& runner) {
   std::unique_ptr<Peer> peer = peer_of(c, false);
-  if (!peer) return true;
   TensorMap in = random_inputs(c.bundle);
   std::unique_ptr<cuda::LoadedBundle> loaded = runner.load(c.bundle);
   for (const auto& [name, value] : in) loaded->upload(name, value);
@@ -329,9 +320,11 @@ bool check(const Case& c, cuda::Runner& runner) {
   peer->upload(in);
   peer->run();
   check_cuda(cudaDeviceSynchronize(), "the peer");
-  const double err = relative_error(loaded->download(c.output), peer->result());
-  const bool ok = err <= 1e-5;
-  std::cout << (ok ? "ok   " : "FAIL ") << c.name << ": polytile's " << c.output << " against the peer's, relative error " << err << "\n";
+  const Difference d = difference(loaded->download(c.output), peer->result());
+  const bool ok = d.within(1e-5);
+  std::cout << (ok ? "ok   " : "FAIL ") << c.name << ": polytile's " << c.output << " against the peer's, relative error " << d.relative;
+  if (d.unexpected_nan) std::cout << ", " << d.unexpected_nan << " elements NaN (not written?)";
+  std::cout << "\n";
   return ok;
 }
 
@@ -353,7 +346,7 @@ void BM_Peer(benchmark::State& state, const Case* c, bool tf32) {
 // Every bundle under DIR/<family>/<direction>, in name order.
 std::vector<Case> read_cases(const fs::path& dir) {
   std::vector<Case> cases;
-  if (!fs::is_directory(dir)) user_error("no bundle folder ", dir.string(), " (make one with bench/gpu_kit.sh)");
+  if (!fs::is_directory(dir)) user_error("no bundle folder ", dir.string(), " (make one with bench/gpu_kit.py)");
   for (const auto& family : fs::directory_iterator(dir)) {
     if (!family.is_directory()) continue;
     for (const auto& direction : fs::directory_iterator(family.path())) {
@@ -363,7 +356,16 @@ std::vector<Case> read_cases(const fs::path& dir) {
       c.direction = direction.path().filename().string();
       c.name = c.family + "/" + c.direction;
       c.bundle = KernelBundle::read(direction.path().string());
-      c.flops = flops_of(c);
+      // Every case has its peer: a benchmark is a ratio.
+      if (c.family.rfind("matmul", 0) == 0) {
+        c.peer = PeerKind::cublas;
+        c.flops = MatmulShape(c.bundle).flops();
+      } else if (c.family.rfind("conv", 0) == 0) {
+        c.peer = PeerKind::cudnn;
+        c.flops = ConvShape(c.bundle).flops();
+      } else {
+        user_error("bundle ", c.name, ": no peer for family ", c.family, " (matmul_* is measured against cuBLAS, conv* against cuDNN)");
+      }
       for (const BundleBuffer& b : c.bundle.buffers)
         if (b.role == BundleBuffer::Role::output) c.output = b.name;
       cases.push_back(std::move(c));
@@ -397,8 +399,8 @@ int main(int argc, char** argv) {
       std::cout << "polytile_gpu_bench: nothing to measure without a GPU: " << s.line << "\n";
       return 0;
     }
-    static std::vector<Case> cases = read_cases(dir);
-    static cuda::Runner runner;
+    const std::vector<Case> cases = read_cases(dir);  // they and the runner outlive the run below
+    cuda::Runner runner;
     std::cout << runner.status().line << "; cuDNN " << cudnnGetVersion() << ", CUDA runtime " << CUDART_VERSION << "\n";
     // Correct first: a case whose output differs from its peer's is not timed, and the run fails.
     bool all_ok = true;
@@ -410,9 +412,9 @@ int main(int argc, char** argv) {
         benchmark::RegisterBenchmark((c.name + "/" + who).c_str(), fn, &c, args...)->UseManualTime()->Unit(benchmark::kMillisecond);
       };
       add("polytile", BM_Polytile, &runner);
-      if (c.family.rfind("matmul", 0) == 0) {
+      if (c.peer == PeerKind::cublas) {
         add("cublas", BM_Peer, false);
-      } else if (c.family.rfind("conv", 0) == 0) {
+      } else {
         add("cudnn", BM_Peer, false);
         add("cudnn_tf32", BM_Peer, true);
       }
@@ -424,5 +426,4 @@ int main(int argc, char** argv) {
     std::cerr << "polytile_gpu_bench: error: " << e.what() << "\n";
     return 1;
   }
-  return 0;
 }

@@ -128,51 +128,43 @@ def main():
             compile_bundle(a.polytile, src, shapes_here, os.path.join(kit, "bundles", case, direction), a.target)
             print(f"bundle {case}/{direction}")
 
-    # Every example and its gradient, on random inputs, against the reference interpreter.
+    # Every example and its gradient, and the benchmark's programs at odd sizes with their gradients, on
+    # random inputs, against the reference interpreter.
     rng = np.random.default_rng(7)
     names = []
+
+    def check_with_gradients(name, tile, inputs, wrts):
+        """The program, and its gradient with respect to each of `wrts` (None: all inputs at once)."""
+        outs = check_case(a.polytile, name, tile, inputs, a.target, kit)
+        names.append(name)
+        for wrt in wrts:
+            gname = f"{name}_grad" + (f"_{wrt}" if wrt else "")
+            grad = os.path.join(kit, "check", name, gname[len(name) + 1:] + ".tile")
+            with open(grad, "w") as f:
+                f.write(run([a.polytile, "grad", tile] + (["--wrt", wrt] if wrt else [])))
+            ginputs = dict(inputs)
+            for n in signature(open(grad).read())[0]:
+                if n not in ginputs:  # D<output>, the adjoint of an output
+                    ginputs[n] = rng.standard_normal(outs[n[1:]].shape).astype(np.float32)
+            check_case(a.polytile, gname, grad, ginputs, a.target, kit)
+            names.append(gname)
+        print(f"check {name} and its gradients")
+
     for ex in sorted(os.listdir(os.path.join(root, "examples"))):
         if not ex.endswith(".tile"):
             continue
         tile = os.path.join(root, "examples", ex)
-        first = open(tile).readline()
         inputs = {}
-        for n, dims in re.findall(r"--random (\w+)=([0-9x]*)", first):
+        for n, dims in re.findall(r"--random (\w+)=([0-9x]*)", open(tile).readline()):
             shape = tuple(int(x) for x in dims.split("x")) if dims else ()
             inputs[n] = rng.standard_normal(shape).astype(np.float32)
-        name = ex[:-5]
-        outs = check_case(a.polytile, name, tile, inputs, a.target, kit)
-        names.append(name)
-        grad = os.path.join(kit, "check", name, "grad.tile")
-        with open(grad, "w") as f:
-            f.write(run([a.polytile, "grad", tile]))
-        gins, _ = signature(open(grad).read())
-        ginputs = dict(inputs)
-        for n in gins:
-            if n not in ginputs:
-                ginputs[n] = rng.standard_normal(outs[n[1:]].shape).astype(np.float32)
-        check_case(a.polytile, name + "_grad", grad, ginputs, a.target, kit)
-        names.append(name + "_grad")
-        print(f"check {name} and its gradient")
-    # The benchmark's programs at odd sizes: partial tiles and blocks, several blocks per axis.
+        check_with_gradients(ex[:-5], tile, inputs, [None])
+    # Partial tiles and blocks, several blocks per axis.
     for name, tile, shapes in (("gpu_conv3x3_odd", "conv3x3.tile", {"I": (3, 17, 19, 12), "K": (3, 3, 12, 10)}),
                                ("gpu_conv1x1_odd", "conv1x1.tile", {"I": (2, 9, 11, 40), "K": (1, 1, 40, 24)}),
                                ("gpu_matmul_odd", "matmul.tile", {"A": (67, 130), "B": (130, 45)})):
-        tile = os.path.join(here, "gpu", tile)
         inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-        outs = check_case(a.polytile, name, tile, inputs, a.target, kit)
-        names.append(name)
-        for wrt in inputs:
-            grad = os.path.join(kit, "check", name, f"grad_{wrt}.tile")
-            with open(grad, "w") as f:
-                f.write(run([a.polytile, "grad", tile, "--wrt", wrt]))
-            ginputs = dict(inputs)
-            for n in signature(open(grad).read())[0]:
-                if n not in ginputs:
-                    ginputs[n] = rng.standard_normal(outs[n[1:]].shape).astype(np.float32)
-            check_case(a.polytile, f"{name}_grad_{wrt}", grad, ginputs, a.target, kit)
-            names.append(f"{name}_grad_{wrt}")
-        print(f"check {name} and its gradients")
+        check_with_gradients(name, os.path.join(here, "gpu", tile), inputs, list(inputs))
     # A control for the checker itself: the matmul example against an expectation off in one element
     # (by 1e-3 of the output's norm), which --expect must refuse.
     d = os.path.join(kit, "check", "matmul")

@@ -152,6 +152,29 @@ TEST(CudaRuntimeTest, MalformedManifestsAreUserErrorsWithTheirLine) {
   EXPECT_THROW(KernelBundle::read("/nonexistent/bundle"), UserError);
 }
 
+// What a run checks before it asks for a GPU: the inputs' names, dtypes and shapes, and buffers by role.
+TEST(CudaRuntimeTest, InputsAndBuffersAreCheckedAgainstTheBundlesTable) {
+  const KernelBundle b = KernelBundle::read(kBundle);
+  const Buffer good(DType::f32, {1000});
+  EXPECT_NO_THROW(b.check_inputs({{"A", good}, {"B", good}}));
+  auto message = [&](const TensorMap& inputs) {
+    try {
+      b.check_inputs(inputs);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message({{"A", good}}), "missing input B (f32[1000])");
+  EXPECT_EQ(message({{"A", good}, {"B", good}, {"Z", good}}), "the bundle has no input Z");
+  EXPECT_EQ(message({{"A", good}, {"B", good}, {"O", good}}), "the bundle has no input O (it is an output)");
+  EXPECT_EQ(message({{"A", good}, {"B", Buffer(DType::f64, {1000})}}), "input B must be f32[1000], not f64[1000]");
+  EXPECT_EQ(b.buffer("O", BundleBuffer::Role::output).type.shape, (std::vector<int64_t>{1000}));
+  EXPECT_THROW(b.buffer("A", BundleBuffer::Role::output), UserError);
+  EXPECT_EQ(b.find("Z"), nullptr);
+  EXPECT_EQ(b.find("B"), &b.buffers[1]);
+}
+
 // The test bundle's hand-written PTX is valid for the targets we support (so a GPU run tests the runtime,
 // not the kernel).
 TEST(CudaRuntimeTest, TheTestBundlesPtxAssembles) {

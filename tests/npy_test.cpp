@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include "polytile/error.h"
 #include "polytile/npy.h"
@@ -80,6 +81,33 @@ TEST(NpyTest, BadFilesAreUserErrorsNamingTheFile) {
   EXPECT_NE(error_of(no_shape).find("malformed shape"), std::string::npos) << error_of(no_shape);
   EXPECT_THROW(read_npy("/nonexistent/in.npy"), UserError);
   EXPECT_THROW(write_npy("/nonexistent/dir/out.npy", b), UserError);
+}
+
+// difference(): how far a result is from what was expected, as polytile-run-bundle --expect and the GPU
+// benchmark's check read it.
+TEST(BufferTest, DifferenceIsTheRelativeNormAndCountsUnexpectedNan) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Buffer want = Buffer::from_values(DType::f64, {4}, {3, 0, 4, nan});
+  Difference same = difference(want, want);
+  EXPECT_EQ(same.relative, 0.0);
+  EXPECT_EQ(same.unexpected_nan, 0);
+  EXPECT_TRUE(same.within(0));
+  // Off by 0.5 in one element: ||(0.5, 0, 0)|| / ||(3, 0, 4)|| = 0.1; the NaN that want has is skipped.
+  Difference off = difference(Buffer::from_values(DType::f64, {4}, {3.5, 0, 4, 1}), want);
+  EXPECT_DOUBLE_EQ(off.relative, 0.1);
+  EXPECT_EQ(off.unexpected_nan, 0);
+  EXPECT_TRUE(off.within(0.1));
+  EXPECT_FALSE(off.within(0.09));
+  // NaN where want has a value: an element nothing wrote.
+  Difference unwritten = difference(Buffer::from_values(DType::f64, {4}, {nan, 0, 4, nan}), want);
+  EXPECT_EQ(unwritten.unexpected_nan, 1);
+  EXPECT_FALSE(unwritten.within(1e9));
+  // All-zero expectation: the plain norm of the difference.
+  EXPECT_DOUBLE_EQ(difference(Buffer::from_values(DType::f32, {2}, {3, 4}), Buffer(DType::f32, {2})).relative, 5.0);
+  // Integers and bools must be equal.
+  Buffer ints = Buffer::from_values(DType::i32, {3}, {1, 2, 3});
+  EXPECT_EQ(difference(ints, ints).relative, 0.0);
+  EXPECT_EQ(difference(Buffer::from_values(DType::i32, {3}, {1, 2, 4}), ints).relative, 1.0);
 }
 
 }  // namespace

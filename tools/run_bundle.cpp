@@ -2,7 +2,7 @@
 // front end and the CUDA runtime, so it builds on a GPU machine without LLVM, isl or NTL
 // (-DPOLYTILE_RUNTIME_ONLY=ON).
 #include <algorithm>
-#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -34,34 +34,6 @@ std::pair<std::string, std::string> name_and_file(const std::string& arg, const 
   size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size()) polytile::user_error(flag, " expects NAME=FILE.npy, not '", arg, "'");
   return {arg.substr(0, eq), arg.substr(eq + 1)};
-}
-
-// How far `got` is from `want`: the relative 2-norm of the difference (exact equality for integers and
-// bools), and whether NaN appears where `want` has none.
-struct Comparison {
-  double relative = 0;
-  int64_t unexpected_nan = 0;
-  int64_t elements = 0;
-};
-
-Comparison compare(const polytile::Buffer& got, const polytile::Buffer& want) {
-  using polytile::DType;
-  Comparison c;
-  c.elements = got.size();
-  const bool exact = got.dtype() != DType::f32 && got.dtype() != DType::f64;
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want.get(i);
-    if (std::isnan(w)) continue;
-    if (std::isnan(g)) {
-      ++c.unexpected_nan;
-      continue;
-    }
-    diff += exact ? (g != w) : (g - w) * (g - w);
-    norm += exact ? 1 : w * w;
-  }
-  c.relative = exact ? (diff > 0 ? 1 : 0) : norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-  return c;
 }
 
 int run(const std::vector<std::string>& args) {
@@ -109,14 +81,16 @@ int run(const std::vector<std::string>& args) {
     }
   }
   cuda::KernelBundle bundle = cuda::KernelBundle::read(dir);
-  for (const auto& [name, file] : outputs) {
-    bool known = false;
-    for (const auto& b : bundle.buffers) known |= b.name == name && b.role == cuda::BundleBuffer::Role::output;
-    if (!known) user_error("the bundle has no output ", name);
+  for (const auto& [name, file] : outputs) bundle.buffer(name, cuda::BundleBuffer::Role::output);
+  for (const auto& [name, want] : expected) {
+    const TensorType& type = bundle.buffer(name, cuda::BundleBuffer::Role::output).type;
+    if (want.dtype() != type.dtype || want.shape() != type.shape)
+      user_error("--expect ", name, ": the output is ", type.str(), ", the file holds ", TensorType{want.dtype(), want.shape()}.str());
   }
   for (const auto& b : bundle.buffers)
     if (b.role == cuda::BundleBuffer::Role::input && !inputs.count(b.name))
       user_error("missing input ", b.name, " (", b.type.str(), "): give --input ", b.name, "=FILE.npy");
+  bundle.check_inputs(inputs);
   cuda::Runner runner;
   std::cerr << runner.status().line << "\n";
   std::unique_ptr<cuda::LoadedBundle> loaded = runner.load(bundle);
@@ -136,17 +110,12 @@ int run(const std::vector<std::string>& args) {
             << " launch" << (repeat == 1 ? "" : "es") << ")\n";
   bool ok = true;
   for (const auto& [name, want] : expected) {
-    auto it = result.find(name);
-    if (it == result.end()) user_error("--expect ", name, ": the bundle has no output ", name);
-    const Buffer& got = it->second;
-    if (got.dtype() != want.dtype() || got.shape() != want.shape())
-      user_error("--expect ", name, ": the output is ", TensorType{got.dtype(), got.shape()}.str(), ", the file holds ",
-                 TensorType{want.dtype(), want.shape()}.str());
-    const Comparison c = compare(got, want);
-    const bool pass = c.unexpected_nan == 0 && c.relative <= tolerance;
+    const Buffer& got = result.at(name);
+    const Difference d = difference(got, want);
+    const bool pass = d.within(tolerance);
     ok &= pass;
-    std::cout << (pass ? "ok   " : "FAIL ") << name << ": relative error " << c.relative << " (tolerance " << tolerance << ")";
-    if (c.unexpected_nan) std::cout << ", " << c.unexpected_nan << " of " << c.elements << " elements NaN (not written?)";
+    std::cout << (pass ? "ok   " : "FAIL ") << name << ": relative error " << d.relative << " (tolerance " << tolerance << ")";
+    if (d.unexpected_nan) std::cout << ", " << d.unexpected_nan << " of " << got.size() << " elements NaN (not written?)";
     std::cout << "\n";
   }
   return ok ? 0 : 1;

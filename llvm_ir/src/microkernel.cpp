@@ -66,7 +66,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   auto address = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     std::vector<Value*> at;
     for (const auto& p : idx) at.push_back(poly(p, vars));
-    return b_.CreateGEP(storage_type(types_.tensors.at(tensor).dtype), buffer(tensor), flat_index(tensor, at));
+    return element_address(tensor, at);
   };
   // Per input: read along v (a vector operand), and different for every row.
   auto uses = [](const TensorAccess& a, const std::string& v) {
@@ -159,7 +159,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           Typed value = expr(e.expr, at);
           Value* v = convert(value, et);
           if (et == DType::boolean) v = b_.CreateZExt(v, widen(b_.getInt8Ty()));
-          Value* addr = b_.CreateGEP(storage_type(et), buffer(e.output), flat_index(e.output, at));
+          Value* addr = element_address(e.output, at);
           llvm::Align ealign(dtype_bytes(et));
           if (mask_) b_.CreateMaskedStore(v, addr, ealign, mask_);
           else b_.CreateAlignedStore(v, addr, ealign);

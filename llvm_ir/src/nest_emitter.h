@@ -77,8 +77,6 @@ class NestEmitter {
   llvm::Type* value_type(DType t) { return widen(t == DType::boolean ? b_.getInt1Ty() : storage_type(t)); }
   Value* i32(int32_t v) { return llvm::ConstantInt::get(widen(b_.getInt32Ty()), static_cast<uint64_t>(static_cast<int64_t>(v)), true); }
   Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
-  Typed load(const std::string& tensor, Value* offset);
-  void store(const std::string& tensor, Value* offset, Typed value);
   // tensor[idx]. In a GPU kernel (on the device, and as the host runs it) the address is one GEP per
   // dimension, so that alias analysis sees each index's constant part (a register tile's rows and
   // columns) and tells a thread's elements apart: LLVM then keeps an update's accumulators in registers

@@ -62,9 +62,9 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       for (unsigned l = 1; l < lanes; ++l) h = accumulate(c.aggregation, h, b_.CreateExtractElement(total, l), t);
       std::vector<Value*> out_idx;
       for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
-      Value* off = flat_index(c.output, out_idx);
-      Typed old = load(c.output, off);
-      store(c.output, off, {accumulate(c.aggregation, old.v, h, t), t});
+      Value* addr = element_address(c.output, out_idx);
+      Typed old = load_address(t, addr);
+      store_address(t, addr, {accumulate(c.aggregation, old.v, h, t), t});
       return;
     }
     default: POLYTILE_CHECK(false, "unexpected statement in a row reduction");

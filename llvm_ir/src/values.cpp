@@ -27,16 +27,6 @@ void NestEmitter::store_address(DType t, Value* addr, Typed value) {
   b_.CreateStore(v, addr);
 }
 
-Typed NestEmitter::load(const std::string& tensor, Value* offset) {
-  DType t = types_.tensors.at(tensor).dtype;
-  return load_address(t, b_.CreateGEP(storage_type(t), buffer(tensor), offset));
-}
-
-void NestEmitter::store(const std::string& tensor, Value* offset, Typed value) {
-  DType t = types_.tensors.at(tensor).dtype;
-  store_address(t, b_.CreateGEP(storage_type(t), buffer(tensor), offset), value);
-}
-
 Value* NestEmitter::element_address(const std::string& tensor, const std::vector<Value*>& idx) {
   const TensorType& type = types_.tensors.at(tensor);
   llvm::Type* et = storage_type(type.dtype);
@@ -223,17 +213,15 @@ Typed NestEmitter::expr(const Expr& e, const std::vector<Value*>& idx) {
     case Expr::Kind::tensor: {
       auto given = lanes_.find(e.name());
       if (width_ && given != lanes_.end()) return given->second;
+      // Broadcast: the trailing indices, 0 along dims of extent 1.
       const auto& shape = ts.at(e.name()).shape;
-      size_t off = idx.size() - shape.size();
-      Value* flat = b_.getInt64(0);
-      for (size_t k = 0; k < shape.size(); ++k) {
-        Value* i = shape[k] == 1 ? b_.getInt64(0) : idx[off + k];
-        flat = b_.CreateAdd(b_.CreateMul(flat, b_.getInt64(shape[k])), i);
-      }
-      if (!width_) return load(e.name(), flat);
+      std::vector<Value*> at(idx.end() - static_cast<std::ptrdiff_t>(shape.size()), idx.end());
+      for (size_t k = 0; k < shape.size(); ++k)
+        if (shape[k] == 1) at[k] = b_.getInt64(0);
+      if (!width_) return load_element(e.name(), at);
       // Vector lanes run along the last index: contiguous unless broadcast there.
       DType t = ts.at(e.name()).dtype;
-      Value* addr = b_.CreateGEP(storage_type(t), buffer(e.name()), flat);
+      Value* addr = element_address(e.name(), at);
       Value* v = nullptr;
       if (shape.empty() || shape.back() == 1) {
         v = b_.CreateVectorSplat(width_, b_.CreateLoad(storage_type(t), addr));

@@ -206,4 +206,32 @@ KernelBundle KernelBundle::parse(const std::string& manifest, std::string ptx, c
   return b;
 }
 
+const BundleBuffer* KernelBundle::find(const std::string& name) const {
+  for (const BundleBuffer& b : buffers)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+const BundleBuffer& KernelBundle::buffer(const std::string& name, BundleBuffer::Role role) const {
+  const BundleBuffer* b = find(name);
+  if (!b) user_error("the bundle has no ", role_name(role), " ", name);
+  if (b->role != role) {
+    const std::string is = b->role == BundleBuffer::Role::scratch ? "scratch" : std::string("an ") + role_name(b->role);
+    user_error("the bundle has no ", role_name(role), " ", name, " (it is ", is, ")");
+  }
+  return *b;
+}
+
+void KernelBundle::check_input(const std::string& name, const Buffer& value) const {
+  const BundleBuffer& b = buffer(name, BundleBuffer::Role::input);
+  if (value.dtype() != b.type.dtype || value.shape() != b.type.shape)
+    user_error("input ", name, " must be ", b.type.str(), ", not ", TensorType{value.dtype(), value.shape()}.str());
+}
+
+void KernelBundle::check_inputs(const TensorMap& inputs) const {
+  for (const auto& [name, value] : inputs) check_input(name, value);
+  for (const BundleBuffer& b : buffers)
+    if (b.role == BundleBuffer::Role::input && !inputs.count(b.name)) user_error("missing input ", b.name, " (", b.type.str(), ")");
+}
+
 }  // namespace polytile::cuda

@@ -91,10 +91,6 @@ size_t buffer_bytes(const BundleBuffer& buf) {
   return bytes;
 }
 
-const char* role_name(BundleBuffer::Role r) {
-  return r == BundleBuffer::Role::input ? "an input" : r == BundleBuffer::Role::output ? "an output" : "scratch";
-}
-
 }  // namespace
 
 Runner::Runner(int device, const std::string& library) : impl_(std::make_shared<Impl>()) {
@@ -123,16 +119,13 @@ struct LoadedBundle::Impl {
   std::unique_ptr<Module> module;
   std::vector<CUfunction> functions;
   std::vector<std::unique_ptr<DeviceBuffer>> memory;  // one per buffer of the table, in its order
-  std::map<std::string, size_t> slot;
+  std::vector<std::vector<void*>> args;               // per kernel, its arguments' device pointers' addresses
   std::unique_ptr<Event> start, stop;
 
   const DriverApi& api() const { return *runner->api; }
   void current() const { runner->check(api().cuCtxSetCurrent(runner->context), "making the device's context current"); }
-  const BundleBuffer& buffer(const std::string& name, const char* what) const {
-    auto it = slot.find(name);
-    if (it == slot.end()) user_error("the bundle has no ", what, " ", name);
-    return bundle.buffers[it->second];
-  }
+  // The device memory of the bundle's buffer `b`.
+  DeviceBuffer& memory_of(const BundleBuffer& b) const { return *memory[static_cast<size_t>(&b - bundle.buffers.data())]; }
 };
 
 LoadedBundle::LoadedBundle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -155,7 +148,6 @@ std::unique_ptr<LoadedBundle> Runner::load(const KernelBundle& bundle) {
     const size_t bytes = buffer_bytes(buf);
     auto d = std::make_unique<DeviceBuffer>(api, bytes);
     if (!d->get()) user_error("the GPU is out of memory for buffer ", buf.name, " (", bytes, " bytes, ", m.status.device_name, ")");
-    l->slot[buf.name] = l->memory.size();
     l->memory.push_back(std::move(d));
   }
   // The module, with the JIT's logs for a message.
@@ -167,10 +159,12 @@ std::unique_ptr<LoadedBundle> Runner::load(const KernelBundle& bundle) {
                     reinterpret_cast<void*>(info_log.size())};
   if (CUresult r = api.cuModuleLoadDataEx(l->module->address(), bundle.ptx.c_str(), 4, options, values); r != CUDA_SUCCESS)
     user_error("the GPU's JIT rejected the bundle's PTX (", bundle.target, "): ", api.name(r), ": ", first_line(error_log.c_str()));
-  for (const BundleKernel& k : bundle.kernels) {
+  for (const BundleKernel& k : l->bundle.kernels) {
     CUfunction f = nullptr;
     m.check(api.cuModuleGetFunction(&f, l->module->get(), k.name.c_str()), "finding kernel " + k.name);
     l->functions.push_back(f);
+    std::vector<void*>& args = l->args.emplace_back();
+    for (const std::string& a : k.args) args.push_back(l->memory_of(*l->bundle.find(a)).address());
   }
   l->start = std::make_unique<Event>(api);
   l->stop = std::make_unique<Event>(api);
@@ -182,40 +176,34 @@ std::unique_ptr<LoadedBundle> Runner::load(const KernelBundle& bundle) {
 
 void LoadedBundle::upload(const std::string& name, const Buffer& value) {
   const Impl& l = *impl_;
-  const BundleBuffer& buf = l.buffer(name, "input");
-  if (buf.role != BundleBuffer::Role::input) user_error("the bundle has no input ", name, " (it is ", role_name(buf.role), ")");
-  if (value.dtype() != buf.type.dtype || value.shape() != buf.type.shape)
-    user_error("input ", name, " must be ", buf.type.str(), ", not ", TensorType{value.dtype(), value.shape()}.str());
+  l.bundle.check_input(name, value);
   l.current();
-  if (const size_t bytes = buffer_bytes(buf))
-    l.runner->check(l.api().cuMemcpyHtoD(l.memory[l.slot.at(name)]->get(), value.data(), bytes), "copying input " + name + " to the GPU");
+  if (value.byte_size())
+    l.runner->check(l.api().cuMemcpyHtoD(l.memory_of(*l.bundle.find(name)).get(), value.data(), value.byte_size()),
+                    "copying input " + name + " to the GPU");
 }
 
 void LoadedBundle::fill(unsigned char byte) {
   const Impl& l = *impl_;
   l.current();
-  for (size_t i = 0; i < l.bundle.buffers.size(); ++i) {
-    const BundleBuffer& buf = l.bundle.buffers[i];
+  for (const BundleBuffer& buf : l.bundle.buffers) {
     if (buf.role == BundleBuffer::Role::input) continue;
     if (const size_t bytes = buffer_bytes(buf))
-      l.runner->check(l.api().cuMemsetD8(l.memory[i]->get(), byte, bytes), "filling buffer " + buf.name);
+      l.runner->check(l.api().cuMemsetD8(l.memory_of(buf).get(), byte, bytes), "filling buffer " + buf.name);
   }
 }
 
 double LoadedBundle::launch() {
-  const Impl& l = *impl_;
+  Impl& l = *impl_;
   const DriverApi& api = l.api();
   const Runner::Impl& m = *l.runner;
   l.current();
   m.check(api.cuEventRecord(l.start->get(), nullptr), "starting the timer");
-  std::vector<void*> args;
   for (size_t i = 0; i < l.bundle.kernels.size(); ++i) {
     const BundleKernel& k = l.bundle.kernels[i];
-    args.clear();
-    for (const std::string& a : k.args) args.push_back(l.memory[l.slot.at(a)]->address());
     m.check(api.cuLaunchKernel(l.functions[i], static_cast<unsigned>(k.grid[0]), static_cast<unsigned>(k.grid[1]),
                                static_cast<unsigned>(k.grid[2]), static_cast<unsigned>(k.block[0]), static_cast<unsigned>(k.block[1]),
-                               static_cast<unsigned>(k.block[2]), static_cast<unsigned>(k.shared_bytes), nullptr, args.data(), nullptr),
+                               static_cast<unsigned>(k.block[2]), static_cast<unsigned>(k.shared_bytes), nullptr, l.args[i].data(), nullptr),
             "launching kernel " + k.name);
   }
   m.check(api.cuEventRecord(l.stop->get(), nullptr), "stopping the timer");
@@ -227,29 +215,23 @@ double LoadedBundle::launch() {
 
 Buffer LoadedBundle::download(const std::string& name) const {
   const Impl& l = *impl_;
-  const BundleBuffer& buf = l.buffer(name, "output");
-  if (buf.role != BundleBuffer::Role::output) user_error("the bundle has no output ", name, " (it is ", role_name(buf.role), ")");
+  const BundleBuffer& buf = l.bundle.buffer(name, BundleBuffer::Role::output);
   Buffer host(buf.type.dtype, buf.type.shape);
   l.current();
   if (host.byte_size())
-    l.runner->check(l.api().cuMemcpyDtoH(host.data(), l.memory[l.slot.at(name)]->get(), host.byte_size()), "copying output " + name + " back");
+    l.runner->check(l.api().cuMemcpyDtoH(host.data(), l.memory_of(buf).get(), host.byte_size()), "copying output " + name + " back");
   return host;
 }
 
 uint64_t LoadedBundle::device_address(const std::string& name) const {
   const Impl& l = *impl_;
-  l.buffer(name, "buffer");
-  return l.memory[l.slot.at(name)]->get();
+  const BundleBuffer* buf = l.bundle.find(name);
+  if (!buf) user_error("the bundle has no buffer ", name);
+  return l.memory_of(*buf).get();
 }
 
 TensorMap Runner::run(const KernelBundle& bundle, const TensorMap& inputs, double* kernel_ms) {
-  for (const auto& [name, b] : inputs) {
-    bool known = false;
-    for (const BundleBuffer& buf : bundle.buffers) known |= buf.name == name && buf.role == BundleBuffer::Role::input;
-    if (!known) user_error("the bundle has no input ", name);
-  }
-  for (const BundleBuffer& buf : bundle.buffers)
-    if (buf.role == BundleBuffer::Role::input && !inputs.count(buf.name)) user_error("missing input ", buf.name, " (", buf.type.str(), ")");
+  bundle.check_inputs(inputs);
   std::unique_ptr<LoadedBundle> loaded = load(bundle);
   for (const auto& [name, b] : inputs) loaded->upload(name, b);
   const double ms = loaded->launch();

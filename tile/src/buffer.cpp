@@ -92,4 +92,23 @@ std::string Buffer::type_str() const {
   return s + "]";
 }
 
+Difference difference(const Buffer& got, const Buffer& want) {
+  POLYTILE_CHECK(got.size() == want.size(), "difference of ", got.type_str(), " and ", want.type_str());
+  Difference d;
+  const bool exact = got.dtype() != DType::f32 && got.dtype() != DType::f64;
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < want.size(); ++i) {
+    const double g = got.get(i), w = want.get(i);
+    if (std::isnan(w)) continue;
+    if (std::isnan(g)) {
+      ++d.unexpected_nan;
+      continue;
+    }
+    diff += exact ? (g != w) : (g - w) * (g - w);
+    norm += exact ? 1 : w * w;
+  }
+  d.relative = exact ? (diff > 0 ? 1 : 0) : norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return d;
+}
+
 }  // namespace polytile

@@ -68,6 +68,17 @@ struct KernelBundle {
   // of more than 1024 threads, a target that is not sm_XY, ...).
   static KernelBundle read(const std::string& dir);
   static KernelBundle parse(const std::string& manifest, std::string ptx, const std::string& where = "manifest.txt");
+
+  // The buffer `name`, or null.
+  const BundleBuffer* find(const std::string& name) const;
+  // The buffer `name` of `role`; UserError "the bundle has no output Z" (saying what it is where the
+  // name is a buffer of another role).
+  const BundleBuffer& buffer(const std::string& name, BundleBuffer::Role role) const;
+  // UserError for a value that is not the input `name`'s dtype and shape, or a name that is no input.
+  void check_input(const std::string& name, const Buffer& value) const;
+  // check_input for each of `inputs`, and a UserError for an input they lack: what a run checks before
+  // it asks for a GPU.
+  void check_inputs(const TensorMap& inputs) const;
 };
 
 class Runner;

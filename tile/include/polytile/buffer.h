@@ -45,4 +45,15 @@ class Buffer {
 // Converts a double to the value a dtype holds (f32 rounding, i32 wrap-around, bool != 0).
 double round_to(DType dtype, double value);
 
+// How far `got` is from `want` (of one size): ||got - want|| / ||want|| in the 2-norm over the elements
+// where `want` is not NaN (the plain norm of the difference where `want` is all zero); for i32 and bool
+// 0 when every element is equal and 1 otherwise. `unexpected_nan` counts the elements NaN in `got` but
+// not in `want` (an element nothing wrote, in a NaN-poisoned output).
+struct Difference {
+  double relative = 0;
+  int64_t unexpected_nan = 0;
+  bool within(double tolerance) const { return unexpected_nan == 0 && relative <= tolerance; }
+};
+Difference difference(const Buffer& got, const Buffer& want);
+
 }  // namespace polytile
