@@ -10,6 +10,7 @@
 #include <set>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 #include "polytile/error.h"
 #include "polytile/isl_support.h"
@@ -42,18 +43,23 @@ const Contraction& contraction(const Program& p, const std::string& output) {
 // writes; the elements of an init nest and the image of the update cover the whole output; and under a
 // "parallel" mark, two points of the update that write the same element run in the same iteration of
 // the outermost loop.
-// The schedule dimensions of a kernel's "block" and "thread" bands (the outermost ones).
-int mapped_dimensions(const isl::schedule& tree) {
-  int mapped = 0;
+// A kernel's points to their block and thread: the partial schedules of its "block" and "thread" bands,
+// side by side (isl builds no whole-tree map of a tree with extension nodes, as kernels with shared
+// tiles have).
+isl::map hardware_schedule(const isl::schedule& tree) {
+  std::optional<isl::union_map> hardware;
   tree.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
     if (node.isa<isl::schedule_node_mark>()) {
       const std::string mark = isl_support::mark_id(node).name();
-      if (mark == "block" || mark == "thread")
-        mapped = isl_support::schedule_depth(node) + static_cast<int>(node.child(0).as<isl::schedule_node_band>().n_member());
+      if (mark == "block" || mark == "thread") {
+        isl::union_map band = isl::union_map::from(node.child(0).as<isl::schedule_node_band>().partial_schedule());
+        hardware = hardware ? isl::manage(isl_union_map_flat_range_product(hardware->release(), band.release())) : band;
+      }
     }
     return true;
   });
-  return mapped;
+  EXPECT_TRUE(hardware.has_value()) << "a kernel without mapped bands";
+  return hardware ? hardware->as_map() : isl::map();
 }
 
 int kernels_proven = 0;
@@ -85,15 +91,9 @@ void check_plain_nests(const Lowered& lowered) {
         if (nest.kernel && !nest.kernel->sequential) {
           // A GPU kernel: two points that write the same element run in the same thread of the same block
           // (the schedule dimensions of the "block" and "thread" bands agree), so no atomics are needed.
-          const int mapped = mapped_dimensions(tree);
-          ASSERT_GT(mapped, 0) << nest.name << ": a kernel without mapped bands\n" << nest.tree;
-          isl::map schedule = tree.get_map().as_map();
-          std::vector<std::string> dims, kept;
-          for (unsigned k = 0; k < schedule.range_tuple_dim(); ++k) {
-            dims.push_back("c" + std::to_string(k));
-            if (static_cast<int>(k) < mapped) kept.push_back(dims.back());
-          }
-          isl::map hardware = schedule.apply_range(isl::map(ctx.get(), "{ [" + isl_support::join(dims) + "] -> [" + isl_support::join(kept) + "] }"));
+          const isl::map hardware = hardware_schedule(tree);
+          std::vector<std::string> kept;
+          for (unsigned k = 0; k < hardware.range_tuple_dim(); ++k) kept.push_back("c" + std::to_string(k));
           isl::map same_element = write.intersect_domain(domain).apply_range(write.intersect_domain(domain).reverse());
           isl::map threads = same_element.apply_domain(hardware).apply_range(hardware);
           const std::string same = "[" + isl_support::join(kept) + "]";
@@ -314,6 +314,7 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
     case LoopNode::Kind::guard:
       children(evaluate(n.condition, it) ? n.body : n.otherwise);
       break;
+    case LoopNode::Kind::barrier: break;
     case LoopNode::Kind::statement: {
       std::vector<int64_t> args;
       for (const LoopExpr& a : n.args) args.push_back(evaluate(a, it));
@@ -325,7 +326,7 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
 
 // Every thread of a launch (blocks and threads in order) runs the kernel's loop IR.
 void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
-                        const std::function<void(int64_t thread, const std::vector<int64_t>& args)>& visit) {
+                        const std::function<void(int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args)>& visit) {
   std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
   std::array<int64_t, 6> hw{};
   for (hw[2] = 0; hw[2] < launch.grid[2]; ++hw[2])
@@ -336,16 +337,19 @@ void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
             for (hw[3] = 0; hw[3] < launch.block[0]; ++hw[3]) {
               int64_t thread = 0;
               for (size_t k = 0; k < 6; ++k) thread = thread * 4096 + hw[k];
-              run_loops(nest.root, it, [&](const LoopNode&, const std::vector<int64_t>& args) { visit(thread, args); }, &hw);
+              run_loops(nest.root, it, [&](const LoopNode& n, const std::vector<int64_t>& args) { visit(thread, n, args); }, &hw);
             }
 }
 
 // The loop IR of GPU kernels run on integers over their whole launch: every block and thread runs the
 // nest with its mapped loops fixed at its indices, and together they execute every point of the nest's
 // domain exactly once (none outside the grid or the block, none twice); every output element is written
-// by one thread only. Shrinking any axis of a launch loses points: the check sees it.
+// by one thread only. Shrinking any axis of a launch loses points: the check sees it. In kernels with
+// shared tiles, every element an update reads from a tile lies in the box the thread's last copy of that
+// tile filled (origin, origin + size): shrinking a tile leaves elements uncovered.
 struct LaunchRun {
   int64_t instances = 0, outside = 0, repeated = 0, shared_elements = 0;
+  int64_t copies = 0, tile_reads = 0, uncovered = 0;
 };
 
 // The points of a bounded set.
@@ -365,28 +369,73 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
   LaunchRun out;
   std::map<std::vector<int64_t>, int> seen;
   std::map<std::vector<int64_t>, int64_t> writer;  // element -> linear thread id
+  std::map<std::pair<int64_t, int>, std::vector<int64_t>> origin;  // (thread, tile) -> origin of its last copy
   const Contraction* c = nest.kind == Nest::Kind::update ? &contraction(lowered.program, nest.tensor) : nullptr;
-  run_launch_threads(nest, launch, [&](int64_t thread, const std::vector<int64_t>& args) {
+  run_launch_threads(nest, launch, [&](int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args) {
+    if (statement.statement == LoopNode::Statement::copy) {
+      origin[{thread, statement.tile}] = args;
+      ++out.copies;
+      return;
+    }
     ++out.instances;
     if (!domain.count(args)) ++out.outside;
     if (++seen[args] > 1) ++out.repeated;
     std::vector<int64_t> element = args;
     if (c) {
-      element.clear();
       std::map<std::string, int64_t> values;
       for (size_t k = 0; k < nest.variables.size(); ++k) values[nest.variables[k]] = args[k];
-      for (const Polynomial& q : c->output_indices) {
-        Polynomial b = q.bind_dims(lowered.types.dims);
-        Rational v = b.constant();
-        for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
-        element.push_back(v.num() / v.den());
-      }
+      auto at = [&](const std::vector<Polynomial>& index) {
+        std::vector<int64_t> out;
+        for (const Polynomial& q : index) {
+          Polynomial b = q.bind_dims(lowered.types.dims);
+          Rational v = b.constant();
+          for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
+          out.push_back(v.num() / v.den());
+        }
+        return out;
+      };
+      element = at(c->output_indices);
+      for (const auto& input : c->inputs)
+        for (size_t t = 0; t < nest.shared.size(); ++t) {
+          if (nest.shared[t].tensor != input.tensor) continue;
+          ++out.tile_reads;
+          const std::vector<int64_t> idx = at(input.indices);
+          auto o = origin.find({thread, static_cast<int>(t)});
+          bool covered = o != origin.end();
+          for (size_t d = 0; covered && d < idx.size(); ++d)
+            covered = o->second[d] <= idx[d] && idx[d] < o->second[d] + nest.shared[t].sizes[d];
+          if (!covered) ++out.uncovered;
+        }
     }
     auto [w, fresh] = writer.emplace(element, thread);
     if (!fresh && w->second != thread) ++out.shared_elements;
   });
   EXPECT_EQ(seen.size(), domain.size()) << nest.name << ": points not executed";
   return out;
+}
+
+// Removes the which-th barrier (in program order) of a loop IR; false when it has fewer.
+bool remove_nth_barrier(LoopNode& n, int& which) {
+  for (std::vector<LoopNode>* nodes : {&n.body, &n.otherwise})
+    for (auto c = nodes->begin(); c != nodes->end(); ++c) {
+      if (c->kind == LoopNode::Kind::barrier && which-- == 0) {
+        nodes->erase(c);
+        return true;
+      }
+      if (remove_nth_barrier(*c, which)) return true;
+    }
+  return false;
+}
+bool remove_barrier(LoopNode& root, int which) { return remove_nth_barrier(root, which); }
+
+// A copy inside a loop that each block runs (over reduction tiles).
+bool copies_in_a_loop(const LoopNode& n, bool in_loop = false) {
+  if (n.kind == LoopNode::Kind::statement) return in_loop && n.statement == LoopNode::Statement::copy;
+  in_loop = in_loop || (n.kind == LoopNode::Kind::loop && n.hardware == LoopNode::Hardware::none);
+  for (const auto* nodes : {&n.body, &n.otherwise})
+    for (const LoopNode& c : *nodes)
+      if (copies_in_a_loop(c, in_loop)) return true;
+  return false;
 }
 
 TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
@@ -403,7 +452,7 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
        {{"I", {DType::f32, {40, 33}}}}},
       {"function (A[M, N]) -> (V) { V[i + j : M + N - 1] = +(A[i, j]); }", {{"A", {DType::f32, {30, 20}}}}},
   };
-  int kernels = 0, shrunk = 0;
+  int kernels = 0, shrunk = 0, tiled = 0, shrunk_tiles = 0, unsynchronized_caught = 0;
   kernels_proven = 0;
   for (int threads : {256, 8}) {
     for (const auto& [text, inputs] : cases) {
@@ -411,6 +460,8 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
       options.target = gpu_target("sm_90");
       options.target.gpu->threads_per_block = threads;
       options.target.gpu->tile_rows = threads == 8 ? 3 : 4;
+      // Small blocks get little shared memory: their reductions run in several tiles.
+      if (threads == 8) options.target.gpu->shared_bytes = 512;
       Lowered lowered = lower(parse_program(text), inputs, options);
       check_plain_nests(lowered);
       IslContext ctx;
@@ -421,7 +472,34 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
         EXPECT_EQ(r.outside, 0) << nest.name << " of " << text;
         EXPECT_EQ(r.repeated, 0) << nest.name << " of " << text;
         EXPECT_EQ(r.shared_elements, 0) << nest.name << " of " << text;
+        EXPECT_EQ(r.uncovered, 0) << nest.name << " of " << text << ": reads outside the copied tile";
         ++kernels;
+        if (!nest.shared.empty()) {
+          ++tiled;
+          EXPECT_GT(r.copies, 0) << nest.name;
+          EXPECT_GT(r.tile_reads, 0) << nest.name;
+          EXPECT_NO_THROW(check_barriers(nest)) << nest.name;
+          // A tile one element shorter along any dimension misses elements the update reads.
+          for (size_t t = 0; t < nest.shared.size(); ++t)
+            for (size_t d = 0; d < nest.shared[t].sizes.size(); ++d) {
+              if (nest.shared[t].sizes[d] < 2) continue;
+              Nest smaller = nest;
+              --smaller.shared[t].sizes[d];
+              EXPECT_GT(run_launch(smaller, *nest.kernel, domain, lowered).uncovered, 0)
+                  << nest.name << ": tile " << t << " shrunk along " << d << " still covers every read";
+              ++shrunk_tiles;
+            }
+          // Without the barrier after the copies, they race with the threads reading the tiles; without the
+          // one after the threads, so does the next reduction tile's copy (none when there is one tile).
+          for (int which = 0; which < 2; ++which) {
+            Nest unsynchronized = nest;
+            EXPECT_TRUE(remove_barrier(unsynchronized.root, which)) << nest.name;
+            if (which == 0 || copies_in_a_loop(nest.root)) {
+              EXPECT_THROW(check_barriers(unsynchronized), InternalError) << nest.name << ": barrier " << which << " removed";
+              ++unsynchronized_caught;
+            }
+          }
+        }
         // Shrinking an axis of the launch leaves points unexecuted.
         for (int a = 0; a < 3; ++a) {
           for (bool blocks : {true, false}) {
@@ -431,7 +509,9 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
             --extent;
             // Count the instances: fewer than the domain's points.
             int64_t instances = 0;
-            run_launch_threads(nest, less, [&](int64_t, const std::vector<int64_t>&) { ++instances; });
+            run_launch_threads(nest, less, [&](int64_t, const LoopNode& n, const std::vector<int64_t>&) {
+              if (n.statement != LoopNode::Statement::copy) ++instances;
+            });
             EXPECT_LT(instances, static_cast<int64_t>(domain.size())) << nest.name << ": a shrunk launch still runs every point";
             ++shrunk;
           }
@@ -442,6 +522,9 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
   EXPECT_GE(kernels, 20);
   EXPECT_GE(shrunk, 20);
   EXPECT_GE(kernels_proven, 8);
+  EXPECT_GE(tiled, 6);
+  EXPECT_GE(shrunk_tiles, 25);
+  EXPECT_GE(unsynchronized_caught, 8);
 }
 
 // Micro-kernel nests run through their loop IR on integers: the fused multiply-adds of uniform blocks

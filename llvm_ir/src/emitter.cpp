@@ -31,7 +31,8 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   lo_->setName("lo");
   hi_->setName("hi");
   if (nest_.kernel) {
-    // GPU semantics on the host: blocks [lo, hi) of the grid (x fastest), each running its threads.
+    // GPU semantics on the host: blocks [lo, hi) of the grid (x fastest); in each, the code mapped to
+    // threads runs for every thread (host_threads).
     const sched::KernelLaunch& k = *nest_.kernel;
     auto clamp = [&](Value* v, int64_t a, int64_t z) {
       v = b_.CreateSelect(b_.CreateICmpSLT(v, b_.getInt64(a)), b_.getInt64(a), v);
@@ -43,11 +44,10 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
       b_.CreateStore(b_.CreateSRem(at, b_.getInt64(k.grid[0])), hardware_[0][0]);
       b_.CreateStore(b_.CreateSRem(b_.CreateSDiv(at, b_.getInt64(k.grid[0])), b_.getInt64(k.grid[1])), hardware_[0][1]);
       b_.CreateStore(b_.CreateSDiv(at, b_.getInt64(k.grid[0] * k.grid[1])), hardware_[0][2]);
-      counted_loop(hardware_[1][2], b_.getInt64(0), b_.getInt64(k.block[2]), [&] {
-        counted_loop(hardware_[1][1], b_.getInt64(0), b_.getInt64(k.block[1]), [&] {
-          counted_loop(hardware_[1][0], b_.getInt64(0), b_.getInt64(k.block[0]), [&] { node(nest_.root, false); });
-        });
-      });
+      // Shared tiles start as NaN (all ones) in every block: an element read before it was copied shows.
+      for (size_t t = 0; t < shared_.size(); ++t)
+        b_.CreateMemSet(shared_[t], b_.getInt8(0xff), m_.getDataLayout().getTypeAllocSize(shared_types_[t]), llvm::MaybeAlign(16));
+      node(nest_.root, false);
     });
   } else {
     node(nest_.root, true);
@@ -110,7 +110,33 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
   if (nest_.kernel) {
     static const char* const names[2][3] = {{"block.x", "block.y", "block.z"}, {"thread.x", "thread.y", "thread.z"}};
     for (int h = 0; h < 2; ++h)
-      for (int a = 0; a < 3; ++a) hardware_[h][a] = b_.CreateAlloca(i64, nullptr, names[h][a]);
+      for (int a = 0; a < 3; ++a) {
+        hardware_[h][a] = b_.CreateAlloca(i64, nullptr, names[h][a]);
+        b_.CreateStore(b_.getInt64(0), hardware_[h][a]);
+      }
+    // Shared tiles: static shared memory (addrspace 3) on the device, a stack array on the host.
+    for (size_t t = 0; t < nest_.shared.size(); ++t) {
+      const sched::SharedTile& tile = nest_.shared[t];
+      llvm::Type* type = storage_type(types_.tensors.at(tile.tensor).dtype);
+      for (size_t d = tile.sizes.size(); d-- > 0;) type = llvm::ArrayType::get(type, static_cast<uint64_t>(tile.sizes[d]));
+      shared_types_.push_back(type);
+      const std::string name = fn->getName().str() + "_shared_" + tile.tensor;
+      if (device_) {
+        auto* g = new llvm::GlobalVariable(m_, type, false, llvm::GlobalValue::InternalLinkage, llvm::UndefValue::get(type), name,
+                                           nullptr, llvm::GlobalValue::NotThreadLocal, 3);
+        g->setAlignment(llvm::Align(16));
+        shared_.push_back(g);
+      } else {
+        auto* a = b_.CreateAlloca(type, nullptr, name);
+        a->setAlignment(llvm::Align(16));
+        shared_.push_back(a);
+      }
+      std::vector<llvm::AllocaInst*> origin;
+      for (size_t d = 0; d < tile.sizes.size(); ++d)
+        origin.push_back(b_.CreateAlloca(i64, nullptr, "origin." + tile.tensor + "." + std::to_string(d)));
+      origins_.push_back(std::move(origin));
+    }
+    if (!nest_.shared.empty()) copy_element_ = b_.CreateAlloca(i64, nullptr, "copy.element");
   }
   if (nest_.microkernel || nest_.reduction) {  // the accumulators: one alloca per register, promoted to SSA
     int lanes = nest_.microkernel ? nest_.microkernel->lanes : nest_.reduction->lanes;
@@ -249,9 +275,37 @@ Value* NestEmitter::floor_mod(Value* x, Value* y) {
   return b_.CreateSelect(adjust, b_.CreateAdd(r, y), r);
 }
 
+void NestEmitter::host_threads(const std::function<void()>& body) {
+  const sched::KernelLaunch& k = *nest_.kernel;
+  in_threads_ = true;
+  counted_loop(hardware_[1][2], b_.getInt64(0), b_.getInt64(k.block[2]), [&] {
+    counted_loop(hardware_[1][1], b_.getInt64(0), b_.getInt64(k.block[1]), [&] {
+      counted_loop(hardware_[1][0], b_.getInt64(0), b_.getInt64(k.block[0]), body);
+    });
+  });
+  in_threads_ = false;
+}
+
+void NestEmitter::barrier() {
+  if (device_) {
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {});
+    return;
+  }
+  // On the host the threads of a block have all run up to here: nothing to wait for.
+  POLYTILE_CHECK(!in_threads_, "kernel ", nest_.name, ": a barrier inside code mapped to threads");
+}
+
 void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   using K = sched::LoopNode::Kind;
+  const bool thread_code = n.kind == K::statement || n.hardware == sched::LoopNode::Hardware::thread;
+  if (nest_.kernel && !device_ && !in_threads_ && thread_code) {
+    host_threads([&] { node(n, outermost); });
+    return;
+  }
   switch (n.kind) {
+    case K::barrier:
+      barrier();
+      return;
     case K::block:  // the root block of a parallel nest holds loops over the split dimension
       for (const auto& c : n.body) node(c, outermost);
       return;
@@ -272,7 +326,8 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
       return;
     }
     case K::statement:
-      if (n.statement == sched::LoopNode::Statement::plain) statement(n.args);
+      if (n.statement == sched::LoopNode::Statement::copy) copy_statement(n);
+      else if (n.statement == sched::LoopNode::Statement::plain) statement(n.args);
       else if (nest_.reduction) reduction_statement(n);
       else microkernel_statement(n);
       return;

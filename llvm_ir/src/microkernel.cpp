@@ -172,7 +172,8 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           }
           break;
         }
-        case St::plain: break;
+        case St::plain:
+        case St::copy: break;
       }
     }
   }

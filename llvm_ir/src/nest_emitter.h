@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,18 @@ class NestEmitter {
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
   void mapped_loop(const sched::LoopNode& n);
+  // On the host, a kernel's code that threads run (a loop mapped to threads, a statement) runs once per
+  // thread of the block, in order: threads run one after another between barriers.
+  void host_threads(const std::function<void()>& body);
+
+  // ------------------------------------------------------------------ shared tiles (sched::SharedTile)
+  // A shared tile's element at `local` (its index in the tile): one GEP into the tile's array of arrays.
+  Value* shared_address(size_t tile, const std::vector<Value*>& local);
+  // The tile's copy by the threads of the block: sets its origin and copies box element e to e's thread.
+  void copy_statement(const sched::LoopNode& n);
+  // The tile of an input the update reads from shared memory, if any.
+  std::optional<size_t> shared_tile(const std::string& tensor) const;
+  void barrier();
 
   // ------------------------------------------------------------------ values
   llvm::Type* storage_type(DType t);
@@ -158,6 +171,11 @@ class NestEmitter {
   std::map<std::string, Value*> ptrs_;
   const bool device_;
   llvm::AllocaInst* hardware_[2][3] = {};  // block and thread indices (x, y, z) of kernel nests
+  bool in_threads_ = false;                // host: inside the loop over a block's threads
+  std::vector<Value*> shared_;             // each shared tile's array (addrspace 3 on the device)
+  std::vector<llvm::Type*> shared_types_;  // ... its type, [s0 x [s1 x ... x element]]
+  std::vector<std::vector<llvm::AllocaInst*>> origins_;  // each tile's origin, set by its copy
+  llvm::AllocaInst* copy_element_ = nullptr;              // the element a thread copies
 };
 
 }  // namespace polytile::llvm_ir::internal

@@ -129,6 +129,11 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
   for (const auto& a : c.inputs) {
     std::vector<Value*> idx;
     for (const auto& p : a.indices) idx.push_back(poly(p, vars));
+    if (auto tile = shared_tile(a.tensor)) {  // from the tile its copy filled: at index - origin
+      for (size_t d = 0; d < idx.size(); ++d) idx[d] = b_.CreateSub(idx[d], b_.CreateLoad(b_.getInt64Ty(), origins_[*tile][d]));
+      in.push_back(load_address(types_.tensors.at(a.tensor).dtype, shared_address(*tile, idx)));
+      continue;
+    }
     in.push_back(input(a.tensor, idx));
   }
   llvm::BasicBlock* skip = nullptr;

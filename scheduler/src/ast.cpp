@@ -17,7 +17,9 @@ namespace polytile::sched::internal {
 using isl_support::text;
 
 StatementIds::StatementIds(const isl::ctx& ctx)
-    : parallel_mark(ctx, "parallel"), block_mark(ctx, "block"), thread_mark(ctx, "thread"), block_step(ctx, "Step") {
+    : parallel_mark(ctx, "parallel"), block_mark(ctx, "block"), thread_mark(ctx, "thread"), block_step(ctx, "Step"),
+      sync_before(ctx, "SyncIn"), sync_after(ctx, "SyncOut") {
+  for (size_t t = 0; t < max_tiles; ++t) copies_.emplace_back(ctx, "C" + std::to_string(t));
   using St = LoopNode::Statement;
   // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
   const std::tuple<const char*, St, bool> kinds[] = {
@@ -31,6 +33,17 @@ const isl::id& StatementIds::id(LoopNode::Statement kind, bool predicated) const
   for (const Entry& e : table_)
     if (e.kind == kind && e.predicated == predicated) return e.id;
   POLYTILE_CHECK(false, "no statement id for this kind");
+}
+
+const isl::id& StatementIds::copy(size_t tile) const {
+  POLYTILE_CHECK(tile < copies_.size(), "shared tile ", tile, " of at most ", copies_.size());
+  return copies_[tile];
+}
+
+std::optional<size_t> StatementIds::copy_tile(const isl::id& id) const {
+  for (size_t t = 0; t < copies_.size(); ++t)
+    if (copies_[t].get() == id.get()) return t;
+  return std::nullopt;
 }
 
 std::optional<std::pair<LoopNode::Statement, bool>> StatementIds::find(const isl::id& id) const {
@@ -50,8 +63,8 @@ class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
                 const std::set<int>& parallel_dims, const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims,
-                const BlockStep* step)
-      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step) {
+                const BlockStep* step, const SharedCopies* copies)
+      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), copies_(copies) {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
@@ -156,6 +169,11 @@ class AstTranslator {
     std::vector<LoopExpr> args;
     for (unsigned i = 1; i < call.n_arg(); ++i) args.push_back(expr(call.arg(static_cast<int>(i))));
     if (step_ && id.get() == statements_.block_step.get()) return expand(*step_, args);
+    if (id.get() == statements_.sync_before.get() || id.get() == statements_.sync_after.get()) {
+      out.kind = LoopNode::Kind::barrier;
+      return out;
+    }
+    if (auto tile = statements_.copy_tile(id)) return copy(*tile, args);
     auto kind = statements_.find(id);
     POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
     std::tie(out.statement, out.predicated) = *kind;
@@ -175,6 +193,21 @@ class AstTranslator {
     else if (!step.uniform) out = variant(*step.predicated, true, args);
     else out = choose(step.uniform_block, variant(*step.uniform, false, args), variant(*step.predicated, true, args));
     for (const isl::id& p : step.params) bound_.erase(p.get());
+    return out;
+  }
+
+  // The copy of shared tile `tile` at the block and reduction tile `args`: its arguments are the tile's
+  // origin there.
+  LoopNode copy(size_t tile, const std::vector<LoopExpr>& args) {
+    POLYTILE_CHECK(copies_ && tile < copies_->origins.size() && args.size() == copies_->params.size(),
+                   "a copy of shared tile ", tile, " that the kernel does not have");
+    for (size_t k = 0; k < args.size(); ++k) bound_[copies_->params[k].get()] = args[k];
+    LoopNode out;
+    out.kind = LoopNode::Kind::statement;
+    out.statement = LoopNode::Statement::copy;
+    out.tile = static_cast<int>(tile);
+    for (const isl::ast_expr& e : copies_->origins[tile]) out.args.push_back(expr(e));
+    for (const isl::id& p : copies_->params) bound_.erase(p.get());
     return out;
   }
 
@@ -219,6 +252,7 @@ class AstTranslator {
   std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
   const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
+  const SharedCopies* copies_;           // the copy statements' origins, in kernels with shared tiles
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
 };
 
@@ -328,7 +362,7 @@ std::string BlockStep::str() const {
          indented(variant(*predicated, "p")) + "}\n";
 }
 
-void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step) {
+void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step, const SharedCopies* copies) {
   nest.tree = text(sched);
   int depth = 0;  // schedule dimensions: the deepest band's depth plus its members
   sched.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
@@ -345,7 +379,7 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
   const auto hardware = hardware_dimensions(sched, statements);
-  AstTranslator translator(statements, iterators, safe, hardware, step);
+  AstTranslator translator(statements, iterators, safe, hardware, step, copies);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();
   finish_parallel(nest);

@@ -7,6 +7,11 @@
 // (rows along y, columns interleaved along x so a warp touches consecutive elements) runs innermost, so
 // each thread keeps rows x cols accumulators across its reductions. A nest with no coincident member
 // runs sequentially on one thread.
+// Shared memory (PPCG's promotion): an update's inputs that the threads of a block share are read from
+// shared tiles. The reductions are tiled by a band between blocks and threads; per block and reduction
+// tile, the threads copy each promoted input's footprint (isl's fixed box hull, proven to cover it) into
+// its tile together, wait at a barrier, compute, and wait again before the next copy. The reduction tiles
+// start whole and the widest is halved until the tiles fit the model's shared memory.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -39,12 +44,12 @@ struct Mapped {
 }  // namespace
 
 isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                          const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch) {
+                                          const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
+                                          std::vector<SharedTile>& shared, SharedCopies& copies) {
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
   std::optional<NeutralBand> band = read_band(neutral, vars, order);
   if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
-  isl::schedule_node root = neutral.root().child(0);
   const size_t parallel = band->parallel;
   const std::vector<std::string>& perm = band->members;
   const std::vector<int64_t>& extents = band->extents;
@@ -89,22 +94,142 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     launch.block[a] = dims[a].threads;
   }
   launch.sequential = false;
-  // Bands, outermost first: blocks (z, y, x), threads (z, y, x), reductions, the register tile.
+  // Bands, outermost first: blocks (z, y, x), [reduction tiles], threads (z, y, x), reductions, the register tile.
   std::vector<std::string> blocks, threads, registers;
+  int64_t block_points = 1;  // outputs of a block
   for (size_t a = dims.size(); a-- > 0;) {
     blocks.push_back(dims[a].block());
     threads.push_back(dims[a].thread());
     if (dims[a].per_thread > 1) registers.push_back(dims[a].reg());
+    block_points *= dims[a].threads * dims[a].per_thread;
   }
   std::vector<std::string> rest(perm.begin() + static_cast<long>(parallel), perm.end());
-  root = isl_support::delete_node(root);
-  if (!registers.empty()) root = insert_band(root, vars, registers, std::vector<bool>(registers.size(), true), true);
-  if (!rest.empty()) root = insert_band(root, vars, rest, std::vector<bool>(rest.size(), false), true);
-  root = insert_band(root, vars, threads, std::vector<bool>(threads.size(), true), true);
-  root = root.insert_mark(statements.thread_mark);
-  root = insert_band(root, vars, blocks, std::vector<bool>(blocks.size(), true), true);
-  root = root.insert_mark(statements.block_mark);
-  return root.schedule();
+  auto tree_with = [&](const std::vector<int64_t>& tiles) {
+    isl::schedule_node at = isl_support::delete_node(neutral.root().child(0));
+    if (!registers.empty()) at = insert_band(at, vars, registers, std::vector<bool>(registers.size(), true), true);
+    if (!rest.empty()) at = insert_band(at, vars, rest, std::vector<bool>(rest.size(), false), true);
+    at = insert_band(at, vars, threads, std::vector<bool>(threads.size(), true), true);
+    at = at.insert_mark(statements.thread_mark);
+    if (!tiles.empty()) {
+      std::vector<std::string> members;
+      for (size_t k = 0; k < tiles.size(); ++k) members.push_back(floor_div(shifted(parallel + k), tiles[k]));
+      at = insert_band(at, vars, members, std::vector<bool>(members.size(), false), true);
+    }
+    at = insert_band(at, vars, blocks, std::vector<bool>(blocks.size(), true), true);
+    return at.insert_mark(statements.block_mark).schedule();
+  };
+  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
+  // A block of one z value holds one value of each member z linearizes: the copies know them too (as
+  // floor and mod of the block's z, which isl works out), so that a footprint's box follows each one.
+  std::vector<std::string> z_members;
+  if (parallel >= 3 && dims[2].threads * dims[2].per_thread == 1)
+    for (size_t k = 0; k + 2 < parallel; ++k) z_members.push_back(shifted(k));
+  // Reduction tiles: the whole range of each reduction, the widest halved until the promoted tiles fit.
+  std::vector<int64_t> tiles(extents.begin() + static_cast<long>(parallel), extents.end());
+  for (;;) {
+    const isl::schedule tree = tree_with(tiles);
+    int64_t per_tile = block_points;
+    for (int64_t t : tiles) per_tile *= t;
+    const isl::union_map steps = copy_steps(tree, vars, z_members);
+    std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
+    int64_t bytes = 0;
+    for (const Promoted& p : promoted) bytes += p.tile.elements() * static_cast<int64_t>(p.element_bytes);
+    if (bytes <= std::min<int64_t>(gpu.shared_bytes, 48 * 1024)) return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, copies);
+    auto widest = std::max_element(tiles.begin(), tiles.end());
+    if (*widest == 1) return tree_with({});  // not even one reduction point per tile fits
+    *widest = (*widest + 1) / 2;
+  }
+}
+
+// The copies' steps: each point of S to the block and reduction tile it runs in (the prefix schedule at
+// the thread mark), followed by the values of `extra` (expressions of the variables, the same at every
+// point of a block).
+isl::union_map NestBuilder::copy_steps(const isl::schedule& tree, const std::vector<std::string>& vars,
+                                       const std::vector<std::string>& extra) {
+  const isl::union_map prefix = thread_mark(tree).prefix_schedule_union_map().intersect_domain(tree.get_domain());
+  if (extra.empty()) return prefix;
+  const isl::union_map values(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(extra) + "] }");
+  return isl::manage(isl_union_map_flat_range_product(prefix.copy(), values.copy()));
+}
+
+// The inputs to promote at a tree's reduction tiles: each read tensor whose footprint over one step (a
+// block and a reduction tile) has a fixed-size box that isl proves covers it, and whose elements are read
+// at least `min_reuse` times per tile on average.
+std::vector<NestBuilder::Promoted> NestBuilder::promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile,
+                                                        int64_t min_reuse) {
+  std::vector<Promoted> out;
+  std::vector<std::string> seen;
+  for (const NestFacts::Read& r : facts.reads) {
+    if (std::find(seen.begin(), seen.end(), r.tensor) != seen.end()) continue;
+    seen.push_back(r.tensor);
+    if (out.size() == StatementIds::max_tiles) break;
+    isl::union_map accesses = isl::union_map(r.access);
+    for (const NestFacts::Read& other : facts.reads)
+      if (other.tensor == r.tensor) accesses = accesses.unite(isl::union_map(other.access));
+    const isl::map footprint = steps.reverse().apply_range(accesses).as_map();
+    const isl::fixed_box box = footprint.range_simple_fixed_box_hull();
+    if (!box.is_valid()) continue;
+    Promoted p;
+    p.tile.tensor = r.tensor;
+    p.element_bytes = r.element_bytes;
+    const isl::multi_val size = box.size();
+    for (unsigned d = 0; d < size.size(); ++d) p.tile.sizes.push_back(size.at(static_cast<int>(d)).get_num_si());
+    if (p.tile.elements() * min_reuse > per_tile) continue;
+    // The proof: every element a block's valid points read in a reduction tile lies in the box there.
+    isl::set local = isl::set::universe(footprint.range().space());
+    for (unsigned d = 0; d < size.size(); ++d)
+      local = isl::manage(isl_set_upper_bound_si(isl_set_lower_bound_si(local.release(), isl_dim_set, d, 0), isl_dim_set, d,
+                                                 static_cast<int>(p.tile.sizes[d] - 1)));
+    const isl::map cover = isl::manage(isl_map_sum(
+        box.offset().as_map().release(), isl_map_from_domain_and_range(footprint.domain().release(), local.release())));
+    POLYTILE_CHECK(footprint.is_subset(cover), "isl's box of ", r.tensor, "'s footprint does not cover it");
+    p.offset = box.offset();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+isl::schedule_node NestBuilder::thread_mark(const isl::schedule& tree) {
+  isl::schedule_node n = tree.root();
+  while (!(n.isa<isl::schedule_node_mark>() && isl_support::mark_id(n).get() == statements.thread_mark.get())) {
+    POLYTILE_CHECK(n.n_children() == 1, "no thread mark in a GPU tree");
+    n = n.child(0);
+  }
+  return n;
+}
+
+// The copies and barriers of promoted tiles, grafted around the threads (as PPCG does) for every block and
+// reduction tile with points: C0, C1, ..., SyncIn, the threads, SyncOut.
+isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::union_map& steps,
+                                        const std::vector<Promoted>& promoted, std::vector<SharedTile>& shared,
+                                        SharedCopies& copies) {
+  isl::schedule_node node = thread_mark(tree);
+  const isl::set all = steps.range().as_set();
+  const unsigned depth = all.tuple_dim();
+  copies.params.clear();
+  for (unsigned k = 0; k < depth; ++k) copies.params.emplace_back(ctx.get(), "P" + std::to_string(k));
+  isl::id_list ids(ctx.get(), static_cast<int>(depth));
+  for (const isl::id& id : copies.params) ids = ids.add(id);
+  const isl::set context = all.bind(isl::multi_id(all.space(), ids));
+  const isl::ast_build build = isl::ast_build::from_context(context);
+  // Each block and reduction tile (the prefix schedule's values) to its step, as a statement.
+  const isl::map step_of = node.prefix_schedule_union_map().reverse().apply_range(steps).as_map();
+  auto graft = [&](const isl::id& statement) {
+    return isl::schedule_node::from_extension(isl::union_map(step_of.set_range_tuple(statement)));
+  };
+  for (size_t t = 0; t < promoted.size(); ++t) {
+    shared.push_back(promoted[t].tile);
+    // The origin as expressions of the parameters.
+    const isl::set origin = promoted[t].offset.as_map().bind_domain(isl::multi_id(all.space(), ids));
+    std::vector<isl::ast_expr> exprs;
+    for (unsigned d = 0; d < origin.tuple_dim(); ++d) 
+      exprs.push_back(build.expr_from(isl::manage(isl_set_dim_max(origin.copy(), static_cast<int>(d)))));
+    copies.origins.push_back(std::move(exprs));
+    node = node.graft_before(graft(statements.copy(t)));
+  }
+  node = node.graft_before(graft(statements.sync_before));
+  node = node.graft_after(graft(statements.sync_after));
+  return node.schedule();
 }
 
 // The mapped loops of a kernel must enclose every statement on every axis with more than one block or
@@ -122,6 +247,8 @@ bool NestBuilder::finish_kernel(Nest& nest) {
       for (int h = 0; h < 2; ++h)
         for (int a = 0; a < 3; ++a) {
           const auto hw = h == 0 ? LoopNode::Hardware::block : LoopNode::Hardware::thread;
+          // A copy runs on all the threads of its block together: it is inside no thread loop.
+          if (h == 1 && n.statement == LoopNode::Statement::copy) continue;
           bool in = std::any_of(stack.begin(), stack.end(), [&](const LoopNode* l) { return l->hardware == hw && l->axis == a; });
           ++(in ? inside : outside)[h][a];
         }

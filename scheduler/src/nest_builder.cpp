@@ -74,9 +74,15 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   const isl::schedule neutral = neutral_tree(domain, vars, order, coincident);
   if (target.gpu) {
     nest.kernel.emplace();
-    generate(nest, gpu_plain_nest(neutral, vars, order, facts, *nest.kernel));
-    if (finish_kernel(nest)) return;
+    SharedCopies copies;
+    const isl::schedule tree = gpu_plain_nest(neutral, vars, order, facts, *nest.kernel, nest.shared, copies);
+    generate(nest, tree, nullptr, &copies);
+    if (finish_kernel(nest)) {
+      check_barriers(nest);
+      return;
+    }
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
+    nest.shared.clear();
     generate(nest, neutral);
     return;
   }

@@ -35,6 +35,12 @@ class StatementIds {
   const isl::id parallel_mark;
   const isl::id block_mark, thread_mark;  // GPU kernels: bands mapped to the launch's blocks and threads
   const isl::id block_step;  // a micro-kernel's one statement in its tree (see BlockStep)
+  // GPU kernels: the copy of shared tile t (C0, C1, ...; see SharedTile) and the barriers before and after
+  // the threads that read the tiles.
+  const isl::id& copy(size_t tile) const;
+  std::optional<size_t> copy_tile(const isl::id& id) const;
+  const isl::id sync_before, sync_after;
+  static constexpr size_t max_tiles = 4;
 
  private:
   struct Entry {
@@ -43,6 +49,15 @@ class StatementIds {
     bool predicated;
   };
   std::vector<Entry> table_;
+  std::vector<isl::id> copies_;
+};
+
+// The copy statements of a kernel's shared tiles: C<t>(prefix) sets tile t's origin to origins[t], isl
+// expressions of `params` -- bound to the statement's arguments, the values of the block and reduction
+// tile dimensions.
+struct SharedCopies {
+  std::vector<isl::id> params;
+  std::vector<std::vector<isl::ast_expr>> origins;
 };
 
 // What the driver knows about a plain nest, for the strategy: facts, not decisions.
@@ -51,6 +66,13 @@ struct NestFacts {
   bool update = false;                // the band's members after the coincident ones are reductions
   bool innermost_contiguous = false;  // the band's last member is the variable contiguous in the output
   int64_t output_bytes = 0;           // the size of the tensor written
+  // Update nests: the input accesses over S (domain -> element), with the element size of their tensor.
+  struct Read {
+    std::string tensor;
+    isl::map access;
+    size_t element_bytes = 4;
+  };
+  std::vector<Read> reads;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
@@ -110,9 +132,24 @@ struct NestBuilder {
                                const std::vector<size_t>& order, const NestFacts& facts);
   // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
   // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
-  // can be mapped).
+  // can be mapped). An update whose inputs are reused across the block's threads gets a band of
+  // reduction tiles between blocks and threads, and its reused inputs are promoted to `shared` tiles
+  // whose copies (`copies`) and barriers are grafted before and after the threads.
   isl::schedule gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                               const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch);
+                               const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
+                               std::vector<SharedTile>& shared, SharedCopies& copies);
+  // Shared-memory promotion (gpu_strategy.cpp): the inputs worth a tile at the tree's reduction tiles, and
+  // the tree with their copies and barriers grafted in.
+  struct Promoted {
+    SharedTile tile;
+    size_t element_bytes = 4;
+    isl::multi_aff offset;  // the tile's origin, a function of the block and reduction tile dimensions
+  };
+  isl::union_map copy_steps(const isl::schedule& tree, const std::vector<std::string>& vars, const std::vector<std::string>& extra);
+  std::vector<Promoted> promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile, int64_t min_reuse);
+  isl::schedule_node thread_mark(const isl::schedule& tree);
+  isl::schedule graft_copies(const isl::schedule& tree, const isl::union_map& steps, const std::vector<Promoted>& promoted,
+                             std::vector<SharedTile>& shared, SharedCopies& copies);
   // After translation: launch extents of axes no loop is mapped to become 1; false when an axis is mapped
   // around some statements and not others (the nest must then run sequentially).
   static bool finish_kernel(Nest& nest);
@@ -124,7 +161,7 @@ struct NestBuilder {
                                  bool as_written = false);
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
-  void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr);
+  void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr, const SharedCopies* copies = nullptr);
   // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);

@@ -57,6 +57,7 @@ const char* statement_name(LoopNode::Statement s) {
     case LoopNode::Statement::fma: return "Fma";
     case LoopNode::Statement::store: return "Store";
     case LoopNode::Statement::epilogue: return "Epilogue";
+    case LoopNode::Statement::copy: return "Copy";
   }
   return "?";
 }
@@ -88,9 +89,11 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
     case LoopNode::Kind::statement: {
       std::string args;
       for (size_t k = 0; k < n.args.size(); ++k) args += (k ? ", " : "") + n.args[k].str();
-      out += pad + statement_name(n.statement) + (n.predicated ? "p" : "") + "(" + args + ")\n";
+      const std::string tile = n.statement == LoopNode::Statement::copy ? std::to_string(n.tile) : "";
+      out += pad + statement_name(n.statement) + tile + (n.predicated ? "p" : "") + "(" + args + ")\n";
       return;
     }
+    case LoopNode::Kind::barrier: out += pad + "barrier\n"; return;
   }
 }
 
@@ -126,6 +129,11 @@ std::string print_loops(const Schedule& schedule) {
       };
       out += k.sequential ? "; kernel on one thread (nothing mapped to blocks and threads)"
                           : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
+      for (size_t t = 0; t < nest.shared.size(); ++t) {
+        std::string sizes;
+        for (int64_t d : nest.shared[t].sizes) sizes += (sizes.empty() ? "" : "x") + std::to_string(d);
+        out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + sizes;
+      }
     }
     out += ")\n";
     print_node(nest.root, 1, out);

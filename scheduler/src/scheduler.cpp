@@ -157,7 +157,8 @@ class ProgramScheduler {
     for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
     // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first.
     const size_t members = target_.gpu ? identity.size() : 1;
-    builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0, {dtype_bytes(t.dtype)});
+    builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0,
+                   {dtype_bytes(t.dtype), false, false, 0, {}});
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
@@ -219,9 +220,13 @@ class ProgramScheduler {
     for (int64_t d : t.shape) out_bytes *= d;
     if (!target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
       return true;
-    if (target_.gpu || !builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel))
-      builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0,
-                     NestFacts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes});
+    if (target_.gpu || !builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel)) {
+      NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
+      for (size_t k = 0; k < c.inputs.size(); ++k)
+        facts.reads.push_back({c.inputs[k].tensor, analysis.reads[k].set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain)),
+                               dtype_bytes(types_.tensors.at(c.inputs[k].tensor).dtype)});
+      builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0, facts);
+    }
     out_.nests.push_back(std::move(update));
     return false;
   }

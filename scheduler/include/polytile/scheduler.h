@@ -37,6 +37,11 @@ struct GpuModel {
   // along the second mapped dimension, cols interleaved along the first, so that a warp's loads and
   // stores stay coalesced), with the reduction loops outside the tile.
   int tile_rows = 4, tile_cols = 4;
+  // Shared memory for promoted inputs (SharedTile) per block, at most; 0 promotes nothing. The tiles are
+  // static shared memory, of which every sm_75+ GPU gives a block 48 KiB (the most used, whatever this says).
+  int64_t shared_bytes = 48 * 1024;
+  // An input is promoted when each element of its tile is read at least this many times per tile.
+  int64_t min_reuse = 4;
 };
 
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
@@ -67,16 +72,20 @@ struct LoopExpr {
 };
 
 struct LoopNode {
-  enum class Kind { block, loop, guard, statement };
+  // barrier: in a GPU kernel, every thread of the block waits here until all have arrived (and their
+  // shared-memory writes are visible); never inside a loop mapped to threads (see check_barriers).
+  enum class Kind { block, loop, guard, statement, barrier };
   // GPU kernels: a loop mapped to the hardware runs one iteration per block (or thread) of the launch, the
   // one whose index along `axis` (0 = x, 1 = y, 2 = z) equals the iterator's value -- when that value lies
   // in the loop's range (lower <= it, condition, a multiple of step from lower); the others run nothing.
   enum class Hardware { none, block, thread };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
-  enum class Statement { plain, zero, load, fma, store, epilogue };
+  // `copy` fills a kernel's shared tile (Nest::shared[tile]) with all the threads of its block.
+  enum class Statement { plain, zero, load, fma, store, epilogue, copy };
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
+  int tile = -1;            // copy: the index of its shared tile
   // loop: for (it = lower; condition; it += step)
   int iterator = -1;
   LoopExpr lower, condition;
@@ -134,6 +143,22 @@ struct KernelLaunch {
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
 };
 
+// A GPU kernel's input promoted to shared memory (as PPCG promotes): for one block of outputs and one
+// tile of the reduction loops, a box of the input that holds every element the block's valid points read
+// in the tile (isl's fixed box hull of the footprint; isl proves the cover when the kernel is built). A
+// `copy` statement, run by all the threads of the block together (box element e, row-major, by the
+// thread whose linear index is e modulo the block's thread count, so that consecutive threads read
+// consecutive elements), sets the tile's origin -- its arguments, one index per dimension of the input --
+// and fills the box from the input; elements outside the input's bounds are left unset, as no valid point
+// reads them. Until the next copy of the tile, the update statement reads the input's element at `index`
+// from the tile's element at `index - origin`. Barriers separate a copy from the threads that read the
+// tile and those from the next copy (check_barriers).
+struct SharedTile {
+  std::string tensor;
+  std::vector<int64_t> sizes;
+  int64_t elements() const;
+};
+
 // One loop nest and the statement its instances execute.
 struct Nest {
   enum class Kind { init, update, finalize, elementwise };
@@ -153,6 +178,7 @@ struct Nest {
   std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
   std::optional<KernelLaunch> kernel;      // GPU targets: every nest is a kernel
+  std::vector<SharedTile> shared;          // kernels: inputs of the update read from shared memory
   // Update nests: cheap elementwise producers of inputs read by nothing else, evaluated where the input
   // is read instead of being materialized (keyed by the input tensor).
   std::map<std::string, Elementwise> inlined;
@@ -186,6 +212,13 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
 // absorbed producer's expression with that producer's dtype (recursively) put back as the producer's tensor, is the statement of
 // `original` with the same output, and every absorbed producer was no output. InternalError otherwise.
 void verify_fusion(const Program& original, const Program& fused, const ProgramTypes& types);
+
+// The synchronization of a kernel's loop IR, as the host runs it (threads one after another between
+// barriers) and as the GPU does (all at once): no barrier or copy inside a loop mapped to threads (where
+// threads may diverge), and along every path through the block's code -- loops taken twice, so that one
+// iteration's end meets the next one's start -- a barrier between a copy of a tile and the threads that
+// read it, and between those and the next copy. InternalError naming the nest otherwise.
+void check_barriers(const Nest& nest);
 
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).

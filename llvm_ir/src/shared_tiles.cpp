@@ -1,0 +1,53 @@
+// NestEmitter (nest_emitter.h): a kernel's shared tiles (sched::SharedTile) -- the cooperative copy that
+// fills a tile and sets its origin, and the addresses the update reads from.
+#include "nest_emitter.h"
+
+namespace polytile::llvm_ir::internal {
+
+std::optional<size_t> NestEmitter::shared_tile(const std::string& tensor) const {
+  for (size_t t = 0; t < nest_.shared.size(); ++t)
+    if (nest_.shared[t].tensor == tensor) return t;
+  return std::nullopt;
+}
+
+Value* NestEmitter::shared_address(size_t tile, const std::vector<Value*>& local) {
+  std::vector<Value*> idx{b_.getInt64(0)};
+  idx.insert(idx.end(), local.begin(), local.end());
+  return b_.CreateGEP(shared_types_.at(tile), shared_.at(tile), idx);
+}
+
+// Box element e (row-major) goes to the thread whose linear index (x fastest) is e modulo the block's
+// threads: consecutive threads copy consecutive elements of the box's last dimension.
+void NestEmitter::copy_statement(const sched::LoopNode& n) {
+  const size_t t = static_cast<size_t>(n.tile);
+  const sched::SharedTile& tile = nest_.shared.at(t);
+  const TensorType& type = types_.tensors.at(tile.tensor);
+  auto* i64 = b_.getInt64Ty();
+  const std::vector<Value*> origin = loop_exprs(n.args);
+  for (size_t d = 0; d < origin.size(); ++d) b_.CreateStore(origin[d], origins_[t][d]);
+  const sched::KernelLaunch& k = *nest_.kernel;
+  Value* thread = b_.CreateAdd(b_.CreateLoad(i64, hardware_[1][0]),
+                               b_.CreateMul(b_.getInt64(k.block[0]), b_.CreateAdd(b_.CreateLoad(i64, hardware_[1][1]),
+                                                                                 b_.CreateMul(b_.getInt64(k.block[1]), b_.CreateLoad(i64, hardware_[1][2])))));
+  const int64_t threads = k.block[0] * k.block[1] * k.block[2];
+  emit_loop(copy_element_, thread, threads, [&] { return b_.CreateICmpSLT(b_.CreateLoad(i64, copy_element_), b_.getInt64(tile.elements())); }, [&] {
+    Value* rest = b_.CreateLoad(i64, copy_element_);
+    std::vector<Value*> local(tile.sizes.size()), global(tile.sizes.size());
+    Value* inside = b_.getTrue();
+    for (size_t d = tile.sizes.size(); d-- > 0;) {
+      local[d] = b_.CreateURem(rest, b_.getInt64(tile.sizes[d]));
+      rest = b_.CreateUDiv(rest, b_.getInt64(tile.sizes[d]));
+      global[d] = b_.CreateAdd(origin[d], local[d]);
+      inside = b_.CreateAnd(inside, b_.CreateICmpULT(global[d], b_.getInt64(type.shape[d])));  // 0 <= g < extent
+    }
+    auto* copy_bb = llvm::BasicBlock::Create(ctx_, "copy", fn_);
+    auto* next_bb = llvm::BasicBlock::Create(ctx_, "copy.next", fn_);
+    b_.CreateCondBr(inside, copy_bb, next_bb);
+    b_.SetInsertPoint(copy_bb);
+    store_address(type.dtype, shared_address(t, local), input(tile.tensor, global));
+    b_.CreateBr(next_bb);
+    b_.SetInsertPoint(next_bb);
+  });
+}
+
+}  // namespace polytile::llvm_ir::internal
