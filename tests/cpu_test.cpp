@@ -112,7 +112,10 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   o.target.gpu->threads_per_block = 8;
   o.target.gpu->tile_rows = 2;
   o.target.gpu->tile_cols = 3;
-  out.emplace_back("sm_80 with 8-thread blocks and 2x3 register tiles", o);
+  // Sums with fewer than 64 blocks of outputs split their reductions into slices of 2 points or more.
+  o.target.gpu->min_blocks = 64;
+  o.target.gpu->min_slice = 2;
+  out.emplace_back("sm_80 with 8-thread blocks, 2x3 register tiles and split reductions", o);
   return out;
 }
 

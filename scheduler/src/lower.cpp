@@ -63,7 +63,9 @@ Lowered lower(const Program& source, const std::map<std::string, TensorType>& in
   if (verify) verify_fusion(unfused, p, types);
   types = carry_types(types, p, inputs, verify, "fusion");
   if (!options.target.gpu) p = prepare_layouts(p, types, options.target, verify);  // for the CPU's micro-kernels
-  out.types = carry_types(types, p, inputs, verify, "layouts");
+  types = carry_types(types, p, inputs, verify, "layouts");
+  p = split_reductions(p, types, options.target, verify);  // for the GPU's blocks
+  out.types = carry_types(types, p, inputs, verify, "split reductions");
   out.program = std::move(p);
   out.times.passes = seconds_since(t0);
 

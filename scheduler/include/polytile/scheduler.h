@@ -42,6 +42,13 @@ struct GpuModel {
   int64_t shared_bytes = 48 * 1024;
   // An input is promoted when each element of its tile is read at least this many times per tile.
   int64_t min_reuse = 4;
+  // Split reductions (split_reductions): a sum whose outputs fill fewer blocks than this (two per
+  // multiprocessor of an A100; an H100 has 132) is computed in slices of its longest reduction variable,
+  // each slice with at least min_slice reduction points per output element, the partial sums taking at
+  // most max_split_bytes.
+  int64_t min_blocks = 216;
+  int64_t min_slice = 256;
+  int64_t max_split_bytes = int64_t{256} << 20;
 };
 
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
@@ -207,6 +214,14 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 // InternalError naming the pass.
 Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = {},
                         bool verify = false);
+
+// Split reductions, for GPU targets (the CPU's threads split output loops): a sum whose outputs would
+// fill fewer than GpuModel::min_blocks blocks is split along its longest reduction variable r into S
+// slices (r = S*q + s): a contraction of partial sums O_slices[s, outputs...] and the sum of the slices
+// into O (which keeps its default). Other targets and statements are left as they are. With `verify`,
+// isl proves each split contraction's slices hold the original's valid points, each once, reading the
+// same elements (poly::verify_rewrite).
+Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify = false);
 
 // Translation validation of fuse_elementwise: every statement of `fused`, with each cast(e, t) whose e is an
 // absorbed producer's expression with that producer's dtype (recursively) put back as the producer's tensor, is the statement of

@@ -1,0 +1,145 @@
+// Split reductions (scheduler.h): a GPU kernel gets its parallelism from output elements, so a sum with few
+// of them and long reductions (a convolution's weight gradient: 3x3x64x64 outputs, 100 000 points each)
+// leaves most of the GPU idle. Such a sum becomes partial sums over S slices of L consecutive values of
+// its longest reduction variable, r = L*s + q with 0 <= q < L, the slice s a new leading output index of
+// a scratch tensor, and the sum of the slices (r from its least value m: r = m + L*s + q):
+//   O_slices[s, o... : S, shape...] = +(A[... L*s + q ...] * B[...]), q < L;   O[o...] = +(O_slices[s, o...]) (default D)
+// The slices run as blocks of their own; every slice with no point for an element leaves its partial sum
+// at 0, which the second sum adds exactly.
+#include <algorithm>
+#include <set>
+
+#include "polytile/error.h"
+#include "polytile/polyhedral.h"
+#include "polytile/scheduler.h"
+#include "polytile/verify.h"
+
+namespace polytile::sched {
+namespace {
+
+struct Split {
+  std::string variable;
+  int64_t least = 0;               // the variable's least value
+  int64_t slices = 1, length = 1;  // S slices of L consecutive values
+};
+
+// The split worth making, if any: the model's minimum of blocks not reached by the outputs alone, and
+// enough reduction points per output element left in each slice.
+std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const GpuModel& gpu) {
+  if (c.aggregation != AggregationOp::sum || gpu.min_blocks <= 1) return std::nullopt;
+  // Outputs indexed by plain variables (a weight gradient, a matmul, a total): the slices' kernels stay
+  // as simple for isl as the original. (A defracted data gradient's lattice of outputs, with the slice
+  // linearized in, costs isl seconds; it has many outputs anyway.)
+  for (const auto& p : c.output_indices)
+    if (p.index_terms().size() != 1 || p != Polynomial::index(p.index_terms().begin()->first)) return std::nullopt;
+  const TensorType& out = types.tensors.at(c.output);
+  int64_t outputs = 1;
+  for (int64_t d : out.shape) outputs *= d;
+  const int64_t per_block = int64_t{gpu.threads_per_block} * gpu.tile_rows * gpu.tile_cols;
+  const int64_t blocks = std::max<int64_t>(1, (outputs + per_block - 1) / per_block);
+  if (blocks >= gpu.min_blocks || outputs == 0) return std::nullopt;
+  const poly::ContractionAnalysis a = poly::analyze(c, types);
+  if (a.empty) return std::nullopt;
+  std::set<std::string> in_output;
+  for (const auto& p : c.output_indices)
+    for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
+  std::optional<Split> best;
+  int64_t reduction = 1, widest = 0;
+  for (const auto& b : a.bounds) {
+    if (in_output.count(b.name)) continue;
+    const int64_t extent = b.max - b.min + 1;
+    reduction *= extent;
+    if (extent > widest) {
+      widest = extent;
+      best = Split{b.name, b.min};
+    }
+  }
+  if (!best || widest < 2) return std::nullopt;
+  // Slices of equal length: as many as the blocks wanted, each with at least min_slice points.
+  int64_t slices = std::min((gpu.min_blocks + blocks - 1) / blocks, widest);
+  slices = std::min(slices, std::max<int64_t>(1, reduction / std::max<int64_t>(1, gpu.min_slice)));
+  if (slices < 2) return std::nullopt;
+  best->length = (widest + slices - 1) / slices;
+  best->slices = (widest + best->length - 1) / best->length;
+  if (best->slices < 2 || best->slices * outputs * static_cast<int64_t>(dtype_bytes(out.dtype)) > gpu.max_split_bytes) return std::nullopt;
+  return best;
+}
+
+struct SplitContraction {
+  Contraction partial, total;
+  // The partial sums written straight into the output (no slice index, 0 <= s < S a constraint): the
+  // original's points under the change of variables r = m + L*s + q, for the proof.
+  Contraction flattened;
+  poly::Substitution substitution;
+};
+
+SplitContraction split(const Contraction& c, const Split& plan, std::set<std::string>& tensors) {
+  std::vector<std::string> vars = c.index_variables();
+  std::set<std::string> taken(vars.begin(), vars.end());
+  const std::string s = fresh_name(plan.variable + "_slice", taken), q = fresh_name(plan.variable + "_step", taken);
+  const Polynomial value = Polynomial::index(s) * Rational(plan.length) + Polynomial::index(q) + Rational(plan.least);
+  auto substitute = [&](const Polynomial& p) { return p + (value - Polynomial::index(plan.variable)) * p.coefficient(plan.variable); };
+  SplitContraction out;
+  Contraction& flat = out.flattened;
+  flat = c;
+  flat.init.reset();
+  for (auto& p : flat.output_indices) p = substitute(p);
+  for (auto& a : flat.inputs)
+    for (auto& p : a.indices) p = substitute(p);
+  for (auto& k : flat.constraints) k.poly = substitute(k.poly);
+  flat.constraints.push_back({Polynomial::index(q), DimExpr(plan.length)});
+  out.partial = flat;
+  flat.constraints.push_back({Polynomial::index(s), DimExpr(plan.slices)});
+  out.partial.output = fresh_name(c.output + "_slices", tensors);
+  out.partial.output_indices.insert(out.partial.output_indices.begin(), Polynomial::index(s));
+  out.partial.output_shape.insert(out.partial.output_shape.begin(), DimExpr(plan.slices));
+  // O[o...] = +(O_slices[s, o...]) over the output's own indices.
+  Contraction& total = out.total;
+  total.output = c.output;
+  total.aggregation = AggregationOp::sum;
+  total.combination = CombinationOp::none;
+  total.output_shape = c.output_shape;
+  total.init = c.init;
+  TensorAccess slices{out.partial.output, {Polynomial::index("s")}};
+  for (size_t k = 0; k < c.output_shape.size(); ++k) {
+    const Polynomial o = Polynomial::index("o" + std::to_string(k));
+    total.output_indices.push_back(o);
+    slices.indices.push_back(o);
+  }
+  total.inputs.push_back(slices);
+  out.substitution.old_variables = vars;
+  for (const auto& v : vars) out.substitution.values.push_back(v == plan.variable ? value : Polynomial::index(v));
+  return out;
+}
+
+}  // namespace
+
+Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify) {
+  if (!target.gpu) return program;
+  Program out = program;
+  out.statements.clear();
+  std::set<std::string> tensors;
+  for (const auto& in : program.inputs) tensors.insert(in.name);
+  for (const auto& st : program.statements) tensors.insert(statement_output(st));
+  for (const auto& st : program.statements) {
+    const auto* c = std::get_if<Contraction>(&st);
+    std::optional<Split> plan = c ? plan_split(*c, types, *target.gpu) : std::nullopt;
+    if (!plan) {
+      out.statements.push_back(st);
+      continue;
+    }
+    SplitContraction parts = split(*c, *plan, tensors);
+    if (verify) {  // the slices hold the original's points, each once, reading the same elements
+      Contraction before = *c;
+      before.init.reset();
+      poly::RewriteContext rc;
+      rc.types = &types;
+      poly::verify_rewrite("split reductions", before, parts.flattened, rc, parts.substitution);
+    }
+    out.statements.push_back(parts.partial);
+    out.statements.push_back(parts.total);
+  }
+  return out;
+}
+
+}  // namespace polytile::sched
