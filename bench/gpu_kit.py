@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Makes a GPU kit: what a GPU machine without LLVM, isl or NTL needs to check and time polytile's kernels.
 
-Usage: bench/gpu_kit.py [KIT] [--target sm_90] [--polytile build/polytile] [--runtime-build build-runtime]
+Usage: bench/gpu_kit.py [KIT] [--target sm_90] [--gpu-model KEY=VALUE,...] [--polytile build/polytile]
+                        [--runtime-build build-runtime]
 
 On this machine (with LLVM), for the GPU machine:
   KIT/bin, KIT/lib   polytile-run-bundle, cuda_runtime_test and polytile_gpu_bench from a runtime-only
@@ -13,7 +14,9 @@ On this machine (with LLVM), for the GPU machine:
                      random inputs and the reference interpreter's outputs (.npy), and the arguments of
                      polytile-run-bundle that check the GPU's outputs against them
 Then, on the GPU machine, bench/gpu_run.sh KIT runs the runtime's tests, every check (outputs poisoned
-with NaN before the launch, so an unwritten element fails) and the benchmark.
+with NaN before the launch, so an unwritten element fails) and the benchmark. --gpu-model is passed to
+every `polytile compile` (e.g. shared=0,split-blocks=0 for a kit without shared tiles and split
+reductions, to compare with).
 Needs numpy for the random inputs.
 """
 import argparse
@@ -40,10 +43,11 @@ def shape_args(shapes):
     return [a for s in shapes for a in ("--shape", s)]
 
 
-def compile_bundle(polytile, tile, shapes, out, target):
+def compile_bundle(polytile, tile, shapes, out, flags):
+    """`flags`: the target and GPU model arguments of `polytile compile`."""
     if os.path.exists(out):
         shutil.rmtree(out)
-    run([polytile, "compile", tile, *shape_args(shapes), "-o", out, "--target", target])
+    run([polytile, "compile", tile, *shape_args(shapes), "-o", out, *flags])
 
 
 def signature(text):
@@ -54,7 +58,7 @@ def signature(text):
     return ins, outs
 
 
-def check_case(polytile, name, tile, inputs, target, kit):
+def check_case(polytile, name, tile, inputs, flags, kit):
     """One check: the bundle, inputs, the interpreter's outputs, and run-bundle's arguments."""
     d = os.path.join(kit, "check", name)
     os.makedirs(d, exist_ok=True)
@@ -65,7 +69,7 @@ def check_case(polytile, name, tile, inputs, target, kit):
         np.save(path, value)
         args += ["--input", f"{n}=check/{name}/in_{n}.npy"]
         shapes.append(f"{n}=" + "x".join(str(s) for s in value.shape))
-    compile_bundle(polytile, tile, shapes, os.path.join(d, "bundle"), target)
+    compile_bundle(polytile, tile, shapes, os.path.join(d, "bundle"), flags)
     _, outs = signature(open(tile).read())
     interp = [polytile, "run", tile, "--backend", "interp"]
     for n in inputs:
@@ -83,9 +87,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kit", nargs="?", default=os.path.join(root, "build", "gpu_kit"))
     ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--gpu-model", default="")
     ap.add_argument("--polytile", default=os.path.join(root, "build", "polytile"))
     ap.add_argument("--runtime-build", default=os.path.join(root, "build-runtime"))
     a = ap.parse_args()
+    flags = ["--target", a.target] + (["--gpu-model", a.gpu_model] if a.gpu_model else [])
     kit = os.path.abspath(a.kit)
     if os.path.exists(kit):
         shutil.rmtree(kit)
@@ -125,7 +131,7 @@ def main():
                 shapes_here = shapes + [f"D{out_name}=" + "x".join(x.strip() for x in m.group(1).split(","))]
             else:
                 shapes_here = shapes
-            compile_bundle(a.polytile, src, shapes_here, os.path.join(kit, "bundles", case, direction), a.target)
+            compile_bundle(a.polytile, src, shapes_here, os.path.join(kit, "bundles", case, direction), flags)
             print(f"bundle {case}/{direction}")
 
     # Every example and its gradient, and the benchmark's programs at odd sizes with their gradients, on
@@ -135,7 +141,7 @@ def main():
 
     def check_with_gradients(name, tile, inputs, wrts):
         """The program, and its gradient with respect to each of `wrts` (None: all inputs at once)."""
-        outs = check_case(a.polytile, name, tile, inputs, a.target, kit)
+        outs = check_case(a.polytile, name, tile, inputs, flags, kit)
         names.append(name)
         for wrt in wrts:
             gname = f"{name}_grad" + (f"_{wrt}" if wrt else "")
@@ -146,7 +152,7 @@ def main():
             for n in signature(open(grad).read())[0]:
                 if n not in ginputs:  # D<output>, the adjoint of an output
                     ginputs[n] = rng.standard_normal(outs[n[1:]].shape).astype(np.float32)
-            check_case(a.polytile, gname, grad, ginputs, a.target, kit)
+            check_case(a.polytile, gname, grad, ginputs, flags, kit)
             names.append(gname)
         print(f"check {name} and its gradients")
 

@@ -254,6 +254,40 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
                  "needs a GPU --target");
   one_line_error(cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "gpu-sim", "--target", "gfx90a"}),
                  "'gfx90a' is not an NVIDIA architecture");
+  // --gpu-model: the strategy's sizes. The defaults promote the matmul's inputs to shared tiles and split
+  // its long reduction; shared=0 and split-blocks=0 turn both off; threads and tile change the launch.
+  // (Integer inputs: the split sums exactly as the interpreter does.)
+  const std::string matmul = kExamples + "matmul.tile";
+  const std::vector<std::string> mm{"lower", matmul, "--emit", "loops", "--target", "sm_90", "--shape", "A=64x512", "--shape", "B=512x48"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return cli(a);
+  };
+  Result tiled = cli(mm);
+  ASSERT_EQ(tiled.code, 0) << tiled.err;
+  EXPECT_NE(tiled.out.find("shared tile 0 A"), std::string::npos) << tiled.out;
+  EXPECT_NE(tiled.out.find("nest C_slices.update"), std::string::npos) << tiled.out;
+  Result plain = with(mm, {"--gpu-model", "shared=0,split-blocks=0"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("shared tile"), std::string::npos) << plain.out;
+  EXPECT_EQ(plain.out.find("C_slices"), std::string::npos) << plain.out;
+  Result small = with(mm, {"--gpu-model", "threads=64,tile=2x2,split-blocks=0"});
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_NE(small.out.find("block 32x2x1"), std::string::npos) << small.out;
+  Result split_sim = cli({"run", matmul, "--random", "A=8x300:i32", "--random", "B=300x5:i32", "--backend", "gpu-sim", "--gpu-model",
+                          "split-blocks=64,split-slice=16"});
+  Result split_interp = cli({"run", matmul, "--random", "A=8x300:i32", "--random", "B=300x5:i32", "--backend", "interp"});
+  ASSERT_EQ(split_sim.code, 0) << split_sim.err;
+  EXPECT_EQ(split_sim.out, split_interp.out);
+  one_line_error(with(mm, {"--gpu-model", "bogus=1"}), "--gpu-model: unknown key 'bogus'");
+  one_line_error(with(mm, {"--gpu-model", "shared=1,shared=2"}), "shared is given twice");
+  one_line_error(with(mm, {"--gpu-model", "threads=2000"}), "--gpu-model threads must be between 1 and 1024");
+  one_line_error(with(mm, {"--gpu-model", "tile=4"}), "expects ROWSxCOLS");
+  one_line_error(with(mm, {"--gpu-model", "shared"}), "is not KEY=VALUE");
+  one_line_error(cli({"lower", matmul, "--emit", "loops", "--shape", "A=4x4", "--shape", "B=4x4", "--gpu-model", "threads=64"}),
+                 "--gpu-model needs a GPU --target");
+  one_line_error(cli({"run", matmul, "--random", "A=4x4", "--random", "B=4x4", "--gpu-model", "threads=64"}),
+                 "--gpu-model needs the cuda or gpu-sim backend");
   if (cuda::driver_status().state != cuda::DriverStatus::State::ready) {
     // Without a GPU, the cuda backend compiles and then says in one line that there is nothing to run on.
     Result cuda = cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "cuda"});

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "polytile/autodiff.h"
@@ -54,7 +55,7 @@ domain is empty (they write nothing).
 )";
 
 const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--target cpu|sm_XY]
-                      [--verbose] [--verify]
+                      [--gpu-model KEY=VALUE,...] [--verbose] [--verify]
 
 Prints one stage of the compiler for FILE.tile:
   tile        the normalized Tile text
@@ -62,7 +63,8 @@ Prints one stage of the compiler for FILE.tile:
               (needs --shape for every input)
   reduced     contractions after `reduce`: every output index a single variable
   defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
-  lowered     the program after every pass of the pipeline (cond-miss lowering, fusion, layouts): what
+  lowered     the program after every pass of the pipeline (cond-miss lowering, fusion, layouts, split
+              reductions): what
               the schedule computes (needs --shape)
   schedule    the isl schedule tree of every loop nest, with its marks: parallel, tile, reduction_tile, point,
               vector_RxVxL (a micro-kernel of R rows x V vectors of L lanes) (needs --shape)
@@ -75,6 +77,12 @@ Prints one stage of the compiler for FILE.tile:
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --target T                  cpu (default: this machine) or an NVIDIA GPU sm_XY (sm_75 on): the schedule,
                               ast and loops stages then show the kernels' block and thread mapping
+  --gpu-model KEY=VALUE,...   with a GPU --target: the GPU strategy's sizes instead of the defaults, e.g.
+                              threads=128,tile=4x2,shared=0 -- keys: threads (per block, default 256),
+                              tile (register tile RxC, 4x4), shared (bytes of shared tiles per block, 49152;
+                              0: no shared tiles), reuse (reads per element for a tile, 4), split-blocks (sums
+                              whose outputs fill fewer blocks are split, 216; 0: never), split-slice (least
+                              reduction points per slice, 256)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -98,6 +106,7 @@ input's name). Outputs named with --output are written as .npy; the others are p
                                gpu-sim (the --target GPU kernels compiled for this CPU and run with GPU
                                semantics: each block's threads in turn; checks a GPU schedule without a GPU)
   --target sm_XY               cuda, gpu-sim: the GPU architecture (default sm_90)
+  --gpu-model KEY=VALUE,...    cuda, gpu-sim: the GPU strategy's sizes (see lower --help)
   --tune                       cpu: time a few schedule variants on this machine (each time printed to stderr)
                                and run the fastest
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
@@ -109,7 +118,8 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --repeat N                   run N times (default 1); the outputs are those of the last run
 )";
 
-const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o DIR [--target sm_XY] [--verify]
+const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o DIR [--target sm_XY]
+                        [--gpu-model KEY=VALUE,...] [--verify]
 
 Compiles FILE.tile for an NVIDIA GPU (no GPU needed) and writes a kernel bundle to DIR: kernels.ptx and
 manifest.txt (the target, the buffers with their roles, dtypes and shapes, and the kernels in launch order
@@ -120,6 +130,7 @@ registers, spills and shared memory ptxas reports.
   --shape NAME=DIMS[:DTYPE]   input shape (every input)
   -o DIR                      the bundle's directory (created)
   --target sm_XY              GPU architecture, sm_75 and later (default sm_90)
+  --gpu-model KEY=VALUE,...   the GPU strategy's sizes (see lower --help)
   --verify                    prove every rewriting pass with isl
 )";
 
@@ -229,6 +240,53 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
   }
 }
 
+// --gpu-model KEY=VALUE,...: the GPU strategy's sizes (sched::GpuModel), each key at most once.
+const char* kGpuModelHelp =
+    "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per\n"
+    "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice)";
+
+sched::GpuModel parse_gpu_model(const std::string& spec) {
+  sched::GpuModel m;
+  std::set<std::string> seen;
+  std::stringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (eq == std::string::npos || value.empty()) user_error("--gpu-model: '", item, "' is not KEY=VALUE (keys: ", kGpuModelHelp, ")");
+    if (!seen.insert(key).second) user_error("--gpu-model: ", key, " is given twice");
+    const std::string opt = "--gpu-model " + key;
+    auto number = [&](int64_t lo, int64_t hi) {
+      const int64_t v = parse_int(opt, value);
+      if (v < lo || v > hi) user_error(opt, " must be between ", lo, " and ", hi, ", got ", v);
+      return v;
+    };
+    if (key == "threads") {
+      m.threads_per_block = static_cast<int>(number(1, 1024));
+    } else if (key == "tile") {
+      const size_t x = value.find('x');
+      if (x == std::string::npos) user_error(opt, " expects ROWSxCOLS, e.g. 4x4, got '", value, "'");
+      auto part = [&](const std::string& v) {
+        const int64_t n = parse_int(opt, v);
+        if (n < 1 || n > 16) user_error(opt, ": rows and columns must be between 1 and 16, got ", n);
+        return static_cast<int>(n);
+      };
+      m.tile_rows = part(value.substr(0, x));
+      m.tile_cols = part(value.substr(x + 1));
+    } else if (key == "shared") {
+      m.shared_bytes = number(0, 48 * 1024);
+    } else if (key == "reuse") {
+      m.min_reuse = number(1, int64_t{1} << 30);
+    } else if (key == "split-blocks") {
+      m.min_blocks = number(0, int64_t{1} << 30);
+    } else if (key == "split-slice") {
+      m.min_slice = number(1, int64_t{1} << 30);
+    } else {
+      user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
+    }
+  }
+  return m;
+}
+
 int cmd_check(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
@@ -256,6 +314,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
   std::string emit, target;
+  std::optional<sched::GpuModel> model;
   bool verbose = false, verify = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
@@ -265,6 +324,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
       emit = value;
     } else if (opt == "--target") {
       target = value;
+    } else if (opt == "--gpu-model") {
+      model = parse_gpu_model(value);
     } else if (opt == "--verbose") {
       verbose = value == "true" || value == "1" || value == "yes";
     } else if (opt == "--verify") {
@@ -274,6 +335,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     }
   }
   if (emit.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
+  if (model && (target.empty() || target == "cpu")) user_error("lower: --gpu-model needs a GPU --target sm_XY");
   std::optional<ProgramTypes> types;
   if (!shapes.empty()) types = infer_types(p, shapes);
   poly::PassContext ctx{types ? &*types : nullptr, verify};
@@ -292,6 +354,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     sched::LowerOptions options;
     options.target = target.empty() || target == "cpu" ? cpu::host_target()  // what `run` compiles on this machine
                                                         : sched::gpu_target(target);
+    if (model) options.target.gpu = model;
     options.verify = verify;
     sched::Lowered lowered = sched::lower(p, shapes, options);  // no code generation
     out << (emit == "lowered"    ? print(lowered.program)
@@ -304,6 +367,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
     ptx::Options options;
     if (!target.empty()) options.arch = target;
     options.verify = verify;
+    options.model = model;
     ptx::Compiled compiled = ptx::compile(p, shapes, options);
     out << (emit == "ptx" ? compiled.bundle.ptx : compiled.llvm_ir);
   } else if (emit == "llvm") {
@@ -368,6 +432,8 @@ int cmd_compile(const Args& a, std::ostream& out) {
       options.arch = value;
     } else if (opt == "-o") {
       dir = value;
+    } else if (opt == "--gpu-model") {
+      options.model = parse_gpu_model(value);
     } else if (opt == "--verify") {
       options.verify = true;
     } else {
@@ -417,6 +483,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   uint64_t seed = 1;
   int64_t limit = 64;
   std::string backend = "cpu", target = "sm_90";
+  std::optional<sched::GpuModel> model;
   bool tune = false, verify = false, time = false;
   int64_t threads = 0, repeat = 1;
   for (const auto& [opt, value] : a.options) {
@@ -446,6 +513,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       backend = value;
     } else if (opt == "--target") {
       target = value;
+    } else if (opt == "--gpu-model") {
+      model = parse_gpu_model(value);
     } else if (opt == "--seed") {
       seed = static_cast<uint64_t>(parse_int(opt, value));
     } else if (opt == "--limit") {
@@ -460,6 +529,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
   if (verify && backend == "interp") user_error("--verify needs a compiling backend (the interpreter runs no passes)");
   if (threads && !compiled_here) user_error("--threads needs the cpu or gpu-sim backend");
+  if (model && backend != "cuda" && backend != "gpu-sim") user_error("--gpu-model needs the cuda or gpu-sim backend");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -480,6 +550,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   options.verify = verify;
   options.threads = static_cast<int>(threads);
   if (backend == "gpu-sim") options.target = sched::gpu_target(target);
+  if (backend == "gpu-sim" && model) options.target.gpu = model;
   std::map<std::string, TensorType> types;
   for (const auto& [name, b] : inputs) types[name] = TensorType{b.dtype(), b.shape()};
   std::shared_ptr<const cpu::CompiledProgram> compiled;
@@ -491,6 +562,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     ptx::Options popts;
     popts.arch = target;
     popts.verify = verify;
+    popts.model = model;
     kernels = ptx::compile(p, types, popts);
     if (time) err << "compile: text to PTX " << ms(kernels->seconds * 1e3) << "\n";
   }
