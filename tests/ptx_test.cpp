@@ -59,7 +59,7 @@ void expect_assembles(const Compiled& c, const std::string& arch, const std::str
     EXPECT_EQ(r->spill_loads, 0) << what << " " << k.name << "\n" << a.log;
     EXPECT_GT(r->registers, 0) << what << " " << k.name << "\n" << a.log;
     EXPECT_LE(r->registers, 255) << what << " " << k.name;
-    EXPECT_LE(r->shared_bytes, 48 * 1024) << what << " " << k.name;
+    EXPECT_LE(r->shared_bytes, sched::GpuModel::static_shared_limit) << what << " " << k.name;
     EXPECT_LE(k.block[0] * k.block[1] * k.block[2], 1024) << what << " " << k.name;
   }
 }

@@ -64,8 +64,7 @@ Prints one stage of the compiler for FILE.tile:
   reduced     contractions after `reduce`: every output index a single variable
   defracted   contractions after `reduce` and `defract`: integer coefficients, digit constraints
   lowered     the program after every pass of the pipeline (cond-miss lowering, fusion, layouts, split
-              reductions): what
-              the schedule computes (needs --shape)
+              reductions): what the schedule computes (needs --shape)
   schedule    the isl schedule tree of every loop nest, with its marks: parallel, tile, reduction_tile, point,
               vector_RxVxL (a micro-kernel of R rows x V vectors of L lanes) (needs --shape)
   ast         the loops isl generates from those schedules, as C (needs --shape)
@@ -242,7 +241,7 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 
 // --gpu-model KEY=VALUE,...: the GPU strategy's sizes (sched::GpuModel), each key at most once.
 const char* kGpuModelHelp =
-    "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per\n"
+    "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
@@ -273,7 +272,7 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.tile_rows = part(value.substr(0, x));
       m.tile_cols = part(value.substr(x + 1));
     } else if (key == "shared") {
-      m.shared_bytes = number(0, 48 * 1024);
+      m.shared_bytes = number(0, sched::GpuModel::static_shared_limit);
     } else if (key == "reuse") {
       m.min_reuse = number(1, int64_t{1} << 30);
     } else if (key == "split-blocks") {

@@ -26,11 +26,11 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const std::vector<Value*> origin = loop_exprs(n.args);
   for (size_t d = 0; d < origin.size(); ++d) b_.CreateStore(origin[d], origins_[t][d]);
   const sched::KernelLaunch& k = *nest_.kernel;
-  Value* thread = b_.CreateAdd(b_.CreateLoad(i64, hardware_[1][0]),
-                               b_.CreateMul(b_.getInt64(k.block[0]), b_.CreateAdd(b_.CreateLoad(i64, hardware_[1][1]),
-                                                                                 b_.CreateMul(b_.getInt64(k.block[1]), b_.CreateLoad(i64, hardware_[1][2])))));
+  auto id = [&](int axis) { return b_.CreateLoad(i64, hardware_[1][axis]); };
+  Value* thread = b_.CreateAdd(id(0), b_.CreateMul(b_.getInt64(k.block[0]), b_.CreateAdd(id(1), b_.CreateMul(b_.getInt64(k.block[1]), id(2)))));
   const int64_t threads = k.block[0] * k.block[1] * k.block[2];
-  emit_loop(copy_element_, thread, threads, [&] { return b_.CreateICmpSLT(b_.CreateLoad(i64, copy_element_), b_.getInt64(tile.elements())); }, [&] {
+  auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(i64, copy_element_), b_.getInt64(tile.elements())); };
+  emit_loop(copy_element_, thread, threads, more, [&] {
     Value* rest = b_.CreateLoad(i64, copy_element_);
     std::vector<Value*> local(tile.sizes.size()), global(tile.sizes.size());
     Value* inside = b_.getTrue();

@@ -12,9 +12,7 @@ namespace polytile::sched {
 Program lower_cond_misses(const Program& p, const std::map<std::string, TensorType>* verify_with) {
   Program out = p;
   out.statements.clear();
-  std::set<std::string> names;
-  for (const auto& in : p.inputs) names.insert(in.name);
-  for (const auto& st : p.statements) names.insert(statement_output(st));
+  std::set<std::string> names = tensor_names(p);
   auto fresh = [&names](const std::string& base) { return fresh_name(base, names); };
   std::vector<std::tuple<Contraction, Contraction, Contraction>> rewritten;  // original, raw, hits
   for (const auto& st : p.statements) {

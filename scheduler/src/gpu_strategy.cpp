@@ -134,7 +134,8 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.elements() * static_cast<int64_t>(p.element_bytes);
-    if (bytes <= std::min<int64_t>(gpu.shared_bytes, 48 * 1024)) return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, copies);
+    if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit))
+      return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, copies);
     auto widest = std::max_element(tiles.begin(), tiles.end());
     if (*widest == 1) return tree_with({});  // not even one reduction point per tile fits
     *widest = (*widest + 1) / 2;
@@ -222,7 +223,7 @@ isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::un
     // The origin as expressions of the parameters.
     const isl::set origin = promoted[t].offset.as_map().bind_domain(isl::multi_id(all.space(), ids));
     std::vector<isl::ast_expr> exprs;
-    for (unsigned d = 0; d < origin.tuple_dim(); ++d) 
+    for (unsigned d = 0; d < origin.tuple_dim(); ++d)
       exprs.push_back(build.expr_from(isl::manage(isl_set_dim_max(origin.copy(), static_cast<int>(d)))));
     copies.origins.push_back(std::move(exprs));
     node = node.graft_before(graft(statements.copy(t)));

@@ -298,9 +298,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
   }
   Program out = program;
   out.statements.clear();
-  std::set<std::string> names;
-  for (const auto& in : program.inputs) names.insert(in.name);
-  for (const auto& st : program.statements) names.insert(statement_output(st));
+  std::set<std::string> names = tensor_names(program);
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
     std::optional<MicroPlan> plan;

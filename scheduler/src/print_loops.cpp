@@ -124,16 +124,15 @@ std::string print_loops(const Schedule& schedule) {
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
     if (nest.kernel) {
       const KernelLaunch& k = *nest.kernel;
-      auto dims = [](const std::array<int64_t, 3>& d) {
-        return std::to_string(d[0]) + "x" + std::to_string(d[1]) + "x" + std::to_string(d[2]);
+      auto dims = [](const auto& d) {  // "AxBxC"
+        std::string s;
+        for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+        return s;
       };
       out += k.sequential ? "; kernel on one thread (nothing mapped to blocks and threads)"
                           : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
-      for (size_t t = 0; t < nest.shared.size(); ++t) {
-        std::string sizes;
-        for (int64_t d : nest.shared[t].sizes) sizes += (sizes.empty() ? "" : "x") + std::to_string(d);
-        out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + sizes;
-      }
+      for (size_t t = 0; t < nest.shared.size(); ++t)
+        out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + dims(nest.shared[t].sizes);
     }
     out += ")\n";
     print_node(nest.root, 1, out);

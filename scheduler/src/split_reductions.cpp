@@ -61,7 +61,8 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   if (slices < 2) return std::nullopt;
   best->length = (widest + slices - 1) / slices;
   best->slices = (widest + best->length - 1) / best->length;
-  if (best->slices < 2 || best->slices * outputs * static_cast<int64_t>(dtype_bytes(out.dtype)) > gpu.max_split_bytes) return std::nullopt;
+  const int64_t scratch = best->slices * outputs * static_cast<int64_t>(dtype_bytes(out.dtype));
+  if (best->slices < 2 || scratch > gpu.max_split_bytes) return std::nullopt;
   return best;
 }
 
@@ -118,9 +119,7 @@ Program split_reductions(const Program& program, const ProgramTypes& types, cons
   if (!target.gpu) return program;
   Program out = program;
   out.statements.clear();
-  std::set<std::string> tensors;
-  for (const auto& in : program.inputs) tensors.insert(in.name);
-  for (const auto& st : program.statements) tensors.insert(statement_output(st));
+  std::set<std::string> tensors = tensor_names(program);
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
     std::optional<Split> plan = c ? plan_split(*c, types, *target.gpu) : std::nullopt;

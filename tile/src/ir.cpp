@@ -813,6 +813,13 @@ std::string fresh_name(std::string base, std::set<std::string>& taken) {
   return base;
 }
 
+std::set<std::string> tensor_names(const Program& p) {
+  std::set<std::string> names;
+  for (const auto& in : p.inputs) names.insert(in.name);
+  for (const auto& st : p.statements) names.insert(statement_output(st));
+  return names;
+}
+
 std::vector<std::string> statement_operands(const Statement& s) {
   std::vector<std::string> used;
   if (const auto* c = std::get_if<Contraction>(&s)) {

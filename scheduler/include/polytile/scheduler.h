@@ -39,7 +39,8 @@ struct GpuModel {
   int tile_rows = 4, tile_cols = 4;
   // Shared memory for promoted inputs (SharedTile) per block, at most; 0 promotes nothing. The tiles are
   // static shared memory, of which every sm_75+ GPU gives a block 48 KiB (the most used, whatever this says).
-  int64_t shared_bytes = 48 * 1024;
+  static constexpr int64_t static_shared_limit = 48 * 1024;
+  int64_t shared_bytes = static_shared_limit;
   // An input is promoted when each element of its tile is read at least this many times per tile.
   int64_t min_reuse = 4;
   // Split reductions (split_reductions): a sum whose outputs fill fewer blocks than this (two per
@@ -215,10 +216,11 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = {},
                         bool verify = false);
 
-// Split reductions, for GPU targets (the CPU's threads split output loops): a sum whose outputs would
-// fill fewer than GpuModel::min_blocks blocks is split along its longest reduction variable r into S
-// slices (r = S*q + s): a contraction of partial sums O_slices[s, outputs...] and the sum of the slices
-// into O (which keeps its default). Other targets and statements are left as they are. With `verify`,
+// Split reductions, for GPU targets (the CPU's threads split output loops): a sum indexed by plain
+// variables whose outputs would fill fewer than GpuModel::min_blocks blocks is split along its longest
+// reduction variable r into S slices of L consecutive values (r = least + L*s + q, 0 <= q < L): a
+// contraction of partial sums O_slices[s, outputs...] and the sum of the slices into O (which keeps its
+// default). Other targets and statements are left as they are. With `verify`,
 // isl proves each split contraction's slices hold the original's valid points, each once, reading the
 // same elements (poly::verify_rewrite).
 Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify = false);

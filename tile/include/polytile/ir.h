@@ -272,6 +272,10 @@ struct Program {
   std::vector<Statement> statements;
 };
 
+// The names a program's tensors take: its inputs and every statement's output (what fresh_name must avoid
+// for a new tensor).
+std::set<std::string> tensor_names(const Program& p);
+
 // Symbolic checks shared by both front ends: names defined before use and assigned once, ranks agree,
 // dims bound before use, combination arity, no dim/tensor name clash, outputs defined. UserError naming
 // the offending object otherwise.
