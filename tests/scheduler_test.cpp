@@ -291,8 +291,10 @@ int64_t evaluate(const LoopExpr& e, const std::vector<int64_t>& it) {
 
 // `hw`: in a GPU kernel, the block (x, y, z) and thread (x, y, z) indices of the thread that runs: a mapped
 // loop runs its body once, with its iterator at its index, when that lies in the loop's range.
-void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<void(const LoopNode&, const std::vector<int64_t>&)>& visit,
-               const std::array<int64_t, 6>* hw = nullptr) {
+// A statement's instance: its arguments and, in kernels with accumulators, its accumulator's position.
+using Visit = std::function<void(const LoopNode&, const std::vector<int64_t>& args, const std::vector<int64_t>& position)>;
+// A register loop's iterator must stay in [0, unroll): the emitter runs it over that range.
+void run_loops(const LoopNode& n, std::vector<int64_t>& it, const Visit& visit, const std::array<int64_t, 6>* hw = nullptr) {
   auto children = [&](const std::vector<LoopNode>& nodes) {
     for (const LoopNode& c : nodes) run_loops(c, it, visit, hw);
   };
@@ -310,7 +312,12 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
         if (v >= lower && evaluate(n.condition, it) && (v - lower) % n.step == 0) children(n.body);
         break;
       }
-      for (it.at(i) = evaluate(n.lower, it); evaluate(n.condition, it); it[i] += n.step) children(n.body);
+      for (it.at(i) = evaluate(n.lower, it); evaluate(n.condition, it); it[i] += n.step) {
+        if (n.unroll) {
+          EXPECT_TRUE(it[i] >= 0 && it[i] < n.unroll) << "register loop c" << n.iterator << " at " << it[i];
+        }
+        children(n.body);
+      }
       break;
     }
     case LoopNode::Kind::guard:
@@ -318,9 +325,10 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
       break;
     case LoopNode::Kind::barrier: break;
     case LoopNode::Kind::statement: {
-      std::vector<int64_t> args;
+      std::vector<int64_t> args, position;
       for (const LoopExpr& a : n.args) args.push_back(evaluate(a, it));
-      visit(n, args);
+      for (const LoopExpr& a : n.registers) position.push_back(evaluate(a, it));
+      visit(n, args, position);
       break;
     }
   }
@@ -328,7 +336,8 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const std::function<
 
 // Every thread of a launch (blocks and threads in order) runs the kernel's loop IR.
 void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
-                        const std::function<void(int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args)>& visit) {
+                        const std::function<void(int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args,
+                                                 const std::vector<int64_t>& position)>& visit) {
   std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
   std::array<int64_t, 6> hw{};
   for (hw[2] = 0; hw[2] < launch.grid[2]; ++hw[2])
@@ -339,7 +348,9 @@ void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
             for (hw[3] = 0; hw[3] < launch.block[0]; ++hw[3]) {
               int64_t thread = 0;
               for (size_t k = 0; k < 6; ++k) thread = thread * 4096 + hw[k];
-              run_loops(nest.root, it, [&](const LoopNode& n, const std::vector<int64_t>& args) { visit(thread, n, args); }, &hw);
+              run_loops(nest.root, it, [&](const LoopNode& n, const std::vector<int64_t>& args, const std::vector<int64_t>& position) {
+                visit(thread, n, args, position);
+              }, &hw);
             }
 }
 
@@ -348,10 +359,16 @@ void run_launch_threads(const Nest& nest, const KernelLaunch& launch,
 // domain exactly once (none outside the grid or the block, none twice); every output element is written
 // by one thread only. Shrinking any axis of a launch loses points: the check sees it. In kernels with
 // shared tiles, every element an update reads from a tile lies in the box the thread's last copy of that
-// tile filled (origin, origin + size): shrinking a tile leaves elements uncovered.
+// tile filled (origin, origin + size): shrinking a tile leaves elements uncovered. In kernels with
+// accumulators, each thread's accumulators are followed: an update aggregates into the position that
+// its thread loaded with its own output element (else misplaced), a load never replaces a position
+// still loaded nor loads an element another position holds (else clobbered), a store writes the element
+// its position was loaded with (else misplaced), and no position is left loaded when the thread ends
+// (else unstored).
 struct LaunchRun {
   int64_t instances = 0, outside = 0, repeated = 0, shared_elements = 0;
   int64_t copies = 0, tile_reads = 0, uncovered = 0;
+  int64_t acc_loads = 0, acc_stores = 0, misplaced = 0, clobbered = 0, unstored = 0;
 };
 
 // The points of a bounded set.
@@ -372,11 +389,43 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
   std::map<std::vector<int64_t>, int> seen;
   std::map<std::vector<int64_t>, int64_t> writer;  // element -> linear thread id
   std::map<std::pair<int64_t, int>, std::vector<int64_t>> origin;  // (thread, tile) -> origin of its last copy
+  // (thread, position) -> the element loaded there, while loaded
+  std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<int64_t>> loaded;
   const Contraction* c = nest.kind == Nest::Kind::update ? &contraction(lowered.program, nest.tensor) : nullptr;
-  run_launch_threads(nest, launch, [&](int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args) {
-    if (statement.statement == LoopNode::Statement::copy) {
+  std::map<std::string, int64_t> values;  // the statement's variables
+  auto at = [&](const std::vector<Polynomial>& index) {
+    std::vector<int64_t> out;
+    for (const Polynomial& q : index) {
+      Polynomial b = q.bind_dims(lowered.types.dims);
+      Rational v = b.constant();
+      for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
+      out.push_back(v.num() / v.den());
+    }
+    return out;
+  };
+  run_launch_threads(nest, launch, [&](int64_t thread, const LoopNode& statement, const std::vector<int64_t>& args,
+                                       const std::vector<int64_t>& position) {
+    using St = LoopNode::Statement;
+    if (statement.statement == St::copy) {
       origin[{thread, statement.tile}] = args;
       ++out.copies;
+      return;
+    }
+    if (statement.statement == St::acc_load || statement.statement == St::acc_store) {
+      values.clear();
+      for (size_t k = 0; k < args.size(); ++k) values[nest.variables.at(nest.accumulators->variables.at(k))] = args[k];
+      const std::vector<int64_t> element = at(c->output_indices);
+      if (statement.statement == St::acc_load) {
+        ++out.acc_loads;
+        for (const auto& [slot, held] : loaded)
+          if (slot.first == thread && (slot.second == position || held == element)) ++out.clobbered;
+        loaded[{thread, position}] = element;
+        return;
+      }
+      ++out.acc_stores;
+      auto slot = loaded.find({thread, position});
+      if (slot == loaded.end() || slot->second != element) ++out.misplaced;
+      if (slot != loaded.end()) loaded.erase(slot);
       return;
     }
     ++out.instances;
@@ -384,19 +433,13 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
     if (++seen[args] > 1) ++out.repeated;
     std::vector<int64_t> element = args;
     if (c) {
-      std::map<std::string, int64_t> values;
+      values.clear();
       for (size_t k = 0; k < nest.variables.size(); ++k) values[nest.variables[k]] = args[k];
-      auto at = [&](const std::vector<Polynomial>& index) {
-        std::vector<int64_t> out;
-        for (const Polynomial& q : index) {
-          Polynomial b = q.bind_dims(lowered.types.dims);
-          Rational v = b.constant();
-          for (const auto& [var, coeff] : b.index_terms()) v = v + coeff * Rational(values.at(var));
-          out.push_back(v.num() / v.den());
-        }
-        return out;
-      };
       element = at(c->output_indices);
+      if (nest.accumulators) {
+        auto slot = loaded.find({thread, position});
+        if (slot == loaded.end() || slot->second != element) ++out.misplaced;
+      }
       for (const auto& input : c->inputs)
         for (size_t t = 0; t < nest.shared.size(); ++t) {
           if (nest.shared[t].tensor != input.tensor) continue;
@@ -413,6 +456,7 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
     if (!fresh && w->second != thread) ++out.shared_elements;
   });
   EXPECT_EQ(seen.size(), domain.size()) << nest.name << ": points not executed";
+  out.unstored = static_cast<int64_t>(loaded.size());
   return out;
 }
 
@@ -429,6 +473,28 @@ bool remove_nth_barrier(LoopNode& n, int& which) {
   return false;
 }
 bool remove_barrier(LoopNode& root, int which) { return remove_nth_barrier(root, which); }
+
+// Applies `change` to every statement of a kind in a loop IR; the number changed.
+int change_statements(LoopNode& n, LoopNode::Statement kind, const std::function<void(LoopNode&)>& change) {
+  if (n.kind == LoopNode::Kind::statement) {
+    if (n.statement != kind) return 0;
+    change(n);
+    return 1;
+  }
+  int changed = 0;
+  for (std::vector<LoopNode>* nodes : {&n.body, &n.otherwise})
+    for (LoopNode& c : *nodes) changed += change_statements(c, kind, change);
+  return changed;
+}
+
+// x + 1, as loop IR.
+LoopExpr plus_one(const LoopExpr& x) {
+  LoopExpr one, sum;
+  one.value = 1;
+  sum.kind = LoopExpr::Kind::add;
+  sum.args = {x, one};
+  return sum;
+}
 
 // A copy inside a loop that each block runs (over reduction tiles).
 bool copies_in_a_loop(const LoopNode& n, bool in_loop = false) {
@@ -454,7 +520,7 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
        {{"I", {DType::f32, {40, 33}}}}},
       {"function (A[M, N]) -> (V) { V[i + j : M + N - 1] = +(A[i, j]); }", {{"A", {DType::f32, {30, 20}}}}},
   };
-  int kernels = 0, shrunk = 0, tiled = 0, shrunk_tiles = 0, unsynchronized_caught = 0;
+  int kernels = 0, shrunk = 0, tiled = 0, shrunk_tiles = 0, unsynchronized_caught = 0, accumulating = 0, acc_caught = 0;
   kernels_proven = 0;
   for (int threads : {256, 8}) {
     for (const auto& [text, inputs] : cases) {
@@ -475,7 +541,31 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
         EXPECT_EQ(r.repeated, 0) << nest.name << " of " << text;
         EXPECT_EQ(r.shared_elements, 0) << nest.name << " of " << text;
         EXPECT_EQ(r.uncovered, 0) << nest.name << " of " << text << ": reads outside the copied tile";
+        EXPECT_EQ(r.misplaced, 0) << nest.name << " of " << text << ": accumulators hold other elements";
+        EXPECT_EQ(r.clobbered, 0) << nest.name << " of " << text;
+        EXPECT_EQ(r.unstored, 0) << nest.name << " of " << text;
         ++kernels;
+        if (nest.accumulators) {
+          ++accumulating;
+          EXPECT_GT(r.acc_loads, 0) << nest.name;
+          EXPECT_EQ(r.acc_loads, r.acc_stores) << nest.name;
+          using St = LoopNode::Statement;
+          // Loading the next element (the last output variable plus one), aggregating into the next position,
+          // or not storing: each is caught.
+          Nest shifted = nest;
+          EXPECT_GT(change_statements(shifted.root, St::acc_load, [](LoopNode& n) { n.args.back() = plus_one(n.args.back()); }), 0);
+          EXPECT_GT(run_launch(shifted, *nest.kernel, domain, lowered).misplaced, 0) << nest.name << ": AccIn of the next element";
+          if (!nest.accumulators->sizes.empty()) {
+            Nest moved = nest;
+            change_statements(moved.root, St::plain, [](LoopNode& n) { n.registers.back() = plus_one(n.registers.back()); });
+            EXPECT_GT(run_launch(moved, *nest.kernel, domain, lowered).misplaced, 0) << nest.name << ": S at the next position";
+            ++acc_caught;
+          }
+          Nest unstored = nest;
+          EXPECT_GT(change_statements(unstored.root, St::acc_store, [](LoopNode& n) { n = LoopNode{}; }), 0);  // an empty block
+          EXPECT_GT(run_launch(unstored, *nest.kernel, domain, lowered).unstored, 0) << nest.name << ": no AccOut";
+          acc_caught += 2;
+        }
         if (!nest.shared.empty()) {
           ++tiled;
           EXPECT_GT(r.copies, 0) << nest.name;
@@ -511,8 +601,8 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
             --extent;
             // Count the instances: fewer than the domain's points.
             int64_t instances = 0;
-            run_launch_threads(nest, less, [&](int64_t, const LoopNode& n, const std::vector<int64_t>&) {
-              if (n.statement != LoopNode::Statement::copy) ++instances;
+            run_launch_threads(nest, less, [&](int64_t, const LoopNode& n, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+              if (n.statement == LoopNode::Statement::plain) ++instances;
             });
             EXPECT_LT(instances, static_cast<int64_t>(domain.size())) << nest.name << ": a shrunk launch still runs every point";
             ++shrunk;
@@ -527,6 +617,8 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
   EXPECT_GE(tiled, 6);
   EXPECT_GE(shrunk_tiles, 25);
   EXPECT_GE(unsynchronized_caught, 8);
+  EXPECT_GE(accumulating, 6);
+  EXPECT_GE(acc_caught, 12);
 }
 
 // Micro-kernel nests run through their loop IR on integers: the fused multiply-adds of uniform blocks
@@ -600,7 +692,7 @@ TEST(SchedulerTest, MicrokernelStepsCoverEveryValidPointOnceAndOpenAndCloseEvery
         std::map<std::vector<int64_t>, Block> blocks;
         std::vector<int64_t> iterators(static_cast<size_t>(nest.iterators));
         using St = LoopNode::Statement;
-        run_loops(nest.root, iterators, [&](const LoopNode& s, const std::vector<int64_t>& args) {
+        run_loops(nest.root, iterators, [&](const LoopNode& s, const std::vector<int64_t>& args, const std::vector<int64_t>&) {
           ASSERT_GE(args.size(), nb) << nest.name;
           Block& b = blocks[std::vector<int64_t>(args.begin(), args.begin() + static_cast<long>(nb))];
           predicated += s.predicated;

@@ -137,6 +137,11 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
       origins_.push_back(std::move(origin));
     }
     if (!nest_.shared.empty()) copy_element_ = b_.CreateAlloca(i64, nullptr, "copy.element");
+    if (nest_.accumulators) {
+      auto* type = llvm::ArrayType::get(storage_type(types_.tensors.at(nest_.tensor).dtype),
+                                        static_cast<uint64_t>(nest_.accumulators->elements()));
+      accumulators_ = b_.CreateAlloca(type, nullptr, "accumulators");
+    }
   }
   if (nest_.microkernel || nest_.reduction) {  // the accumulators: one alloca per register, promoted to SSA
     int lanes = nest_.microkernel ? nest_.microkernel->lanes : nest_.reduction->lanes;
@@ -146,8 +151,8 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
   }
 }
 
-void NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
-                            const std::function<void()>& body) {
+llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
+                                         const std::function<void()>& body) {
   b_.CreateStore(start, it);
   auto* cond_bb = llvm::BasicBlock::Create(ctx_, "loop.cond", fn_);
   auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
@@ -158,8 +163,29 @@ void NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, co
   b_.SetInsertPoint(body_bb);
   body();
   b_.CreateStore(b_.CreateAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(step)), it);
-  b_.CreateBr(cond_bb);
+  llvm::BranchInst* latch = b_.CreateBr(cond_bb);
   b_.SetInsertPoint(exit_bb);
+  return latch;
+}
+
+void NestEmitter::register_loop(const sched::LoopNode& n) {
+  llvm::AllocaInst* it = iters_.at(n.iterator);
+  llvm::BranchInst* latch = emit_loop(it, b_.getInt64(0), 1, [&] { return b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(n.unroll)); }, [&] {
+    Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(b_.CreateLoad(b_.getInt64Ty(), it), loop_expr(n.lower)), cond(n.condition));
+    auto* then_bb = llvm::BasicBlock::Create(ctx_, "register", fn_);
+    auto* cont_bb = llvm::BasicBlock::Create(ctx_, "register.end", fn_);
+    b_.CreateCondBr(in_range, then_bb, cont_bb);
+    b_.SetInsertPoint(then_bb);
+    for (const auto& child : n.body) node(child, false);
+    b_.CreateBr(cont_bb);
+    b_.SetInsertPoint(cont_bb);
+  });
+  // Unrolled, each copy's position is a constant.
+  llvm::MDNode* full = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.full")});
+  llvm::TempMDTuple self = llvm::MDNode::getTemporary(ctx_, {});
+  llvm::MDNode* loop_id = llvm::MDNode::get(ctx_, {self.get(), full});
+  loop_id->replaceOperandWith(0, loop_id);
+  latch->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
 }
 
 void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body) {
@@ -327,7 +353,9 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
     }
     case K::statement:
       if (n.statement == sched::LoopNode::Statement::copy) copy_statement(n);
-      else if (n.statement == sched::LoopNode::Statement::plain) statement(n.args);
+      else if (n.statement == sched::LoopNode::Statement::plain) statement(n);
+      else if (n.statement == sched::LoopNode::Statement::acc_load || n.statement == sched::LoopNode::Statement::acc_store)
+        accumulator_statement(n);
       else if (nest_.reduction) reduction_statement(n);
       else microkernel_statement(n);
       return;
@@ -336,6 +364,10 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   if (n.hardware != sched::LoopNode::Hardware::none) {
     POLYTILE_CHECK(nest_.kernel, "a loop mapped to a GPU in nest ", nest_.name, ", which is no kernel");
     mapped_loop(n);
+    return;
+  }
+  if (n.unroll > 0 && n.step == 1) {
+    register_loop(n);
     return;
   }
   bool split = outermost && n.parallel;

@@ -173,7 +173,9 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           break;
         }
         case St::plain:
-        case St::copy: break;
+        case St::copy:
+        case St::acc_load:
+        case St::acc_store: break;
       }
     }
   }

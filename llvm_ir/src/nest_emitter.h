@@ -63,9 +63,12 @@ class NestEmitter {
   void node(const sched::LoopNode& n, bool outermost);
   // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
   void prologue(llvm::Function* fn, const std::vector<std::string>& used);
-  // for (*it = start; condition(); *it += step) body()
-  void emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
+  // for (*it = start; condition(); *it += step) body(); returns the branch back to the condition
+  llvm::BranchInst* emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
                  const std::function<void()>& body);
+  // A register loop (LoopNode::unroll): over [0, unroll), the body where the loop's own range holds, fully
+  // unrolled (llvm.loop.unroll.full), so that accumulator positions become constants.
+  void register_loop(const sched::LoopNode& n);
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
@@ -136,7 +139,12 @@ class NestEmitter {
   // The accumulator takes v when v > acc (max) or v < acc (min); any NaN makes the result NaN.
   Value* nan_accumulate(bool is_max, Value* acc, Value* v);
   Value* accumulate(AggregationOp op, Value* acc, Value* v, DType t);
-  void statement(const std::vector<sched::LoopExpr>& args);
+  // The plain statement of every nest but micro-kernels and row reductions; in a kernel with
+  // accumulators, an update aggregates into its accumulator (n.registers) instead of the output.
+  void statement(const sched::LoopNode& n);
+  // AccIn and AccOut of a kernel's accumulators (sched::Accumulators).
+  Value* accumulator_address(const std::vector<sched::LoopExpr>& position);
+  void accumulator_statement(const sched::LoopNode& n);
 
   // ------------------------------------------------------------------ row reductions
   // zero / step / store of a vectorized row reduction (see RowReduction in scheduler.h).
@@ -176,6 +184,7 @@ class NestEmitter {
   std::vector<llvm::Type*> shared_types_;  // ... its type, [s0 x [s1 x ... x element]]
   std::vector<std::vector<llvm::AllocaInst*>> origins_;  // each tile's origin, set by its copy
   llvm::AllocaInst* copy_element_ = nullptr;              // the element a thread copies
+  llvm::AllocaInst* accumulators_ = nullptr;  // a kernel's accumulators: the thread's own (registers once unrolled)
 };
 
 }  // namespace polytile::llvm_ir::internal

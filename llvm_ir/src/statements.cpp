@@ -98,8 +98,33 @@ Value* NestEmitter::accumulate(AggregationOp op, Value* acc, Value* v, DType t) 
   return v;
 }
 
-void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
-  const std::vector<Value*> vals = loop_exprs(args);
+Value* NestEmitter::accumulator_address(const std::vector<sched::LoopExpr>& position) {
+  const std::vector<int64_t>& sizes = nest_.accumulators->sizes;
+  POLYTILE_CHECK(accumulators_ && position.size() == sizes.size(), "kernel ", nest_.name, ": an accumulator position of ",
+                 position.size(), " dimensions for ", sizes.size());
+  Value* at = b_.getInt64(0);
+  for (size_t k = 0; k < sizes.size(); ++k) at = b_.CreateAdd(b_.CreateMul(at, b_.getInt64(sizes[k])), loop_expr(position[k]));
+  return b_.CreateGEP(accumulators_->getAllocatedType(), accumulators_, {b_.getInt64(0), at});
+}
+
+void NestEmitter::accumulator_statement(const sched::LoopNode& n) {
+  const DType t = types_.tensors.at(nest_.tensor).dtype;
+  const std::vector<size_t>& outputs = nest_.accumulators->variables;
+  const std::vector<Value*> vals = loop_exprs(n.args);
+  POLYTILE_CHECK(vals.size() == outputs.size(), "kernel ", nest_.name, ": an accumulator statement of ", vals.size(),
+                 " arguments for ", outputs.size(), " output variables");
+  std::map<std::string, Value*> vars;
+  for (size_t k = 0; k < outputs.size(); ++k) vars[nest_.variables.at(outputs[k])] = vals[k];
+  std::vector<Value*> idx;
+  for (const auto& p : nest_.contraction.output_indices) idx.push_back(poly(p, vars));
+  Value* element = element_address(nest_.tensor, idx);
+  Value* acc = accumulator_address(n.registers);
+  if (n.statement == sched::LoopNode::Statement::acc_load) store_address(t, acc, load_address(t, element));
+  else store_address(t, element, load_address(t, acc));
+}
+
+void NestEmitter::statement(const sched::LoopNode& n) {
+  const std::vector<Value*> vals = loop_exprs(n.args);
   using NK = sched::Nest::Kind;
   const TensorType& out = types_.tensors.at(nest_.tensor);
   switch (nest_.kind) {
@@ -124,7 +149,7 @@ void NestEmitter::statement(const std::vector<sched::LoopExpr>& args) {
   for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
   std::vector<Value*> out_idx;
   for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
-  Value* out_addr = element_address(c.output, out_idx);
+  Value* out_addr = nest_.accumulators ? accumulator_address(n.registers) : element_address(c.output, out_idx);
   std::vector<Typed> in;
   for (const auto& a : c.inputs) {
     std::vector<Value*> idx;

@@ -6,6 +6,7 @@
 // BlockStep): the pieces isl built over the step's parameters, translated with the parameters bound to
 // the call's arguments.
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <tuple>
 
@@ -18,7 +19,8 @@ using isl_support::text;
 
 StatementIds::StatementIds(const isl::ctx& ctx)
     : parallel_mark(ctx, "parallel"), block_mark(ctx, "block"), thread_mark(ctx, "thread"), block_step(ctx, "Step"),
-      sync_before(ctx, "SyncIn"), sync_after(ctx, "SyncOut") {
+      sync_before(ctx, "SyncIn"), sync_after(ctx, "SyncOut"), acc_in(ctx, "AccIn"), acc_out(ctx, "AccOut"),
+      register_mark(ctx, "registers"), acc_mark(ctx, "accumulators") {
   for (size_t t = 0; t < max_tiles; ++t) copies_.emplace_back(ctx, "C" + std::to_string(t));
   using St = LoopNode::Statement;
   // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
@@ -63,8 +65,8 @@ class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
                 const std::set<int>& parallel_dims, const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims,
-                const BlockStep* step, const SharedCopies* copies)
-      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), copies_(copies) {
+                const BlockStep* step, const KernelStatements* added)
+      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), added_(added) {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
@@ -122,7 +124,16 @@ class AstTranslator {
     }
     if (n.isa<isl::ast_node_mark>()) {
       isl::ast_node_mark mark = n.as<isl::ast_node_mark>();
-      return node(mark.node(), parallel_mark || mark.id().get() == statements_.parallel_mark.get());
+      const isl::id id = mark.id();
+      if (added_ && (id.get() == statements_.register_mark.get() || id.get() == statements_.acc_mark.get())) {
+        // Loops over register positions, from this depth on.
+        const int outer = register_base_;
+        register_base_ = id.get() == statements_.register_mark.get() ? added_->register_depth : added_->acc_depth;
+        LoopNode out = node(mark.node(), parallel_mark);
+        register_base_ = outer;
+        return out;
+      }
+      return node(mark.node(), parallel_mark || id.get() == statements_.parallel_mark.get());
     }
     if (n.isa<isl::ast_node_for>()) return loop(n.as<isl::ast_node_for>(), parallel_mark);
     if (n.isa<isl::ast_node_if>()) {
@@ -156,6 +167,9 @@ class AstTranslator {
     if (dimension != dimension_of_.end()) {
       out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
       if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) std::tie(out.hardware, out.axis) = hw->second;
+      const int position = dimension->second - register_base_;
+      if (register_base_ >= 0 && position >= 0 && position < static_cast<int>(added_->sizes.size()))
+        out.unroll = added_->sizes[static_cast<size_t>(position)];
     }
     out.body.push_back(node(f.body(), false));
     return out;
@@ -174,10 +188,20 @@ class AstTranslator {
       return out;
     }
     if (auto tile = statements_.copy_tile(id)) return copy(*tile, args);
-    auto kind = statements_.find(id);
-    POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
-    std::tie(out.statement, out.predicated) = *kind;
+    if (id.get() == statements_.acc_in.get() || id.get() == statements_.acc_out.get()) {
+      out.statement = id.get() == statements_.acc_in.get() ? LoopNode::Statement::acc_load : LoopNode::Statement::acc_store;
+    } else {
+      auto kind = statements_.find(id);
+      POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
+      std::tie(out.statement, out.predicated) = *kind;
+    }
     out.args = std::move(args);
+    if (added_ && added_->accumulators) {  // the position generate() noted on the node
+      const isl::id note = isl::manage(isl_ast_node_get_annotation(user.get()));
+      const auto* position = note.is_null() ? nullptr : static_cast<const std::vector<isl::ast_expr>*>(isl_id_get_user(note.get()));
+      POLYTILE_CHECK(position != nullptr, "statement ", id.name(), " without its accumulator's position");
+      for (const isl::ast_expr& e : *position) out.registers.push_back(expr(e));
+    }
     return out;
   }
 
@@ -199,15 +223,15 @@ class AstTranslator {
   // The copy of shared tile `tile` at the block and reduction tile `args`: its arguments are the tile's
   // origin there.
   LoopNode copy(size_t tile, const std::vector<LoopExpr>& args) {
-    POLYTILE_CHECK(copies_ && tile < copies_->origins.size() && args.size() == copies_->params.size(),
+    POLYTILE_CHECK(added_ && tile < added_->origins.size() && args.size() == added_->params.size(),
                    "a copy of shared tile ", tile, " that the kernel does not have");
-    for (size_t k = 0; k < args.size(); ++k) bound_[copies_->params[k].get()] = args[k];
+    for (size_t k = 0; k < args.size(); ++k) bound_[added_->params[k].get()] = args[k];
     LoopNode out;
     out.kind = LoopNode::Kind::statement;
     out.statement = LoopNode::Statement::copy;
     out.tile = static_cast<int>(tile);
-    for (const isl::ast_expr& e : copies_->origins[tile]) out.args.push_back(expr(e));
-    for (const isl::id& p : copies_->params) bound_.erase(p.get());
+    for (const isl::ast_expr& e : added_->origins[tile]) out.args.push_back(expr(e));
+    for (const isl::id& p : added_->params) bound_.erase(p.get());
     return out;
   }
 
@@ -252,8 +276,9 @@ class AstTranslator {
   std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
   const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
-  const SharedCopies* copies_;           // the copy statements' origins, in kernels with shared tiles
+  const KernelStatements* added_;        // what a GPU strategy added: copies, accumulators
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
+  int register_base_ = -1;               // under a register or accumulator mark: its band's first dimension
 };
 
 }  // namespace
@@ -362,7 +387,7 @@ std::string BlockStep::str() const {
          indented(variant(*predicated, "p")) + "}\n";
 }
 
-void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step, const SharedCopies* copies) {
+void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step, const KernelStatements* added) {
   nest.tree = text(sched);
   int depth = 0;  // schedule dimensions: the deepest band's depth plus its members
   sched.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
@@ -374,12 +399,27 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   std::vector<isl::id> iterators;
   for (int k = 0; k < depth; ++k) iterators.emplace_back(ctx.get(), "c" + std::to_string(k));
   isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
+  // With accumulators, each update statement notes its position, as expressions of the loops around it.
+  std::deque<std::vector<isl::ast_expr>> positions;
+  if (added && added->accumulators)
+    build = build.set_at_each_domain([&](isl::ast_node node, isl::ast_build at) {
+      const isl::id id = node.as<isl::ast_node_user>().expr().as<isl::ast_expr_op>().arg(0).as<isl::ast_expr_id>().id();
+      if (id.get() != statements.id(LoopNode::Statement::plain).get() && id.get() != statements.acc_in.get() &&
+          id.get() != statements.acc_out.get())
+        return node;
+      std::vector<isl::ast_expr>& position = positions.emplace_back();
+      const isl::map here = at.get_schedule().reverse().apply_range(*added->positions).as_map();  // schedule -> position
+      const isl::pw_multi_aff of = isl::manage(isl_pw_multi_aff_from_map(here.copy()));
+      for (size_t k = 0; k < added->sizes.size(); ++k) position.push_back(at.expr_from(of.at(static_cast<int>(k))));
+      isl::id note = isl::manage(isl_id_alloc(ctx.get().get(), "position", &position));
+      return isl::manage(isl_ast_node_set_annotation(node.release(), note.release()));
+    });
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
   if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
   const auto hardware = hardware_dimensions(sched, statements);
-  AstTranslator translator(statements, iterators, safe, hardware, step, copies);
+  AstTranslator translator(statements, iterators, safe, hardware, step, added);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();
   finish_parallel(nest);

@@ -45,7 +45,8 @@ struct Mapped {
 
 isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                           const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
-                                          std::vector<SharedTile>& shared, SharedCopies& copies) {
+                                          std::vector<SharedTile>& shared, std::optional<Accumulators>& accumulators,
+                                          KernelStatements& added) {
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
   std::optional<NeutralBand> band = read_band(neutral, vars, order);
@@ -96,17 +97,31 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   launch.sequential = false;
   // Bands, outermost first: blocks (z, y, x), [reduction tiles], threads (z, y, x), reductions, the register tile.
   std::vector<std::string> blocks, threads, registers;
+  std::vector<int64_t> register_sizes;
   int64_t block_points = 1;  // outputs of a block
   for (size_t a = dims.size(); a-- > 0;) {
     blocks.push_back(dims[a].block());
     threads.push_back(dims[a].thread());
-    if (dims[a].per_thread > 1) registers.push_back(dims[a].reg());
+    if (dims[a].per_thread > 1) {
+      registers.push_back(dims[a].reg());
+      register_sizes.push_back(dims[a].per_thread);
+    }
     block_points *= dims[a].threads * dims[a].per_thread;
   }
   std::vector<std::string> rest(perm.begin() + static_cast<long>(parallel), perm.end());
+  // The output variables (the mapped ones), in the statement's order: the accumulators' statements' arguments.
+  std::vector<size_t> outputs(order.begin(), order.begin() + static_cast<long>(parallel));
+  std::sort(outputs.begin(), outputs.end());
+  // The accumulators need each step's positions and elements to match one to one (accumulators_proven).
+  std::vector<std::string> mapping = blocks;
+  mapping.insert(mapping.end(), threads.begin(), threads.end());
+  mapping.insert(mapping.end(), registers.begin(), registers.end());
+  const bool accumulate =
+      facts.update && reductions && facts.write && accumulators_proven(neutral, vars, outputs, mapping, *facts.write);
   auto tree_with = [&](const std::vector<int64_t>& tiles) {
     isl::schedule_node at = isl_support::delete_node(neutral.root().child(0));
-    if (!registers.empty()) at = insert_band(at, vars, registers, std::vector<bool>(registers.size(), true), true);
+    if (!registers.empty())
+      at = insert_band(at, vars, registers, std::vector<bool>(registers.size(), true), true).insert_mark(statements.register_mark);
     if (!rest.empty()) at = insert_band(at, vars, rest, std::vector<bool>(rest.size(), false), true);
     at = insert_band(at, vars, threads, std::vector<bool>(threads.size(), true), true);
     at = at.insert_mark(statements.thread_mark);
@@ -116,9 +131,15 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
       at = insert_band(at, vars, members, std::vector<bool>(members.size(), false), true);
     }
     at = insert_band(at, vars, blocks, std::vector<bool>(blocks.size(), true), true);
-    return at.insert_mark(statements.block_mark).schedule();
+    const isl::schedule tree = at.insert_mark(statements.block_mark).schedule();
+    return accumulate ? graft_accumulators(tree, vars, outputs, registers, register_sizes, added) : tree;
   };
-  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
+  auto finish = [&](const isl::schedule& tree) {
+    if (added.accumulators) accumulators = Accumulators{added.sizes, outputs};
+    else added.sizes.clear();
+    return tree;
+  };
+  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return finish(tree_with({}));
   // A block of one z value holds one value of each member z linearizes: the copies know them too (as
   // floor and mod of the block's z, which isl works out), so that a footprint's box follows each one.
   std::vector<std::string> z_members;
@@ -135,9 +156,9 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.elements() * static_cast<int64_t>(p.element_bytes);
     if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit))
-      return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, copies);
+      return finish(promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, added));
     auto widest = std::max_element(tiles.begin(), tiles.end());
-    if (*widest == 1) return tree_with({});  // not even one reduction point per tile fits
+    if (*widest == 1) return finish(tree_with({}));  // not even one reduction point per tile fits
     *widest = (*widest + 1) / 2;
   }
 }
@@ -203,7 +224,7 @@ isl::schedule_node NestBuilder::thread_mark(const isl::schedule& tree) {
 // reduction tile with points: C0, C1, ..., SyncIn, the threads, SyncOut.
 isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::union_map& steps,
                                         const std::vector<Promoted>& promoted, std::vector<SharedTile>& shared,
-                                        SharedCopies& copies) {
+                                        KernelStatements& copies) {
   isl::schedule_node node = thread_mark(tree);
   const isl::set all = steps.range().as_set();
   const unsigned depth = all.tuple_dim();
@@ -230,6 +251,63 @@ isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::un
   }
   node = node.graft_before(graft(statements.sync_before));
   node = node.graft_after(graft(statements.sync_after));
+  return node.schedule();
+}
+
+// Whether a thread's accumulators can hold its output elements: in each step (a block and reduction
+// tile), distinct positions of a thread hold distinct elements and each position one element. The mapped
+// members (`mapping`: blocks, threads, register positions) are functions of the output variables, and the
+// element is a function of them too (they are the only variables in the output's index): isl proves that
+// the mapping determines the output variables (it is injective on their values) and that these and the
+// elements determine each other.
+bool NestBuilder::accumulators_proven(const isl::schedule& neutral, const std::vector<std::string>& vars,
+                                      const std::vector<size_t>& outputs, const std::vector<std::string>& mapping,
+                                      const isl::map& write) {
+  std::vector<std::string> outs;
+  for (size_t k : outputs) outs.push_back(vars[k]);
+  const isl::union_set domain = neutral.get_domain();
+  const isl::union_map to_outputs = isl::union_map(ctx.get(), "{ S[" + join(vars) + "] -> O[" + join(outs) + "] }").intersect_domain(domain);
+  const isl::union_set values = domain.apply(to_outputs);
+  const isl::union_map mapped = isl::union_map(ctx.get(), "{ O[" + join(outs) + "] -> [" + join(mapping) + "] }").intersect_domain(values);
+  const isl::union_map elements = to_outputs.reverse().apply_range(isl::union_map(write));
+  return mapped.is_injective() && elements.is_single_valued() && elements.is_injective();
+}
+
+// The accumulators, grafted as PPCG grafts private copies: inside the threads, in each step, AccIn for
+// the output variables' values of every point the thread has in the step (scheduled by a band over their
+// positions) before the reductions, and AccOut after them (accumulators_proven must hold).
+isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const std::vector<std::string>& vars,
+                                              const std::vector<size_t>& outputs, const std::vector<std::string>& registers,
+                                              const std::vector<int64_t>& sizes, KernelStatements& added) {
+  isl::schedule_node node = thread_mark(tree).child(0).child(0);  // the reductions, under the thread band
+  added.sizes = sizes;
+  added.acc_depth = isl_support::schedule_depth(node);
+  added.register_depth = registers.empty() ? added.acc_depth : isl_support::schedule_depth(node.child(0).child(0));
+  std::vector<std::string> outs;
+  for (size_t k : outputs) outs.push_back(vars[k]);
+  auto map = [&](const std::string& from, const std::string& to) {
+    return isl::union_map(ctx.get(), "{ " + from + " -> " + to + " }");
+  };
+  const std::string S = "S[" + join(vars) + "]", position = "[" + join(registers) + "]";
+  const isl::union_map prefix = node.prefix_schedule_union_map().intersect_domain(tree.get_domain());
+  // Each step to its statements, scheduled over the positions; every statement notes its position.
+  added.positions = map(S, position);
+  auto graft = [&](const isl::id& statement) {
+    const std::string tuple = statement.name() + "[" + join(outs) + "]";
+    const isl::union_map at = prefix.reverse().apply_range(map(S, tuple));
+    added.positions = added.positions->unite(map(tuple, position));
+    isl::schedule_node g = isl::schedule_node::from_extension(at);
+    if (registers.empty()) return g;
+    std::vector<std::string> members;
+    for (const std::string& r : registers) members.push_back("{ " + tuple + " -> [(" + r + ")] }");
+    g = g.child(0).insert_partial_schedule(isl::multi_union_pw_aff(ctx.get(), "[" + join(members) + "]"));
+    g = g.insert_mark(statements.acc_mark);
+    while (!g.isa<isl::schedule_node_extension>()) g = g.parent();
+    return g;
+  };
+  node = node.graft_before(graft(statements.acc_in));
+  node = node.graft_after(graft(statements.acc_out));
+  added.accumulators = true;
   return node.schedule();
 }
 
@@ -273,6 +351,12 @@ bool NestBuilder::finish_kernel(Nest& nest) {
 }  // namespace polytile::sched::internal
 
 namespace polytile::sched {
+
+int64_t Accumulators::elements() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
 
 Target gpu_target(const std::string& arch) {
   int version = 0;

@@ -74,15 +74,16 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   const isl::schedule neutral = neutral_tree(domain, vars, order, coincident);
   if (target.gpu) {
     nest.kernel.emplace();
-    SharedCopies copies;
-    const isl::schedule tree = gpu_plain_nest(neutral, vars, order, facts, *nest.kernel, nest.shared, copies);
-    generate(nest, tree, nullptr, &copies);
+    KernelStatements added;
+    const isl::schedule tree = gpu_plain_nest(neutral, vars, order, facts, *nest.kernel, nest.shared, nest.accumulators, added);
+    generate(nest, tree, nullptr, &added);
     if (finish_kernel(nest)) {
       check_barriers(nest);
       return;
     }
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
     nest.shared.clear();
+    nest.accumulators.reset();
     generate(nest, neutral);
     return;
   }

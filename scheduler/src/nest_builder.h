@@ -41,6 +41,9 @@ class StatementIds {
   std::optional<size_t> copy_tile(const isl::id& id) const;
   const isl::id sync_before, sync_after;
   static constexpr size_t max_tiles = 4;
+  // GPU update kernels with accumulators (Accumulators): the loads and stores of a thread's accumulators
+  // around its reductions, and the marks above the bands over register positions: S's and theirs.
+  const isl::id acc_in, acc_out, register_mark, acc_mark;
 
  private:
   struct Entry {
@@ -52,12 +55,22 @@ class StatementIds {
   std::vector<isl::id> copies_;
 };
 
-// The copy statements of a kernel's shared tiles: C<t>(prefix) sets tile t's origin to origins[t], isl
-// expressions of `params` -- bound to the statement's arguments, the values of the block and reduction
-// tile dimensions.
-struct SharedCopies {
+// The statements a GPU strategy adds to a kernel's tree, for the translator.
+// The copies of shared tiles: C<t>(prefix) sets tile t's origin to origins[t], isl expressions of
+// `params` -- bound to the statement's arguments, the values of the block and reduction tile dimensions.
+// The accumulators: AccIn/AccOut(output variables) load and store the element of those values. Every
+// statement's position is given by `positions` (S, AccIn, AccOut -> position), and the loops over
+// positions -- those of S's register band, from `register_depth` on under the register mark, and those of
+// the AccIn and AccOut bands from `acc_depth` on under the accumulator mark -- are register loops of the
+// given `sizes`.
+struct KernelStatements {
   std::vector<isl::id> params;
   std::vector<std::vector<isl::ast_expr>> origins;
+  std::optional<isl::union_map> positions;
+  std::vector<int64_t> sizes;    // Nest::accumulators; empty without accumulators
+  bool accumulators = false;
+  int register_depth = 0;        // S's register band
+  int acc_depth = 0;             // the AccIn and AccOut bands
 };
 
 // What the driver knows about a plain nest, for the strategy: facts, not decisions.
@@ -73,6 +86,8 @@ struct NestFacts {
     size_t element_bytes = 4;
   };
   std::vector<Read> reads;
+  // GPU update nests: the output access over S (domain -> element), for the accumulators.
+  std::optional<isl::map> write = std::nullopt;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
@@ -134,10 +149,12 @@ struct NestBuilder {
   // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
   // can be mapped). An update whose inputs are reused across the block's threads gets a band of
   // reduction tiles between blocks and threads, and its reused inputs are promoted to `shared` tiles
-  // whose copies (`copies`) and barriers are grafted before and after the threads.
+  // whose copies (`added`) and barriers are grafted before and after the threads. An update keeps its
+  // output in `accumulators` where isl proves a thread's register positions hold distinct elements.
   isl::schedule gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
-                               std::vector<SharedTile>& shared, SharedCopies& copies);
+                               std::vector<SharedTile>& shared, std::optional<Accumulators>& accumulators,
+                               KernelStatements& added);
   // Shared-memory promotion (gpu_strategy.cpp): the inputs worth a tile at the tree's reduction tiles, and
   // the tree with their copies and barriers grafted in.
   struct Promoted {
@@ -149,7 +166,16 @@ struct NestBuilder {
   std::vector<Promoted> promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile, int64_t min_reuse);
   isl::schedule_node thread_mark(const isl::schedule& tree);
   isl::schedule graft_copies(const isl::schedule& tree, const isl::union_map& steps, const std::vector<Promoted>& promoted,
-                             std::vector<SharedTile>& shared, SharedCopies& copies);
+                             std::vector<SharedTile>& shared, KernelStatements& added);
+  // The accumulators (gpu_strategy.cpp): whether isl proves that a thread's positions and elements match
+  // one to one in each step, the `mapping` (block, thread and register members) being functions of the
+  // `outputs` of vars (indices); AccIn and AccOut over the outputs grafted around the reductions of a tree
+  // whose register band (of `registers`, expressions of vars, with the given sizes) is marked.
+  bool accumulators_proven(const isl::schedule& neutral, const std::vector<std::string>& vars, const std::vector<size_t>& outputs,
+                           const std::vector<std::string>& mapping, const isl::map& write);
+  isl::schedule graft_accumulators(const isl::schedule& tree, const std::vector<std::string>& vars,
+                                   const std::vector<size_t>& outputs, const std::vector<std::string>& registers,
+                                   const std::vector<int64_t>& sizes, KernelStatements& added);
   // After translation: launch extents of axes no loop is mapped to become 1; false when an axis is mapped
   // around some statements and not others (the nest must then run sequentially).
   static bool finish_kernel(Nest& nest);
@@ -161,7 +187,7 @@ struct NestBuilder {
                                  bool as_written = false);
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
-  void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr, const SharedCopies* copies = nullptr);
+  void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr, const KernelStatements* added = nullptr);
   // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);

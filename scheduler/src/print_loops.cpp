@@ -58,6 +58,8 @@ const char* statement_name(LoopNode::Statement s) {
     case LoopNode::Statement::store: return "Store";
     case LoopNode::Statement::epilogue: return "Epilogue";
     case LoopNode::Statement::copy: return "Copy";
+    case LoopNode::Statement::acc_load: return "AccIn";
+    case LoopNode::Statement::acc_store: return "AccOut";
   }
   return "?";
 }
@@ -74,7 +76,8 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
       std::string head = n.parallel ? "parallel for " : "for ";
       if (n.hardware != LoopNode::Hardware::none)
         head = std::string(n.hardware == LoopNode::Hardware::block ? "block." : "thread.") + axes[n.axis] + " for ";
-      out += pad + head + it + " = " + n.lower.str() + " while " + n.condition.str() + " step " + std::to_string(n.step) + "\n";
+      out += pad + head + it + " = " + n.lower.str() + " while " + n.condition.str() + " step " + std::to_string(n.step) +
+             (n.unroll ? " unroll " + std::to_string(n.unroll) : "") + "\n";
       for (const auto& c : n.body) print_node(c, depth + 1, out);
       return;
     }
@@ -90,7 +93,13 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
       std::string args;
       for (size_t k = 0; k < n.args.size(); ++k) args += (k ? ", " : "") + n.args[k].str();
       const std::string tile = n.statement == LoopNode::Statement::copy ? std::to_string(n.tile) : "";
-      out += pad + statement_name(n.statement) + tile + (n.predicated ? "p" : "") + "(" + args + ")\n";
+      std::string registers;
+      for (size_t k = 0; k < n.registers.size(); ++k) registers += (k ? ", " : "") + n.registers[k].str();
+      out += pad + statement_name(n.statement) + tile + (n.predicated ? "p" : "") + "(" + args + ")" +
+             (n.registers.empty() && !(n.statement == LoopNode::Statement::acc_load || n.statement == LoopNode::Statement::acc_store)
+                  ? ""
+                  : " acc[" + registers + "]") +
+             "\n";
       return;
     }
     case LoopNode::Kind::barrier: out += pad + "barrier\n"; return;
@@ -133,6 +142,8 @@ std::string print_loops(const Schedule& schedule) {
                           : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
       for (size_t t = 0; t < nest.shared.size(); ++t)
         out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + dims(nest.shared[t].sizes);
+      if (nest.accumulators)
+        out += "; accumulators " + (nest.accumulators->sizes.empty() ? std::string("1") : dims(nest.accumulators->sizes));
     }
     out += ")\n";
     print_node(nest.root, 1, out);

@@ -222,10 +222,12 @@ class ProgramScheduler {
       return true;
     if (target_.gpu || !builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel)) {
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
-      if (target_.gpu)  // for shared-memory promotion
+      if (target_.gpu) {  // for the accumulators and shared-memory promotion
+        facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)
           facts.reads.push_back({c.inputs[k].tensor, analysis.reads[k].set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain)),
                                  dtype_bytes(types_.tensors.at(c.inputs[k].tensor).dtype)});
+      }
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0, facts);
     }
     out_.nests.push_back(std::move(update));

@@ -88,8 +88,10 @@ struct LoopNode {
   // in the loop's range (lower <= it, condition, a multiple of step from lower); the others run nothing.
   enum class Hardware { none, block, thread };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
-  // `copy` fills a kernel's shared tile (Nest::shared[tile]) with all the threads of its block.
-  enum class Statement { plain, zero, load, fma, store, epilogue, copy };
+  // `copy` fills a kernel's shared tile (Nest::shared[tile]) with all the threads of its block;
+  // `acc_load` and `acc_store` move one of a thread's accumulators (Nest::accumulators) from and to the
+  // output element at `args`, the values of the output variables.
+  enum class Statement { plain, zero, load, fma, store, epilogue, copy, acc_load, acc_store };
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
@@ -98,6 +100,9 @@ struct LoopNode {
   int iterator = -1;
   LoopExpr lower, condition;
   int64_t step = 1;
+  // A register loop of a kernel (Nest::accumulators): its iterator only takes values in [0, unroll), so
+  // the emitter runs it over that whole range, the body guarded by the loop's own range, and unrolls it.
+  int64_t unroll = 0;
   bool parallel = false;
   Hardware hardware = Hardware::none;
   int axis = 0;
@@ -106,6 +111,9 @@ struct LoopNode {
   std::vector<LoopNode> otherwise;
   // statement: the values of the statement's domain variables
   std::vector<LoopExpr> args;
+  // statement of a kernel with accumulators (plain update, acc_load, acc_store): the position of its
+  // accumulator, one value per dimension of Nest::accumulators.
+  std::vector<LoopExpr> registers;
 };
 
 // A register-blocked update: the output is computed in blocks of `rows` consecutive values of the block
@@ -167,6 +175,20 @@ struct SharedTile {
   int64_t elements() const;
 };
 
+// A GPU update kernel's accumulators (as PPCG promotes to private memory): each thread keeps the output
+// elements of its register tile in a local array of `sizes` (the register tile's dimensions), which the
+// device holds in registers once the register loops are unrolled. In each step (a block and reduction
+// tile), a thread first loads (acc_load) the element of every position of its tile that has points in the
+// step, then its update statements aggregate into the accumulator at their position instead of the
+// output, then it stores them back (acc_store). The loads and stores take the values of the output
+// variables (`variables`, indices into Nest::variables, the only ones in the output's index). isl proves
+// that in each step a thread's positions and elements match one to one.
+struct Accumulators {
+  std::vector<int64_t> sizes;
+  std::vector<size_t> variables;
+  int64_t elements() const;
+};
+
 // One loop nest and the statement its instances execute.
 struct Nest {
   enum class Kind { init, update, finalize, elementwise };
@@ -187,6 +209,7 @@ struct Nest {
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
   std::optional<KernelLaunch> kernel;      // GPU targets: every nest is a kernel
   std::vector<SharedTile> shared;          // kernels: inputs of the update read from shared memory
+  std::optional<Accumulators> accumulators;  // update kernels: the output kept in registers
   // Update nests: cheap elementwise producers of inputs read by nothing else, evaluated where the input
   // is read instead of being materialized (keyed by the input tensor).
   std::map<std::string, Elementwise> inlined;
