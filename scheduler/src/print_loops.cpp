@@ -64,11 +64,12 @@ const char* statement_name(LoopNode::Statement s) {
   return "?";
 }
 
-void print_node(const LoopNode& n, int depth, std::string& out) {
+// `accumulators`: the nest's statements other than copies name their accumulator (acc[position]).
+void print_node(const LoopNode& n, int depth, bool accumulators, std::string& out) {
   const std::string pad(static_cast<size_t>(2 * depth), ' ');
   switch (n.kind) {
     case LoopNode::Kind::block:
-      for (const auto& c : n.body) print_node(c, depth, out);
+      for (const auto& c : n.body) print_node(c, depth, accumulators, out);
       return;
     case LoopNode::Kind::loop: {
       const std::string it = "c" + std::to_string(n.iterator);
@@ -78,15 +79,15 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
         head = std::string(n.hardware == LoopNode::Hardware::block ? "block." : "thread.") + axes[n.axis] + " for ";
       out += pad + head + it + " = " + n.lower.str() + " while " + n.condition.str() + " step " + std::to_string(n.step) +
              (n.unroll ? " unroll " + std::to_string(n.unroll) : "") + "\n";
-      for (const auto& c : n.body) print_node(c, depth + 1, out);
+      for (const auto& c : n.body) print_node(c, depth + 1, accumulators, out);
       return;
     }
     case LoopNode::Kind::guard:
       out += pad + "if " + n.condition.str() + "\n";
-      for (const auto& c : n.body) print_node(c, depth + 1, out);
+      for (const auto& c : n.body) print_node(c, depth + 1, accumulators, out);
       if (!n.otherwise.empty()) {
         out += pad + "else\n";
-        for (const auto& c : n.otherwise) print_node(c, depth + 1, out);
+        for (const auto& c : n.otherwise) print_node(c, depth + 1, accumulators, out);
       }
       return;
     case LoopNode::Kind::statement: {
@@ -96,9 +97,7 @@ void print_node(const LoopNode& n, int depth, std::string& out) {
       std::string registers;
       for (size_t k = 0; k < n.registers.size(); ++k) registers += (k ? ", " : "") + n.registers[k].str();
       out += pad + statement_name(n.statement) + tile + (n.predicated ? "p" : "") + "(" + args + ")" +
-             (n.registers.empty() && !(n.statement == LoopNode::Statement::acc_load || n.statement == LoopNode::Statement::acc_store)
-                  ? ""
-                  : " acc[" + registers + "]") +
+             (accumulators && n.statement != LoopNode::Statement::copy ? " acc[" + registers + "]" : "") +
              "\n";
       return;
     }
@@ -146,7 +145,7 @@ std::string print_loops(const Schedule& schedule) {
         out += "; accumulators " + (nest.accumulators->sizes.empty() ? std::string("1") : dims(nest.accumulators->sizes));
     }
     out += ")\n";
-    print_node(nest.root, 1, out);
+    print_node(nest.root, 1, nest.accumulators.has_value(), out);
   }
   return out;
 }
