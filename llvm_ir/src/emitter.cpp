@@ -170,15 +170,9 @@ llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int
 
 void NestEmitter::register_loop(const sched::LoopNode& n) {
   llvm::AllocaInst* it = iters_.at(n.iterator);
-  llvm::BranchInst* latch = emit_loop(it, b_.getInt64(0), 1, [&] { return b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(n.unroll)); }, [&] {
-    Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(b_.CreateLoad(b_.getInt64Ty(), it), loop_expr(n.lower)), cond(n.condition));
-    auto* then_bb = llvm::BasicBlock::Create(ctx_, "register", fn_);
-    auto* cont_bb = llvm::BasicBlock::Create(ctx_, "register.end", fn_);
-    b_.CreateCondBr(in_range, then_bb, cont_bb);
-    b_.SetInsertPoint(then_bb);
-    for (const auto& child : n.body) node(child, false);
-    b_.CreateBr(cont_bb);
-    b_.SetInsertPoint(cont_bb);
+  auto value = [&] { return b_.CreateLoad(b_.getInt64Ty(), it); };
+  llvm::BranchInst* latch = emit_loop(it, b_.getInt64(0), 1, [&] { return b_.CreateICmpSLT(value(), b_.getInt64(n.unroll)); }, [&] {
+    in_range_body(b_.CreateAnd(b_.CreateICmpSGE(value(), loop_expr(n.lower)), cond(n.condition)), n.body, "register");
   });
   // Unrolled, each copy's position is a constant.
   llvm::MDNode* full = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.full")});
@@ -200,11 +194,15 @@ void NestEmitter::mapped_loop(const sched::LoopNode& n) {
   Value* start = loop_expr(n.lower);
   Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(id, start), cond(n.condition));
   if (n.step > 1) in_range = b_.CreateAnd(in_range, b_.CreateICmpEQ(b_.CreateSRem(b_.CreateSub(id, start), b_.getInt64(n.step)), b_.getInt64(0)));
-  auto* then_bb = llvm::BasicBlock::Create(ctx_, "mapped", fn_);
-  auto* cont_bb = llvm::BasicBlock::Create(ctx_, "mapped.end", fn_);
+  in_range_body(in_range, n.body, "mapped");
+}
+
+void NestEmitter::in_range_body(Value* in_range, const std::vector<sched::LoopNode>& body, const char* name) {
+  auto* then_bb = llvm::BasicBlock::Create(ctx_, name, fn_);
+  auto* cont_bb = llvm::BasicBlock::Create(ctx_, std::string(name) + ".end", fn_);
   b_.CreateCondBr(in_range, then_bb, cont_bb);
   b_.SetInsertPoint(then_bb);
-  for (const auto& child : n.body) node(child, false);
+  for (const auto& child : body) node(child, false);
   b_.CreateBr(cont_bb);
   b_.SetInsertPoint(cont_bb);
 }
