@@ -271,6 +271,12 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out.find("shared tile"), std::string::npos) << plain.out;
   EXPECT_EQ(plain.out.find("C_slices"), std::string::npos) << plain.out;
+  EXPECT_NE(tiled.out.find("accumulators 4x"), std::string::npos) << tiled.out;
+  Result direct = with(mm, {"--gpu-model", "accumulators=0"});
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  EXPECT_EQ(direct.out.find("accumulators"), std::string::npos) << direct.out;
+  EXPECT_EQ(direct.out.find("AccIn"), std::string::npos) << direct.out;
+  one_line_error(with(mm, {"--gpu-model", "accumulators=2"}), "--gpu-model accumulators must be between 0 and 1");
   Result small = with(mm, {"--gpu-model", "threads=64,tile=2x2,split-blocks=0"});
   ASSERT_EQ(small.code, 0) << small.err;
   EXPECT_NE(small.out.find("block 32x2x1"), std::string::npos) << small.out;

@@ -116,6 +116,11 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   o.target.gpu->min_blocks = 64;
   o.target.gpu->min_slice = 2;
   out.emplace_back("sm_80 with 8-thread blocks, 2x3 register tiles and split reductions", o);
+  // Updates straight to memory (where isl cannot prove the accumulators safe) and from global memory.
+  o.target = sched::gpu_target("sm_90");
+  o.target.gpu->accumulators = false;
+  o.target.gpu->shared_bytes = 0;
+  out.emplace_back("sm_90 without accumulators and shared tiles", o);
   return out;
 }
 
@@ -141,6 +146,13 @@ TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   auto a = compile(p, types, wide), b = compile(p, types, narrow);
   EXPECT_NE(a, b);
   EXPECT_NE(a->schedule().nests.back().kernel->block, b->schedule().nests.back().kernel->block);
+  // So does every other size of the model: without accumulators, a second compilation has none.
+  CompileOptions direct = wide;
+  direct.target.gpu->accumulators = false;
+  auto c = compile(p, types, direct);
+  EXPECT_NE(a, c);
+  EXPECT_TRUE(a->schedule().nests.back().accumulators.has_value());
+  EXPECT_FALSE(c->schedule().nests.back().accumulators.has_value());
 }
 
 TEST(CpuTest, GeneratedContractionsUnderGpuSemantics) {

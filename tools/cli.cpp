@@ -81,7 +81,8 @@ Prints one stage of the compiler for FILE.tile:
                               tile (register tile RxC, 4x4), shared (bytes of shared tiles per block, 49152;
                               0: no shared tiles), reuse (reads per element for a tile, 4), split-blocks (sums
                               whose outputs fill fewer blocks are split, 216; 0: never), split-slice (least
-                              reduction points per slice, 256)
+                              reduction points per slice, 256), accumulators (1: each thread's outputs in
+                              registers, the default; 0: updates go to memory)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -242,7 +243,8 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 // --gpu-model KEY=VALUE,...: the GPU strategy's sizes (sched::GpuModel), each key at most once.
 const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
-    "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice)";
+    "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
+    "accumulators (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -279,6 +281,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.min_blocks = number(0, int64_t{1} << 30);
     } else if (key == "split-slice") {
       m.min_slice = number(1, int64_t{1} << 30);
+    } else if (key == "accumulators") {
+      m.accumulators = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }

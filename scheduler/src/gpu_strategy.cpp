@@ -116,8 +116,8 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   std::vector<std::string> mapping = blocks;
   mapping.insert(mapping.end(), threads.begin(), threads.end());
   mapping.insert(mapping.end(), registers.begin(), registers.end());
-  const bool accumulate =
-      facts.update && reductions && facts.write && accumulators_proven(neutral, vars, outputs, mapping, *facts.write);
+  const bool accumulate = gpu.accumulators && facts.update && reductions && facts.write &&
+                          accumulators_proven(neutral, vars, outputs, mapping, *facts.write);
   auto tree_with = [&](const std::vector<int64_t>& tiles) {
     isl::schedule_node at = isl_support::delete_node(neutral.root().child(0));
     if (!registers.empty())

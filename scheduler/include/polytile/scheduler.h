@@ -50,6 +50,8 @@ struct GpuModel {
   int64_t min_blocks = 216;
   int64_t min_slice = 256;
   int64_t max_split_bytes = int64_t{256} << 20;
+  // Update kernels keep each thread's outputs in registers (Accumulators) where isl proves it safe.
+  bool accumulators = true;
 };
 
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
