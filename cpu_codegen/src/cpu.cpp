@@ -304,11 +304,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
-  if (const auto& gpu = o.target.gpu)  // GPU semantics: every size of the model shapes the kernels
-    key += "|gpu/" + std::to_string(gpu->threads_per_block) + "/" + std::to_string(gpu->tile_rows) + "x" +
-           std::to_string(gpu->tile_cols) + "/" + std::to_string(gpu->shared_bytes) + "/" + std::to_string(gpu->min_reuse) + "/" +
-           std::to_string(gpu->min_blocks) + "/" + std::to_string(gpu->min_slice) + "/" + std::to_string(gpu->max_split_bytes) +
-           "/" + std::to_string(gpu->accumulators);
+  if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels
   return key;
 }
 

@@ -144,6 +144,8 @@ class NestEmitter {
   // The plain statement of every nest but micro-kernels and row reductions; in a kernel with
   // accumulators, an update aggregates into its accumulator (n.registers) instead of the output.
   void statement(const sched::LoopNode& n);
+  // The contraction's output element at the variables' values (those in its index at least).
+  Value* output_address(const std::map<std::string, Value*>& vars);
   // AccIn and AccOut of a kernel's accumulators (sched::Accumulators).
   Value* accumulator_address(const std::vector<sched::LoopExpr>& position);
   void accumulator_statement(const sched::LoopNode& n);

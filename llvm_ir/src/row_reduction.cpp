@@ -60,9 +60,7 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       for (size_t a = 1; a < acc_.size(); ++a) total = accumulate(c.aggregation, total, b_.CreateLoad(vty, acc_[a]), t);
       Value* h = b_.CreateExtractElement(total, uint64_t{0});
       for (unsigned l = 1; l < lanes; ++l) h = accumulate(c.aggregation, h, b_.CreateExtractElement(total, l), t);
-      std::vector<Value*> out_idx;
-      for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
-      Value* addr = element_address(c.output, out_idx);
+      Value* addr = output_address(vars);
       Typed old = load_address(t, addr);
       store_address(t, addr, {accumulate(c.aggregation, old.v, h, t), t});
       return;

@@ -98,6 +98,12 @@ Value* NestEmitter::accumulate(AggregationOp op, Value* acc, Value* v, DType t) 
   return v;
 }
 
+Value* NestEmitter::output_address(const std::map<std::string, Value*>& vars) {
+  std::vector<Value*> idx;
+  for (const auto& p : nest_.contraction.output_indices) idx.push_back(poly(p, vars));
+  return element_address(nest_.contraction.output, idx);
+}
+
 Value* NestEmitter::accumulator_address(const std::vector<sched::LoopExpr>& position) {
   const std::vector<int64_t>& sizes = nest_.accumulators->sizes;
   POLYTILE_CHECK(accumulators_ && position.size() == sizes.size(), "kernel ", nest_.name, ": an accumulator position of ",
@@ -115,9 +121,7 @@ void NestEmitter::accumulator_statement(const sched::LoopNode& n) {
                  " arguments for ", outputs.size(), " output variables");
   std::map<std::string, Value*> vars;
   for (size_t k = 0; k < outputs.size(); ++k) vars[nest_.variables.at(outputs[k])] = vals[k];
-  std::vector<Value*> idx;
-  for (const auto& p : nest_.contraction.output_indices) idx.push_back(poly(p, vars));
-  Value* element = element_address(nest_.tensor, idx);
+  Value* element = output_address(vars);
   Value* acc = accumulator_address(n.registers);
   if (n.statement == sched::LoopNode::Statement::acc_load) store_address(t, acc, load_address(t, element));
   else store_address(t, element, load_address(t, acc));
@@ -147,9 +151,7 @@ void NestEmitter::statement(const sched::LoopNode& n) {
   const Contraction& c = nest_.contraction;
   std::map<std::string, Value*> vars;
   for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
-  std::vector<Value*> out_idx;
-  for (const auto& p : c.output_indices) out_idx.push_back(poly(p, vars));
-  Value* out_addr = nest_.accumulators ? accumulator_address(n.registers) : element_address(c.output, out_idx);
+  Value* out_addr = nest_.accumulators ? accumulator_address(n.registers) : output_address(vars);
   std::vector<Typed> in;
   for (const auto& a : c.inputs) {
     std::vector<Value*> idx;

@@ -19,12 +19,13 @@ using isl_support::text;
 
 StatementIds::StatementIds(const isl::ctx& ctx)
     : parallel_mark(ctx, "parallel"), block_mark(ctx, "block"), thread_mark(ctx, "thread"), block_step(ctx, "Step"),
-      sync_before(ctx, "SyncIn"), sync_after(ctx, "SyncOut"), acc_in(ctx, "AccIn"), acc_out(ctx, "AccOut"),
-      register_mark(ctx, "registers"), acc_mark(ctx, "accumulators") {
+      sync_before(ctx, "SyncIn"), sync_after(ctx, "SyncOut"), register_mark(ctx, "registers"), acc_mark(ctx, "accumulators") {
   for (size_t t = 0; t < max_tiles; ++t) copies_.emplace_back(ctx, "C" + std::to_string(t));
   using St = LoopNode::Statement;
-  // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks.
+  // Plain nests: S; micro-kernels and row reductions: Z, L, F, T, E, with a p suffix in predicated blocks;
+  // GPU kernels with accumulators: AccIn, AccOut.
   const std::tuple<const char*, St, bool> kinds[] = {
+      {"AccIn", St::acc_load, false}, {"AccOut", St::acc_store, false},
       {"S", St::plain, false},  {"Z", St::zero, false},      {"Zp", St::zero, true},     {"L", St::load, false},
       {"Lp", St::load, true},   {"F", St::fma, false},       {"Fp", St::fma, true},      {"T", St::store, false},
       {"Tp", St::store, true},  {"E", St::epilogue, false},  {"Ep", St::epilogue, true}};
@@ -65,8 +66,9 @@ class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
                 const std::set<int>& parallel_dims, const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims,
-                const BlockStep* step, const KernelStatements* added)
-      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), added_(added) {
+                const BlockStep* step, const KernelStatements* added, const std::vector<int64_t>* sizes)
+      : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), added_(added),
+        sizes_(sizes) {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
@@ -125,7 +127,7 @@ class AstTranslator {
     if (n.isa<isl::ast_node_mark>()) {
       isl::ast_node_mark mark = n.as<isl::ast_node_mark>();
       const isl::id id = mark.id();
-      if (added_ && (id.get() == statements_.register_mark.get() || id.get() == statements_.acc_mark.get())) {
+      if (sizes_ && (id.get() == statements_.register_mark.get() || id.get() == statements_.acc_mark.get())) {
         // Loops over register positions, from this depth on.
         const int outer = register_base_;
         register_base_ = id.get() == statements_.register_mark.get() ? added_->register_depth : added_->acc_depth;
@@ -168,8 +170,8 @@ class AstTranslator {
       out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
       if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) std::tie(out.hardware, out.axis) = hw->second;
       const int position = dimension->second - register_base_;
-      if (register_base_ >= 0 && position >= 0 && position < static_cast<int>(added_->sizes.size()))
-        out.unroll = added_->sizes[static_cast<size_t>(position)];
+      if (register_base_ >= 0 && position >= 0 && position < static_cast<int>(sizes_->size()))
+        out.unroll = (*sizes_)[static_cast<size_t>(position)];
     }
     out.body.push_back(node(f.body(), false));
     return out;
@@ -188,15 +190,11 @@ class AstTranslator {
       return out;
     }
     if (auto tile = statements_.copy_tile(id)) return copy(*tile, args);
-    if (id.get() == statements_.acc_in.get() || id.get() == statements_.acc_out.get()) {
-      out.statement = id.get() == statements_.acc_in.get() ? LoopNode::Statement::acc_load : LoopNode::Statement::acc_store;
-    } else {
-      auto kind = statements_.find(id);
-      POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
-      std::tie(out.statement, out.predicated) = *kind;
-    }
+    auto kind = statements_.find(id);
+    POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
+    std::tie(out.statement, out.predicated) = *kind;
     out.args = std::move(args);
-    if (added_ && added_->accumulators) {  // the position generate() noted on the node
+    if (sizes_) {  // with accumulators: the position generate() noted on the node
       const isl::id note = isl::manage(isl_ast_node_get_annotation(user.get()));
       const auto* position = note.is_null() ? nullptr : static_cast<const std::vector<isl::ast_expr>*>(isl_id_get_user(note.get()));
       POLYTILE_CHECK(position != nullptr, "statement ", id.name(), " without its accumulator's position");
@@ -277,6 +275,7 @@ class AstTranslator {
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
   const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
   const KernelStatements* added_;        // what a GPU strategy added: copies, accumulators
+  const std::vector<int64_t>* sizes_;    // with accumulators, their sizes (Accumulators::sizes)
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
   int register_base_ = -1;               // under a register or accumulator mark: its band's first dimension
 };
@@ -401,25 +400,28 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   isl::ast_build build = isl_support::with_iterators(isl::ast_build(ctx.get()), iterators);
   // With accumulators, each update statement notes its position, as expressions of the loops around it.
   std::deque<std::vector<isl::ast_expr>> positions;
-  if (added && added->accumulators)
+  const std::vector<int64_t>* sizes = nest.accumulators ? &nest.accumulators->sizes : nullptr;
+  if (sizes) {
+    POLYTILE_CHECK(added && added->positions, "nest ", nest.name, " has accumulators but no positions");
     build = build.set_at_each_domain([&](isl::ast_node node, isl::ast_build at) {
       const isl::id id = node.as<isl::ast_node_user>().expr().as<isl::ast_expr_op>().arg(0).as<isl::ast_expr_id>().id();
-      if (id.get() != statements.id(LoopNode::Statement::plain).get() && id.get() != statements.acc_in.get() &&
-          id.get() != statements.acc_out.get())
-        return node;
+      const auto kind = statements.find(id);
+      using St = LoopNode::Statement;
+      if (!kind || (kind->first != St::plain && kind->first != St::acc_load && kind->first != St::acc_store)) return node;
       std::vector<isl::ast_expr>& position = positions.emplace_back();
       const isl::map here = at.get_schedule().reverse().apply_range(*added->positions).as_map();  // schedule -> position
       const isl::pw_multi_aff of = isl::manage(isl_pw_multi_aff_from_map(here.copy()));
-      for (size_t k = 0; k < added->sizes.size(); ++k) position.push_back(at.expr_from(of.at(static_cast<int>(k))));
+      for (size_t k = 0; k < sizes->size(); ++k) position.push_back(at.expr_from(of.at(static_cast<int>(k))));
       isl::id note = isl::manage(isl_id_alloc(ctx.get().get(), "position", &position));
       return isl::manage(isl_ast_node_set_annotation(node.release(), note.release()));
     });
+  }
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
   if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
   const auto hardware = hardware_dimensions(sched, statements);
-  AstTranslator translator(statements, iterators, safe, hardware, step, added);
+  AstTranslator translator(statements, iterators, safe, hardware, step, added, sizes);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();
   finish_parallel(nest);

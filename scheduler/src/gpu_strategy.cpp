@@ -112,12 +112,15 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   // The output variables (the mapped ones), in the statement's order: the accumulators' statements' arguments.
   std::vector<size_t> outputs(order.begin(), order.begin() + static_cast<long>(parallel));
   std::sort(outputs.begin(), outputs.end());
+  std::vector<std::string> outs;
+  for (size_t k : outputs) outs.push_back(vars[k]);
   // The accumulators need each step's positions and elements to match one to one (accumulators_proven).
   std::vector<std::string> mapping = blocks;
   mapping.insert(mapping.end(), threads.begin(), threads.end());
   mapping.insert(mapping.end(), registers.begin(), registers.end());
   const bool accumulate = gpu.accumulators && facts.update && reductions && facts.write &&
-                          accumulators_proven(neutral, vars, outputs, mapping, *facts.write);
+                          accumulators_proven(neutral, vars, outs, mapping, *facts.write);
+  if (accumulate) accumulators = Accumulators{register_sizes, outputs};
   auto tree_with = [&](const std::vector<int64_t>& tiles) {
     isl::schedule_node at = isl_support::delete_node(neutral.root().child(0));
     if (!registers.empty())
@@ -132,14 +135,9 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     }
     at = insert_band(at, vars, blocks, std::vector<bool>(blocks.size(), true), true);
     const isl::schedule tree = at.insert_mark(statements.block_mark).schedule();
-    return accumulate ? graft_accumulators(tree, vars, outputs, registers, register_sizes, added) : tree;
+    return accumulate ? graft_accumulators(tree, vars, outs, registers, added) : tree;
   };
-  auto finish = [&](const isl::schedule& tree) {
-    if (added.accumulators) accumulators = Accumulators{added.sizes, outputs};
-    else added.sizes.clear();
-    return tree;
-  };
-  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return finish(tree_with({}));
+  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
   // A block of one z value holds one value of each member z linearizes: the copies know them too (as
   // floor and mod of the block's z, which isl works out), so that a footprint's box follows each one.
   std::vector<std::string> z_members;
@@ -156,9 +154,9 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.elements() * static_cast<int64_t>(p.element_bytes);
     if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit))
-      return finish(promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, added));
+      return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, added);
     auto widest = std::max_element(tiles.begin(), tiles.end());
-    if (*widest == 1) return finish(tree_with({}));  // not even one reduction point per tile fits
+    if (*widest == 1) return tree_with({});  // not even one reduction point per tile fits
     *widest = (*widest + 1) / 2;
   }
 }
@@ -261,10 +259,8 @@ isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::un
 // the mapping determines the output variables (it is injective on their values) and that these and the
 // elements determine each other.
 bool NestBuilder::accumulators_proven(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                      const std::vector<size_t>& outputs, const std::vector<std::string>& mapping,
+                                      const std::vector<std::string>& outs, const std::vector<std::string>& mapping,
                                       const isl::map& write) {
-  std::vector<std::string> outs;
-  for (size_t k : outputs) outs.push_back(vars[k]);
   const isl::union_set domain = neutral.get_domain();
   const isl::union_map to_outputs = isl::union_map(ctx.get(), "{ S[" + join(vars) + "] -> O[" + join(outs) + "] }").intersect_domain(domain);
   const isl::union_set values = domain.apply(to_outputs);
@@ -277,14 +273,11 @@ bool NestBuilder::accumulators_proven(const isl::schedule& neutral, const std::v
 // the output variables' values of every point the thread has in the step (scheduled by a band over their
 // positions) before the reductions, and AccOut after them (accumulators_proven must hold).
 isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const std::vector<std::string>& vars,
-                                              const std::vector<size_t>& outputs, const std::vector<std::string>& registers,
-                                              const std::vector<int64_t>& sizes, KernelStatements& added) {
+                                              const std::vector<std::string>& outs, const std::vector<std::string>& registers,
+                                              KernelStatements& added) {
   isl::schedule_node node = thread_mark(tree).child(0).child(0);  // the reductions, under the thread band
-  added.sizes = sizes;
   added.acc_depth = isl_support::schedule_depth(node);
   added.register_depth = registers.empty() ? added.acc_depth : isl_support::schedule_depth(node.child(0).child(0));
-  std::vector<std::string> outs;
-  for (size_t k : outputs) outs.push_back(vars[k]);
   auto map = [&](const std::string& from, const std::string& to) {
     return isl::union_map(ctx.get(), "{ " + from + " -> " + to + " }");
   };
@@ -305,9 +298,8 @@ isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const s
     while (!g.isa<isl::schedule_node_extension>()) g = g.parent();
     return g;
   };
-  node = node.graft_before(graft(statements.acc_in));
-  node = node.graft_after(graft(statements.acc_out));
-  added.accumulators = true;
+  node = node.graft_before(graft(statements.id(LoopNode::Statement::acc_load)));
+  node = node.graft_after(graft(statements.id(LoopNode::Statement::acc_store)));
   return node.schedule();
 }
 
@@ -356,6 +348,14 @@ int64_t Accumulators::elements() const {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;
+}
+
+std::string GpuModel::key() const {
+  std::string k;
+  for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
+                    min_slice, max_split_bytes, int64_t{accumulators}})
+    k += (k.empty() ? "" : "/") + std::to_string(v);
+  return k;
 }
 
 Target gpu_target(const std::string& arch) {

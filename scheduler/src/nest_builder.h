@@ -41,9 +41,10 @@ class StatementIds {
   std::optional<size_t> copy_tile(const isl::id& id) const;
   const isl::id sync_before, sync_after;
   static constexpr size_t max_tiles = 4;
-  // GPU update kernels with accumulators (Accumulators): the loads and stores of a thread's accumulators
-  // around its reductions, and the marks above the bands over register positions: S's and theirs.
-  const isl::id acc_in, acc_out, register_mark, acc_mark;
+  // GPU update kernels with accumulators (Accumulators): the marks above the bands over register
+  // positions, S's and those of the accumulators' loads and stores (AccIn, AccOut: statement kinds
+  // acc_load and acc_store).
+  const isl::id register_mark, acc_mark;
 
  private:
   struct Entry {
@@ -58,17 +59,15 @@ class StatementIds {
 // The statements a GPU strategy adds to a kernel's tree, for the translator.
 // The copies of shared tiles: C<t>(prefix) sets tile t's origin to origins[t], isl expressions of
 // `params` -- bound to the statement's arguments, the values of the block and reduction tile dimensions.
-// The accumulators: AccIn/AccOut(output variables) load and store the element of those values. Every
-// statement's position is given by `positions` (S, AccIn, AccOut -> position), and the loops over
-// positions -- those of S's register band, from `register_depth` on under the register mark, and those of
-// the AccIn and AccOut bands from `acc_depth` on under the accumulator mark -- are register loops of the
-// given `sizes`.
+// The accumulators (Nest::accumulators): AccIn/AccOut(output variables) load and store the element of
+// those values. Every statement's position is given by `positions` (S, AccIn, AccOut -> position), and
+// the loops over positions -- those of S's register band, from `register_depth` on under the register
+// mark, and those of the AccIn and AccOut bands from `acc_depth` on under the accumulator mark -- are
+// register loops of the accumulators' sizes.
 struct KernelStatements {
   std::vector<isl::id> params;
   std::vector<std::vector<isl::ast_expr>> origins;
   std::optional<isl::union_map> positions;
-  std::vector<int64_t> sizes;    // Nest::accumulators; empty without accumulators
-  bool accumulators = false;
   int register_depth = 0;        // S's register band
   int acc_depth = 0;             // the AccIn and AccOut bands
 };
@@ -169,13 +168,13 @@ struct NestBuilder {
                              std::vector<SharedTile>& shared, KernelStatements& added);
   // The accumulators (gpu_strategy.cpp): whether isl proves that a thread's positions and elements match
   // one to one in each step, the `mapping` (block, thread and register members) being functions of the
-  // `outputs` of vars (indices); AccIn and AccOut over the outputs grafted around the reductions of a tree
-  // whose register band (of `registers`, expressions of vars, with the given sizes) is marked.
-  bool accumulators_proven(const isl::schedule& neutral, const std::vector<std::string>& vars, const std::vector<size_t>& outputs,
+  // output variables `outs`; AccIn and AccOut over them grafted around the reductions of a tree whose
+  // register band (of `registers`, expressions of vars) is marked.
+  bool accumulators_proven(const isl::schedule& neutral, const std::vector<std::string>& vars, const std::vector<std::string>& outs,
                            const std::vector<std::string>& mapping, const isl::map& write);
   isl::schedule graft_accumulators(const isl::schedule& tree, const std::vector<std::string>& vars,
-                                   const std::vector<size_t>& outputs, const std::vector<std::string>& registers,
-                                   const std::vector<int64_t>& sizes, KernelStatements& added);
+                                   const std::vector<std::string>& outs, const std::vector<std::string>& registers,
+                                   KernelStatements& added);
   // After translation: launch extents of axes no loop is mapped to become 1; false when an axis is mapped
   // around some statements and not others (the nest must then run sequentially).
   static bool finish_kernel(Nest& nest);

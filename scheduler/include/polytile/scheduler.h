@@ -52,6 +52,8 @@ struct GpuModel {
   int64_t max_split_bytes = int64_t{256} << 20;
   // Update kernels keep each thread's outputs in registers (Accumulators) where isl proves it safe.
   bool accumulators = true;
+  // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
+  std::string key() const;
 };
 
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
