@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "cli.h"
@@ -300,6 +302,45 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
     EXPECT_EQ(cuda.code, 1) << cuda.out;
     EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
   }
+}
+
+// compile --target cpu: an object with one C entry point and its header (the C program that links
+// them is tests/aot_test.c); the same program gives the same bytes; misuse is one line with exit code 1.
+TEST(CliTest, CompileForTheCpuWritesAnObjectAndAHeader) {
+  const std::string file = kExamples + "conv2d_strided_dilated.tile", dir = temp("aot"), prefix = dir + "/seed_conv";
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> args{"compile", file, "--target", "cpu", "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"};
+  auto with = [&](std::vector<std::string> more) { auto a = args; a.insert(a.end(), more.begin(), more.end()); return a; };
+  Result c = cli(with({"-o", prefix}));
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("entry point seed_conv for CPU "), std::string::npos) << c.out;
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string object = slurp(prefix + ".o"), header = slurp(prefix + ".h");
+  EXPECT_EQ(object.substr(0, 4), "\x7f" "ELF");
+  EXPECT_NE(header.find("int seed_conv(const float* I, const float* K, float* O, void* workspace, polytile_parallel_for "
+                        "parallel_for, void* parallel_user);"), std::string::npos) << header;
+  EXPECT_NE(header.find("O  output f32[2, 3, 3, 7]"), std::string::npos) << header;
+  EXPECT_NE(header.find("#define SEED_CONV_WORKSPACE_BYTES 0"), std::string::npos) << header;
+  // --name, and determinism: another path, the same entry point, the same bytes.
+  Result again = cli(with({"-o", prefix + "_again", "--name", "seed_conv"}));
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(slurp(prefix + "_again.o") == object) << "the object differs";
+  EXPECT_EQ(slurp(prefix + "_again.h"), header);
+  auto one_line_error = [](const Result& r, const std::string& what) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  one_line_error(cli(with({})), "-o PATH is required");
+  one_line_error(cli(with({"-o", dir + "/2conv"})), "'2conv' is not a C identifier");
+  one_line_error(cli(with({"-o", prefix, "--name", "float"})), "'float' is reserved in C or C++");
+  one_line_error(cli(with({"-o", prefix, "--gpu-model", "threads=64"})), "--gpu-model needs a GPU --target");
+  one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7", "-o", prefix, "--name", "x"}),
+                 "--name needs --target cpu");
+  one_line_error(cli(with({"-o", prefix + ".h/conv"})), "cannot create the directory " + prefix + ".h");  // a file
 }
 
 TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {

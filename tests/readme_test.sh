@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Keeps the README true: every C++ or C block marked "<!-- example: FILE -->" is FILE verbatim, and every
-# `build/polytile ...` command it shows runs successfully (with this build's binary).
+# `build/polytile ...` or `cc ...` command it shows runs successfully (with this build's binary).
 set -euo pipefail
 src=$1
 bin=$2
@@ -24,7 +24,7 @@ while IFS= read -r line; do
   echo "+ $cmd"
   eval "$cmd" > /dev/null
   n=$((n + 1))
-done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^(\./setup\.sh && )?build/polytile ')
+done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^((\./setup\.sh && )?build/polytile |cc )')
 # The repository stands alone: nothing a user reads points outside it.
 if grep -rn '\.\./shared' README.md docs ./*/include 2>/dev/null; then
   echo "README, docs or a public header points outside the repository"

@@ -35,7 +35,8 @@ commands:
   check FILE.tile   parse and check a program; print it as normalized Tile text
   run FILE.tile     run a program on .npy or generated inputs
   lower FILE.tile   print a compiler stage: isl sets and maps, reduced or defracted contractions, loops, LLVM IR, PTX
-  compile FILE.tile compile for an NVIDIA GPU into a kernel bundle (PTX + manifest) that polytile-run-bundle runs
+  compile FILE.tile compile for an NVIDIA GPU into a kernel bundle (PTX + manifest) that polytile-run-bundle runs,
+                    or ahead of time for this CPU into an object file and a C header
   grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
   help [COMMAND]    show help for a command
   --version         print polytile's version
@@ -118,18 +119,27 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --repeat N                   run N times (default 1); the outputs are those of the last run
 )";
 
-const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o DIR [--target sm_XY]
-                        [--gpu-model KEY=VALUE,...] [--verify]
+const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o PATH [--target sm_XY|cpu]
+                        [--name ENTRY] [--gpu-model KEY=VALUE,...] [--verify]
 
-Compiles FILE.tile for an NVIDIA GPU (no GPU needed) and writes a kernel bundle to DIR: kernels.ptx and
-manifest.txt (the target, the buffers with their roles, dtypes and shapes, and the kernels in launch order
-with their grid, block and arguments). `polytile-run-bundle DIR` runs it on a machine with a GPU, which
-needs neither LLVM nor isl. Prints each kernel's launch and, where the CUDA toolkit's ptxas is found, the
-registers, spills and shared memory ptxas reports.
+With a GPU target (sm_XY, the default sm_90), compiles FILE.tile for an NVIDIA GPU (no GPU needed) and
+writes a kernel bundle to the directory PATH: kernels.ptx and manifest.txt (the target, the buffers with
+their roles, dtypes and shapes, and the kernels in launch order with their grid, block and arguments).
+`polytile-run-bundle PATH` runs it on a machine with a GPU, which needs neither LLVM nor isl. Prints each
+kernel's launch and, where the CUDA toolkit's ptxas is found, the registers, spills and shared memory
+ptxas reports.
+
+With --target cpu, compiles FILE.tile ahead of time for this machine's CPU and writes PATH.o (a
+position-independent object with one C entry point) and PATH.h (its declaration: the arguments in order
+with their dtypes and shapes, the workspace, the parallel_for callback). Link the object into a C or C++
+program with -lm, or make a shared library of it (cc -shared -o libNAME.so PATH.o -lm); running it needs
+no LLVM, isl, NTL or polytile library.
 
   --shape NAME=DIMS[:DTYPE]   input shape (every input)
-  -o DIR                      the bundle's directory (created)
-  --target sm_XY              GPU architecture, sm_75 and later (default sm_90)
+  -o PATH                     the bundle's directory (created), or with --target cpu the prefix of PATH.o
+                              and PATH.h
+  --target T                  GPU architecture sm_XY, sm_75 and later (default sm_90), or cpu
+  --name ENTRY                cpu: the entry point's C name (default: PATH's file name)
   --gpu-model KEY=VALUE,...   the GPU strategy's sizes (see lower --help)
   --verify                    prove every rewriting pass with isl
 )";
@@ -426,7 +436,8 @@ int cmd_compile(const Args& a, std::ostream& out) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
   ptx::Options options;
-  std::string dir;
+  std::string dir, entry;
+  bool gpu_model = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
       auto [name, spec] = split_assign(opt, value);
@@ -435,14 +446,33 @@ int cmd_compile(const Args& a, std::ostream& out) {
       options.arch = value;
     } else if (opt == "-o") {
       dir = value;
+    } else if (opt == "--name") {
+      entry = value;
     } else if (opt == "--gpu-model") {
       options.model = parse_gpu_model(value);
+      gpu_model = true;
     } else if (opt == "--verify") {
       options.verify = true;
     } else {
       user_error("compile: unknown option ", opt);
     }
   }
+  if (options.arch == "cpu") {
+    if (dir.empty()) user_error("compile: -o PATH is required (PATH.o and PATH.h are written)");
+    if (gpu_model) user_error("compile: --gpu-model needs a GPU --target, not cpu");
+    if (entry.empty()) entry = dir.substr(dir.find_last_of('/') == std::string::npos ? 0 : dir.find_last_of('/') + 1);
+    infer_types(p, shapes);
+    cpu::CompileOptions copts;
+    copts.verify = options.verify;
+    auto t0 = std::chrono::steady_clock::now();
+    cpu::ExportedObject exported = cpu::export_object(p, shapes, entry, copts);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    exported.write(dir);
+    out << dir << ".o, " << dir << ".h: entry point " << entry << " for CPU " << exported.cpu << ", workspace "
+        << exported.workspace_bytes << " bytes, compiled in " << static_cast<int64_t>(ms + 0.5) << " ms\n";
+    return 0;
+  }
+  if (!entry.empty()) user_error("compile: --name needs --target cpu (a kernel bundle's kernels are named by polytile)");
   if (dir.empty()) user_error("compile: -o DIR is required (the bundle's directory)");
   infer_types(p, shapes);  // user errors (a missing shape) first
   ptx::Compiled compiled = ptx::compile(p, shapes, options);

@@ -3,6 +3,8 @@
 // order, splitting provably parallel outer loops across threads.
 #include "polytile/cpu.h"
 
+#include "internal.h"
+
 #include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
@@ -42,28 +44,6 @@
 
 namespace polytile::cpu {
 
-using NestFn = void (*)(char**, int64_t, int64_t);
-
-struct CompiledProgram::Impl {
-  Program program;
-  ProgramTypes types;
-  std::map<std::string, TensorType> inputs;
-  sched::Schedule schedule;
-  std::string ir;
-  CompileTimes times;
-  TuningReport tuning;
-  std::vector<std::string> buffers;  // index -> tensor
-  std::set<std::string> touched;     // tensors some nest reads or writes
-  std::unique_ptr<llvm::orc::LLJIT> jit;
-  std::vector<NestFn> nests;
-  int threads = 1;
-  // Scratch tensors (written and read by nests, not outputs) of finished runs, one set per run that was
-  // in flight at once: a run takes a set, or allocates one, and gives it back. Memory that is reused
-  // needs no page faults and no zeroing (every nest writes all of its tensor's elements before any read).
-  mutable std::mutex scratch_mutex;
-  mutable std::vector<TensorMap> scratch_pool;
-};
-
 CompiledProgram::CompiledProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CompiledProgram::~CompiledProgram() = default;
 const Program& CompiledProgram::program() const { return impl_->program; }
@@ -76,16 +56,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <typename T>
-T check(llvm::Expected<T> v, const std::string& what) {
-  if (!v) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(v.takeError()));
-  return std::move(*v);
-}
-
-void check(llvm::Error e, const std::string& what) {
-  if (e) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(std::move(e)));
 }
 
 // glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
@@ -140,12 +110,6 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already) {
   mpm.run(m, mam);
 }
 
-llvm::orc::JITTargetMachineBuilder host_machine() {
-  auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
-  machine.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
-  return machine;
-}
-
 sched::LowerOptions lower_options(const CompileOptions& options) {
   sched::LowerOptions l;
   l.target = options.target;
@@ -154,17 +118,14 @@ sched::LowerOptions lower_options(const CompileOptions& options) {
   return l;
 }
 
-// One nest on its way to the JIT, in a context and module of its own: nests are optimized and compiled
-// concurrently.
-struct NestModule {
-  std::unique_ptr<llvm::LLVMContext> context;
-  std::unique_ptr<llvm::Module> module;
-  std::string ir;                              // the optimized module, printed
-  std::unique_ptr<llvm::MemoryBuffer> object;  // its machine code
-};
+}  // namespace
 
-// Lowers `source`, emits every nest into a module of its own and optimizes them (and compiles them to
-// objects when `objects`), on up to impl.threads threads; the printed modules, in nest order, are impl.ir.
+llvm::orc::JITTargetMachineBuilder host_machine() {
+  auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+  machine.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  return machine;
+}
+
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
                                        const CompileOptions& options, bool objects) {
   impl.inputs = inputs;
@@ -216,6 +177,8 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   impl.times.optimize_and_jit = seconds_since(t0);
   return modules;
 }
+
+namespace {
 
 std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
                                               const CompileOptions& options) {

@@ -1,7 +1,7 @@
 // Compiling to native code: the schedule (isl schedule tree and loops; here a register-blocked
 // micro-kernel with the bias + relu consumer fused into it), the layout pass, the LLVM IR, and runs on
 // the CPU -- into preallocated outputs and into the caller's own memory -- checked against the reference
-// interpreter; then a tuned compile.
+// interpreter; then an object file for this CPU and a tuned compile.
 #include <polytile/cpu.h>
 #include <polytile/interpreter.h>
 #include <polytile/lower.h>
@@ -60,9 +60,18 @@ int main() {
                 ViewMap{{"Y", {y.data(), DType::f32, {96, 600}, {}}}});
   for (int64_t e = 0; e < native.at("Y").size(); ++e) worst = std::max(worst, std::fabs(y[static_cast<size_t>(e)] - native.at("Y").get(e)));
 
+  // Ahead of time: the same program as one object file with a C entry point, and its header (what
+  // `polytile compile --target cpu` writes); aot.write("out/layer") puts out/layer.o and out/layer.h.
+  cpu::ExportedObject aot = cpu::export_object(layer, types, "layer");
+  std::cout << "layer.o: " << aot.object.size() << " bytes of machine code for " << aot.cpu << ", workspace "
+            << aot.workspace_bytes << " bytes\n" << aot.header.substr(0, aot.header.find('\n', aot.header.find("int layer("))) << "\n";
+
   // Tuning: a few target variants timed on this machine; the fastest is kept (and cached).
   options.tune = true;
   auto tuned = cpu::compile(layer, types, options);
   for (const auto& [variant, seconds] : tuned->tuning().candidates) std::cout << variant << ": " << seconds * 1e3 << " ms\n";
-  return worst < 1e-4 && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() ? 0 : 1;
+  return worst < 1e-4 && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() &&
+                 aot.object.compare(0, 4, "\x7f" "ELF") == 0
+             ? 0
+             : 1;
 }

@@ -111,6 +111,29 @@ size_t cached_programs();
 std::string optimized_llvm_ir(const Program& program, const std::map<std::string, TensorType>& inputs,
                               const CompileOptions& options = {});
 
+// Ahead-of-time export (polytile compile --target cpu): the program compiled for this machine's CPU into
+// one relocatable object (ELF, position independent) with a single C entry point, and the C header that
+// declares it. The object calls only libm (link with -lm) and, for a workspace it allocates, malloc and
+// free: no LLVM, isl, NTL, TBB or polytile library at run time. The entry point is
+//   int ENTRY(inputs..., outputs..., void* workspace, polytile_parallel_for parallel_for, void* user);
+// the header documents the arguments (order, dtypes, shapes), the workspace and the parallel_for callback.
+struct ExportedObject {
+  std::string entry;             // the C function's name
+  std::string header;            // ENTRY.h's text
+  std::string object;            // the object file's bytes
+  int64_t workspace_bytes = 0;   // scratch the entry point needs (ENTRY_WORKSPACE_BYTES)
+  std::string cpu;               // the CPU the code is for, as LLVM names it (e.g. skylake-avx512)
+  // Writes PREFIX.o and PREFIX.h, creating PREFIX's directory (UserError naming what cannot be written).
+  void write(const std::string& prefix) const;
+};
+
+// Compiles `program` for inputs of the given types into an ExportedObject named `entry`. UserError for an
+// entry that is not a C identifier (or is a C or C++ keyword), a GPU target (polytile compile --target
+// sm_XY writes a kernel bundle instead), and every error compile() reports. Deterministic: the same
+// program, types and target give the same bytes.
+ExportedObject export_object(const Program& program, const std::map<std::string, TensorType>& inputs,
+                             const std::string& entry, const CompileOptions& options = {});
+
 // compile() for the inputs' types, then run.
 TensorMap run(const Program& program, const TensorMap& inputs, const CompileOptions& options = {});
 

@@ -1,0 +1,77 @@
+// What the host backend's two halves share: the JIT runtime (cpu.cpp) and ahead-of-time export
+// (export.cpp) lower, emit and optimize a program the same way; only what happens to the machine code
+// differs. Private to cpu_codegen/.
+#pragma once
+
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/MemoryBuffer.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "polytile/cpu.h"
+#include "polytile/error.h"
+
+namespace polytile::cpu {
+
+// A nest's function: void nest_<k>(ptr buffers, i64 lo, i64 hi) (llvm_ir.h).
+using NestFn = void (*)(char**, int64_t, int64_t);
+
+struct CompiledProgram::Impl {
+  Program program;
+  ProgramTypes types;
+  std::map<std::string, TensorType> inputs;
+  sched::Schedule schedule;
+  std::string ir;
+  CompileTimes times;
+  TuningReport tuning;
+  std::vector<std::string> buffers;  // index -> tensor
+  std::set<std::string> touched;     // tensors some nest reads or writes
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  std::vector<NestFn> nests;
+  int threads = 1;
+  // Scratch tensors (written and read by nests, not outputs) of finished runs, one set per run that was
+  // in flight at once: a run takes a set, or allocates one, and gives it back. Memory that is reused
+  // needs no page faults and no zeroing (every nest writes all of its tensor's elements before any read).
+  mutable std::mutex scratch_mutex;
+  mutable std::vector<TensorMap> scratch_pool;
+};
+
+template <typename T>
+T check(llvm::Expected<T> v, const std::string& what) {
+  if (!v) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(v.takeError()));
+  return std::move(*v);
+}
+
+inline void check(llvm::Error e, const std::string& what) {
+  if (e) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(std::move(e)));
+}
+
+// This machine's CPU, its features and the optimization level of every compilation.
+llvm::orc::JITTargetMachineBuilder host_machine();
+
+// One nest on its way to machine code, in a context and module of its own: nests are optimized and
+// compiled concurrently.
+struct NestModule {
+  std::unique_ptr<llvm::LLVMContext> context;
+  std::unique_ptr<llvm::Module> module;
+  std::string ir;                              // the optimized module, printed
+  std::unique_ptr<llvm::MemoryBuffer> object;  // its machine code
+};
+
+// Lowers `source`, emits every nest k as `nest_<k>` into a module of its own and optimizes them (and
+// compiles them to objects when `objects`), on up to impl.threads threads; fills impl's program, types,
+// schedule, buffer table (inputs in program order, then every statement's output) and touched tensors;
+// the printed modules, in nest order, are impl.ir.
+std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source,
+                                       const std::map<std::string, TensorType>& inputs, const CompileOptions& options,
+                                       bool objects);
+
+}  // namespace polytile::cpu

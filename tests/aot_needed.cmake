@@ -1,0 +1,16 @@
+# Fails when BINARY (a program linked with exported objects) needs a shared library of the compiler:
+# LLVM, isl, NTL, GMP, TBB or polytile's own.
+execute_process(COMMAND objdump -p ${BINARY} OUTPUT_VARIABLE headers RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "objdump -p ${BINARY} failed")
+endif()
+string(REGEX MATCHALL "NEEDED +[^\n]+" needed "${headers}")
+message(STATUS "${BINARY}: ${needed}")
+if(needed STREQUAL "")
+  message(FATAL_ERROR "objdump found no NEEDED entries in ${BINARY}: cannot tell what it loads")
+endif()
+foreach(n ${needed})
+  if(n MATCHES "LLVM|isl|ntl|gmp|tbb|polytile")
+    message(FATAL_ERROR "${BINARY} needs ${n} at run time")
+  endif()
+endforeach()
