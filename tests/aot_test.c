@@ -153,8 +153,9 @@ static void test_matmul_exp_max(void) {
   for (int i = 0; i < KK * NN; ++i) Bd[i] = B[i];
   EXPECT(MATMUL_EXP_MAX_WORKSPACE_BYTES >= M * NN * (int)sizeof(float), "the workspace (%d bytes) cannot hold C",
          MATMUL_EXP_MAX_WORKSPACE_BYTES);
-  for (int mode = 0; mode < 2; ++mode) {
-    /* mode 0: the entry point allocates its workspace; mode 1: the caller's (poisoned first), with threads */
+  for (int mode = 0; mode < 3; ++mode) {
+    /* mode 0: the entry point allocates its workspace; mode 1: the caller's (poisoned first), with threads;
+     * mode 2: the arguments as an array (matmul_exp_max_argv) */
     void* workspace = NULL;
     if (mode == 1) {
       workspace = aligned_alloc(64, (MATMUL_EXP_MAX_WORKSPACE_BYTES + 63) / 64 * 64);
@@ -163,10 +164,20 @@ static void test_matmul_exp_max(void) {
     float* Eo = nan_tensor(M * NN);
     float* To = nan_tensor(NN);
     float* Bo = nan_tensor(KK * NN);
-    EXPECT(matmul_exp_max(A, B, Eo, To, Bo, workspace, mode ? threads_for : NULL, &parallel_calls) == 0, "failed");
-    expect_close(mode ? "E (threads)" : "E (serial)", Eo, E, M * NN);
-    expect_close(mode ? "T (threads)" : "T (serial)", To, T, NN);
-    expect_close(mode ? "B passed through (threads)" : "B passed through (serial)", Bo, Bd, KK * NN);
+    if (mode < 2) {
+      EXPECT(matmul_exp_max(A, B, Eo, To, Bo, workspace, mode ? threads_for : NULL, &parallel_calls) == 0, "failed");
+    } else {
+      void* const arguments[] = {A, B, Eo, To, Bo};
+      EXPECT(matmul_exp_max_argv(arguments, NULL, threads_for, &parallel_calls) == 0, "failed");
+    }
+    const char* how[] = {"serial", "threads", "argv"};
+    char what[64];
+    snprintf(what, sizeof what, "E (%s)", how[mode]);
+    expect_close(what, Eo, E, M * NN);
+    snprintf(what, sizeof what, "T (%s)", how[mode]);
+    expect_close(what, To, T, NN);
+    snprintf(what, sizeof what, "B passed through (%s)", how[mode]);
+    expect_close(what, Bo, Bd, KK * NN);
     free(Eo);
     free(To);
     free(Bo);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -66,13 +67,7 @@ int64_t byte_size(const TensorType& t) {
   return n;
 }
 
-// One argument of the entry point.
-struct Argument {
-  std::string tensor;
-  std::string parameter;  // its C name: the tensor's, with "_out" for an input passed through, '_' added while reserved or taken
-  bool output = false;
-  TensorType type;
-};
+using Argument = ExportedObject::Argument;
 
 // The entry point's plan: its arguments and, for every slot of the buffer table, where the pointer comes
 // from (an argument, an offset into the workspace, or nothing: no nest touches the tensor).
@@ -202,9 +197,24 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     b.CreateCall(free_fn, {owned});
   }
   b.CreateRet(b.getInt32(0));
+  // ENTRY_argv(ptr arguments, ptr workspace, ptr parallel_for, ptr user): the same, the tensors in an array.
+  auto* argv_fn = llvm::Function::Create(
+      llvm::FunctionType::get(b.getInt32Ty(), {ptr, ptr, ptr, ptr}, false), llvm::Function::ExternalLinkage, entry + "_argv", m);
+  argv_fn->addFnAttr(llvm::Attribute::NoUnwind);
+  b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", argv_fn));
+  std::vector<llvm::Value*> args;
+  for (size_t a = 0; a < plan.arguments.size(); ++a)
+    args.push_back(b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, argv_fn->getArg(0), a), plan.arguments[a].parameter));
+  for (unsigned a = 1; a < 4; ++a) args.push_back(argv_fn->getArg(a));
+  b.CreateRet(b.CreateCall(fn, args));
   std::string problems;
   llvm::raw_string_ostream os(problems);
-  if (llvm::verifyFunction(*fn, &os)) throw InternalError("export: the entry point " + entry + " is malformed: " + os.str());
+  for (llvm::Function* f : {fn, argv_fn})
+    if (llvm::verifyFunction(*f, &os)) throw InternalError("export: the entry point " + f->getName().str() + " is malformed: " + os.str());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string upper(std::string s) {
@@ -260,7 +270,9 @@ std::string header_text(const std::string& entry, const Plan& plan, const Progra
     << "                                      void* closure);\n"
     << "#endif\n\n"
     << "#define " << upper(entry) << "_WORKSPACE_BYTES " << plan.workspace_bytes << "\n\n"
-    << prototype << ";\n\n"
+    << prototype << ";\n"
+    << "/* The same with the tensors' pointers in an array, in the order above. */\n"
+    << "int " << entry << "_argv(void* const* arguments, void* workspace, polytile_parallel_for parallel_for, void* parallel_user);\n\n"
     << "#ifdef __cplusplus\n}\n#endif\n\n"
     << "#endif\n";
   return h.str();
@@ -281,6 +293,7 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   std::vector<NestModule> nests = lower_and_emit(impl, program, inputs, options, false);
   const Plan p = plan(impl, program);
 
+  auto t0 = std::chrono::steady_clock::now();
   // One module: every nest's optimized module, moved into one context through bitcode and linked.
   llvm::LLVMContext ctx;
   auto module = std::make_unique<llvm::Module>(entry, ctx);
@@ -304,7 +317,7 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   emit_entry(*module, entry, impl, p, functions);
   // Only the entry point is visible: two exported objects link into one program.
   for (llvm::Function& f : *module)
-    if (!f.isDeclaration() && f.getName() != entry) {
+    if (!f.isDeclaration() && f.getName() != entry && f.getName() != entry + "_argv") {
       f.setName(entry + "_" + f.getName().str());
       f.setLinkage(llvm::GlobalValue::InternalLinkage);
     }
@@ -328,6 +341,9 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   out.entry = entry;
   out.object.assign(object.begin(), object.end());
   out.workspace_bytes = p.workspace_bytes;
+  out.arguments = p.arguments;
+  out.times = impl.times;
+  out.times.optimize_and_jit += seconds_since(t0);
   out.cpu = tm->getTargetCPU().str();
   out.header = header_text(entry, p, program, tm->getTargetTriple().str(), out.cpu);
   return out;

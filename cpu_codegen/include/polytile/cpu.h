@@ -117,12 +117,23 @@ std::string optimized_llvm_ir(const Program& program, const std::map<std::string
 // free: no LLVM, isl, NTL, TBB or polytile library at run time. The entry point is
 //   int ENTRY(inputs..., outputs..., void* workspace, polytile_parallel_for parallel_for, void* user);
 // the header documents the arguments (order, dtypes, shapes), the workspace and the parallel_for callback.
+// ENTRY_argv(void* const* arguments, void* workspace, polytile_parallel_for, void* user) is the same with
+// the tensors' pointers in an array (for callers that bind the arguments at run time, e.g. through an FFI).
 struct ExportedObject {
-  std::string entry;             // the C function's name
+  // One argument of the entry point.
+  struct Argument {
+    std::string tensor;
+    std::string parameter;  // its C name: the tensor's; "_out" for an input passed through; '_' added while reserved
+    bool output = false;
+    TensorType type;
+  };
+  std::string entry;             // the C function's name; ENTRY_argv takes the arguments as an array
+  std::vector<Argument> arguments;  // inputs in program order, then outputs in program order
   std::string header;            // ENTRY.h's text
   std::string object;            // the object file's bytes
   int64_t workspace_bytes = 0;   // scratch the entry point needs (ENTRY_WORKSPACE_BYTES)
   std::string cpu;               // the CPU the code is for, as LLVM names it (e.g. skylake-avx512)
+  CompileTimes times;            // optimize_and_jit: optimizing the nests and making the object
   // Writes PREFIX.o and PREFIX.h, creating PREFIX's directory (UserError naming what cannot be written).
   void write(const std::string& prefix) const;
 };
