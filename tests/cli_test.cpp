@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -206,7 +207,7 @@ TEST(CliTest, RunTimesStagesAndRepeatedRunsOnStderr) {
     args.insert(args.end(), extra.begin(), extra.end());
     return cli(args);
   };
-  Result timed = with({"--time", "--repeat", "4", "--threads", "1"});
+  Result timed = with({"--time", "--repeat", "4", "--threads", "1", "--no-cache"});  // the JIT's stages
   ASSERT_EQ(timed.code, 0) << timed.err;
   EXPECT_EQ(timed.out, plain.out);
   for (const char* stage : {"compile: passes ", ", schedule ", ", LLVM IR ", ", optimize + JIT ", "run (cpu): median ", " of 4 runs"})
@@ -215,6 +216,57 @@ TEST(CliTest, RunTimesStagesAndRepeatedRunsOnStderr) {
   ASSERT_EQ(interp.code, 0) << interp.err;
   EXPECT_EQ(interp.err.find("compile:"), std::string::npos) << interp.err;
   EXPECT_NE(interp.err.find("run (interp): median "), std::string::npos) << interp.err;
+}
+
+// The kernel cache: a second run of the same program and input types loads it instead of compiling
+// and prints the same; a damaged entry is said to be dropped and compiled again; cache info and clear.
+TEST(CliTest, RunKeepsCompiledProgramsInTheKernelCache) {
+  const char* before = std::getenv("POLYTILE_CACHE_DIR");
+  const std::string saved = before ? before : "", dir = temp("kernel_cache");
+  std::filesystem::remove_all(dir);
+  setenv("POLYTILE_CACHE_DIR", dir.c_str(), 1);
+  const std::vector<std::string> args{"run", kExamples + "conv2d_strided_dilated_grad_input.tile", "--random", "DO=2x3x3x7",
+                                      "--random", "K=2x2x5x7", "--time"};
+  auto with = [&](std::vector<std::string> more) { auto a = args; a.insert(a.end(), more.begin(), more.end()); return a; };
+  Result info = cli({"cache", "info"});
+  EXPECT_EQ(info.out, "kernel cache " + dir + ": 0 entries, 0 bytes (limit 268435456 bytes)\n");
+  Result jit = cli(with({"--no-cache"}));
+  EXPECT_EQ(jit.err.find("kernel cache"), std::string::npos) << jit.err;
+  Result first = cli(args), second = cli(args);
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(first.err.find("optimize + object"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("; stored in the kernel cache"), std::string::npos) << first.err;
+  EXPECT_NE(second.err.find("compile: none, loaded from the kernel cache in "), std::string::npos) << second.err;
+  EXPECT_EQ(first.out, jit.out);
+  EXPECT_EQ(second.out, jit.out);
+  EXPECT_NE(cli({"cache", "info"}).out.find(": 1 entry, "), std::string::npos);
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    std::fstream entry(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    entry.seekp(200);
+    entry.put('#');
+  }
+  Result damaged = cli(args);
+  EXPECT_NE(damaged.err.find("kernel cache: dropped the entry for this program: corrupted (checksum mismatch)"), std::string::npos)
+      << damaged.err;
+  EXPECT_EQ(damaged.out, jit.out);
+  EXPECT_NE(cli(args).err.find("loaded from the kernel cache"), std::string::npos);
+  EXPECT_EQ(cli({"cache", "clear"}).out, "kernel cache " + dir + ": removed 1 entry\n");
+  // Misuse: one line, exit code 1.
+  for (const auto& [bad, what] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"cache"}, "cache: say info or clear"},
+           {{"cache", "purge"}, "cache: unknown action 'purge' (info or clear)"},
+           {{"cache", "info", "--limit", "3"}, "cache: unknown option --limit"}}) {
+    Result r = cli(bad);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+  }
+  setenv("POLYTILE_CACHE_MAX_MB", "lots", 1);
+  Result limit = cli(args);
+  unsetenv("POLYTILE_CACHE_MAX_MB");
+  EXPECT_EQ(limit.code, 1);
+  EXPECT_NE(limit.err.find("POLYTILE_CACHE_MAX_MB"), std::string::npos) << limit.err;
+  if (before) setenv("POLYTILE_CACHE_DIR", saved.c_str(), 1);
+  else unsetenv("POLYTILE_CACHE_DIR");
 }
 
 // The GPU commands without a GPU: compile writes a bundle that reads back, lower shows the kernels'

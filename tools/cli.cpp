@@ -13,6 +13,7 @@
 #include "polytile/autodiff.h"
 #include "polytile/buffer.h"
 #include "polytile/cpu.h"
+#include "polytile/kernel_cache.h"
 #include "polytile/cuda_runtime.h"
 #include "polytile/ptx.h"
 #include "polytile/lower.h"
@@ -38,6 +39,7 @@ commands:
   compile FILE.tile compile for an NVIDIA GPU into a kernel bundle (PTX + manifest) that polytile-run-bundle runs,
                     or ahead of time for this CPU into an object file and a C header
   grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
+  cache info|clear  show or empty the kernel cache (compiled programs kept on disk between runs)
   help [COMMAND]    show help for a command
   --version         print polytile's version
 
@@ -93,7 +95,7 @@ Prints one stage of the compiler for FILE.tile:
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
-                    [--threads N] [--time] [--repeat N]
+                    [--threads N] [--time] [--repeat N] [--no-cache]
 
 Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
 (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
@@ -117,6 +119,22 @@ input's name). Outputs named with --output are written as .npy; the others are p
   --time                       print to stderr the compile time of every stage (cpu) and the run time:
                                the median of --repeat runs (the compiled program is reused)
   --repeat N                   run N times (default 1); the outputs are those of the last run
+  --no-cache                   cpu: compile afresh and keep nothing; by default the compiled program is kept
+                               in the kernel cache (see polytile cache --help), so a second run of the same
+                               program and input types loads it instead of compiling (not with --tune)
+)";
+
+const char* kCacheHelp = R"(usage: polytile cache info|clear
+
+The kernel cache keeps the programs `polytile run` compiles for the cpu backend, one file per program
+and input types (keyed by the normalized text, the input types, this machine's CPU, the options and
+polytile's version), so that the next run loads machine code instead of compiling. It lives in
+$POLYTILE_CACHE_DIR, else $XDG_CACHE_HOME/polytile, else ~/.cache/polytile; least recently used
+entries are removed past $POLYTILE_CACHE_MAX_MB megabytes (default 256). A truncated or corrupted
+entry is detected (each holds its key and a checksum), removed and compiled again.
+
+  info    print the directory, the number of entries, their size and the limit
+  clear   remove every entry
 )";
 
 const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o PATH [--target sm_XY|cpu]
@@ -508,6 +526,36 @@ std::string ms(double v) {
   return os.str();
 }
 
+// The CLI's kernel cache: the default directory and $POLYTILE_CACHE_MAX_MB; none where no directory is set.
+std::optional<cpu::KernelCache> kernel_cache() {
+  const std::string dir = cpu::KernelCache::default_directory();
+  if (dir.empty()) return std::nullopt;
+  uint64_t limit_mb = 256;
+  if (const char* env = std::getenv("POLYTILE_CACHE_MAX_MB"); env && *env) {
+    const int64_t v = parse_int("POLYTILE_CACHE_MAX_MB", env);
+    if (v < 0) user_error("POLYTILE_CACHE_MAX_MB=", env, ": give a size in megabytes");
+    limit_mb = static_cast<uint64_t>(v);
+  }
+  return cpu::KernelCache(dir, limit_mb << 20);
+}
+
+int cmd_cache(const Args& a, std::ostream& out) {
+  if (!a.options.empty()) user_error("cache: unknown option ", a.options.front().first);
+  std::optional<cpu::KernelCache> cache = kernel_cache();
+  if (!cache) user_error("cache: no kernel cache directory (set POLYTILE_CACHE_DIR or HOME)");
+  if (a.file == "info") {
+    cpu::KernelCache::Info i = cache->info();
+    out << "kernel cache " << i.directory << ": " << i.entries << " entr" << (i.entries == 1 ? "y" : "ies") << ", " << i.bytes
+        << " bytes (limit " << i.limit_bytes << " bytes)\n";
+  } else if (a.file == "clear") {
+    const size_t removed = cache->clear();
+    out << "kernel cache " << cache->directory() << ": removed " << removed << " entr" << (removed == 1 ? "y" : "ies") << "\n";
+  } else {
+    user_error("cache: unknown action '", a.file, "' (info or clear)");
+  }
+  return 0;
+}
+
 int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
   TensorMap inputs;
@@ -517,11 +565,13 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   int64_t limit = 64;
   std::string backend = "cpu", target = "sm_90";
   std::optional<sched::GpuModel> model;
-  bool tune = false, verify = false, time = false;
+  bool tune = false, verify = false, time = false, use_cache = true;
   int64_t threads = 0, repeat = 1;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--tune") {
       tune = true;
+    } else if (opt == "--no-cache") {
+      use_cache = false;
     } else if (opt == "--time") {
       time = true;
     } else if (opt == "--threads") {
@@ -599,7 +649,22 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     kernels = ptx::compile(p, types, popts);
     if (time) err << "compile: text to PTX " << ms(kernels->seconds * 1e3) << "\n";
   }
-  if (compiled_here) {
+  std::shared_ptr<const cpu::LoadedProgram> loaded;  // from the kernel cache
+  std::optional<cpu::KernelCache> cache;
+  if (backend == "cpu" && !tune && use_cache) cache = kernel_cache();
+  if (cache) {
+    infer_types(p, types);
+    cpu::KernelCache::Result r = cache->get(p, types, options);
+    loaded = r.program;
+    if (!r.dropped.empty()) err << "kernel cache: dropped the entry for this program: " << r.dropped << "\n";
+    if (!r.not_stored.empty()) err << "kernel cache: not stored: " << r.not_stored << "\n";
+    if (time && r.hit) err << "compile: none, loaded from the kernel cache in " << ms(r.seconds * 1e3) << "\n";
+    if (time && !r.hit) {
+      const cpu::CompileTimes& t = loaded->exported().times;
+      err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "
+          << ms(t.llvm_ir * 1e3) << ", optimize + object " << ms(t.optimize_and_jit * 1e3) << "; stored in the kernel cache\n";
+    }
+  } else if (compiled_here) {
     compiled = cpu::compile(p, types, options);
     if (tune && !compiled->tuning().candidates.empty())
       err << "tuning: kept " << compiled->tuning().candidates.front().first << "\n";
@@ -615,6 +680,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     auto t0 = std::chrono::steady_clock::now();
     if (compiled) {
       compiled->run(inputs, results);  // outputs reused from the second run on
+    } else if (loaded) {
+      results = loaded->run(inputs, static_cast<int>(threads));
     } else if (gpu) {
       results = gpu->run(kernels->bundle, inputs);
     } else {
@@ -650,7 +717,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time") {
+    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time" || s == "--no-cache") {
       a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0 || s == "-o") {
       std::string opt = s, value;
@@ -691,6 +758,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         out << kGradHelp;
       } else if (a.file == "compile") {
         out << kCompileHelp;
+      } else if (a.file == "cache") {
+        out << kCacheHelp;
       } else if (a.file.empty()) {
         out << kMainHelp;
       } else {
@@ -698,15 +767,21 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       }
       return 0;
     }
-    if (a.command != "check" && a.command != "run" && a.command != "lower" && a.command != "grad" && a.command != "compile")
+    if (a.command != "check" && a.command != "run" && a.command != "lower" && a.command != "grad" && a.command != "compile" &&
+        a.command != "cache")
       user_error("unknown command '", a.command, "' (run 'polytile --help')");
     if (a.help) {
       out << (a.command == "check"   ? kCheckHelp
               : a.command == "run"   ? kRunHelp
               : a.command == "grad"  ? kGradHelp
               : a.command == "compile" ? kCompileHelp
+              : a.command == "cache" ? kCacheHelp
                                      : kLowerHelp);
       return 0;
+    }
+    if (a.command == "cache") {
+      if (a.file.empty()) user_error("cache: say info or clear");
+      return cmd_cache(a, out);
     }
     if (a.file.empty()) user_error(a.command, ": missing FILE.tile");
     if (a.command == "check") return cmd_check(a, out, err);

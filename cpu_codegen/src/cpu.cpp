@@ -58,9 +58,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+
+sched::LowerOptions lower_options(const CompileOptions& options) {
+  sched::LowerOptions l;
+  l.target = options.target;
+  l.reduce_and_defract = options.reduce_and_defract;
+  l.verify = options.verify;
+  return l;
+}
+
+}  // namespace
+
 // glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
 // vectorizer then keeps transcendental loops vector instead of calling libm per element.
-bool have_libmvec = false;
+bool have_libmvec = false;  // set by initialize_llvm
 
 void initialize_llvm() {
   static std::once_flag once;
@@ -110,20 +121,32 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already) {
   mpm.run(m, mam);
 }
 
-sched::LowerOptions lower_options(const CompileOptions& options) {
-  sched::LowerOptions l;
-  l.target = options.target;
-  l.reduce_and_defract = options.reduce_and_defract;
-  l.verify = options.verify;
-  return l;
-}
-
-}  // namespace
-
 llvm::orc::JITTargetMachineBuilder host_machine() {
   auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
   machine.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
   return machine;
+}
+
+std::unique_ptr<llvm::orc::LLJIT> make_jit() {
+  initialize_llvm();
+  auto jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_machine()).create(), "creating the JIT");
+  jit->getMainJITDylib().addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                                                jit->getDataLayout().getGlobalPrefix()),
+                                            "opening the process for libm"));
+  return jit;
+}
+
+std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o) {
+  std::string key = print(p);
+  for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
+  const sched::CpuModel& m = o.target.cpu;
+  key += "|" + o.target.name + "/" + std::to_string(m.vector_bits) + "/" + std::to_string(m.l1_bytes) + "/" +
+         std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
+         std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
+         std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
+         (o.verify ? "/verified" : "");
+  if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels
+  return key;
 }
 
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
@@ -185,11 +208,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   auto impl = std::make_unique<CompiledProgram::Impl>();
   std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true);
   auto t0 = std::chrono::steady_clock::now();
-  impl->jit = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(host_machine()).create(), "creating the JIT");
-  auto& dylib = impl->jit->getMainJITDylib();
-  dylib.addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-                               impl->jit->getDataLayout().getGlobalPrefix()),
-                           "opening the process for libm"));
+  impl->jit = make_jit();
   for (NestModule& m : modules) check(impl->jit->addObjectFile(std::move(m.object)), "adding the object code");
   for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
     auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");
@@ -258,18 +277,6 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   return best;
 }
 
-std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o) {
-  std::string key = print(p);
-  for (const auto& [name, t] : inputs) key += "|" + name + ":" + t.str();
-  const sched::CpuModel& m = o.target.cpu;
-  key += "|" + o.target.name + "/" + std::to_string(m.vector_bits) + "/" + std::to_string(m.l1_bytes) + "/" +
-         std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
-         std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
-         std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
-         (o.verify ? "/verified" : "");
-  if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels
-  return key;
-}
 
 }  // namespace
 

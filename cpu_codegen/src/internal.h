@@ -57,6 +57,16 @@ inline void check(llvm::Error e, const std::string& what) {
 // This machine's CPU, its features and the optimization level of every compilation.
 llvm::orc::JITTargetMachineBuilder host_machine();
 
+// Once per process: LLVM's native target, and glibc's vector math library where the system has it.
+void initialize_llvm();
+extern bool have_libmvec;
+
+// An ORC JIT for this machine whose code may call the process's symbols (libm, libmvec, libc).
+std::unique_ptr<llvm::orc::LLJIT> make_jit();
+
+// What identifies a compilation: the program's text, the input types, the target and the options.
+std::string cache_key(const Program& p, const std::map<std::string, TensorType>& inputs, const CompileOptions& o);
+
 // One nest on its way to machine code, in a context and module of its own: nests are optimized and
 // compiled concurrently.
 struct NestModule {

@@ -1,0 +1,330 @@
+// The persistent kernel cache (kernel_cache.h): entries are exported objects in files of their own,
+// loaded with ORC; LoadedProgram runs them with TBB behind the entry point's parallel_for.
+#include "polytile/kernel_cache.h"
+
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "internal.h"
+#include "polytile/interpreter.h"
+
+namespace polytile::cpu {
+
+namespace fs = std::filesystem;
+
+// ---- loading and running an exported object ----
+
+using ParallelTask = void (*)(void*, int64_t, int64_t);
+using ParallelFor = void (*)(void*, int64_t, int64_t, ParallelTask, void*);
+using EntryFn = int (*)(void* const*, void*, ParallelFor, void*);
+
+struct LoadedProgram::Impl {
+  ExportedObject exported;
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  EntryFn entry = nullptr;
+  mutable std::mutex workspace_mutex;
+  mutable std::vector<std::unique_ptr<char[]>> workspaces;  // of finished runs, reused
+};
+
+LoadedProgram::LoadedProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LoadedProgram::~LoadedProgram() = default;
+const ExportedObject& LoadedProgram::exported() const { return impl_->exported; }
+
+std::shared_ptr<const LoadedProgram> load(ExportedObject exported) {
+  auto impl = std::make_unique<LoadedProgram::Impl>();
+  impl->jit = make_jit();
+  check(impl->jit->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(exported.object, exported.entry + ".o")),
+        "loading the object of " + exported.entry);
+  impl->entry = check(impl->jit->lookup(exported.entry + "_argv"), "looking up " + exported.entry + "_argv").toPtr<EntryFn>();
+  impl->exported = std::move(exported);
+  return std::make_shared<const LoadedProgram>(std::move(impl));
+}
+
+namespace {
+
+// The entry point's parallel_for: TBB in the caller's arena.
+void tbb_parallel_for(void*, int64_t begin, int64_t end, ParallelTask task, void* closure) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end),
+                    [&](const tbb::blocked_range<int64_t>& r) { task(closure, r.begin(), r.end()); });
+}
+
+}  // namespace
+
+TensorMap LoadedProgram::run(const TensorMap& inputs, int threads) const {
+  const ExportedObject& e = impl_->exported;
+  std::vector<void*> arguments;
+  TensorMap outputs;
+  for (const auto& a : e.arguments) {
+    if (a.output) {
+      Buffer out(a.type.dtype, a.type.shape);
+      arguments.push_back(out.data());
+      outputs[a.tensor] = std::move(out);  // the buffer's memory stays where it is
+      continue;
+    }
+    auto it = inputs.find(a.tensor);
+    if (it == inputs.end()) user_error("missing input ", a.tensor);
+    if (it->second.dtype() != a.type.dtype || it->second.shape() != a.type.shape)
+      user_error("input ", a.tensor, " is ", it->second.type_str(), " but the program was compiled for ", a.type.str());
+    arguments.push_back(const_cast<void*>(it->second.data()));  // read only
+  }
+  std::unique_ptr<char[]> workspace;
+  {
+    std::lock_guard<std::mutex> lock(impl_->workspace_mutex);
+    if (!impl_->workspaces.empty()) {
+      workspace = std::move(impl_->workspaces.back());
+      impl_->workspaces.pop_back();
+    }
+  }
+  if (!workspace && e.workspace_bytes > 0) workspace.reset(new char[static_cast<size_t>(e.workspace_bytes)]);
+  int status = 0;
+  tbb::task_arena arena(threads > 0 ? threads : host_target().threads);
+  arena.execute([&] { status = impl_->entry(arguments.data(), workspace.get(), tbb_parallel_for, nullptr); });
+  if (workspace) {
+    std::lock_guard<std::mutex> lock(impl_->workspace_mutex);
+    impl_->workspaces.push_back(std::move(workspace));
+  }
+  if (status != 0) throw InternalError(e.entry + " returned " + std::to_string(status) + " with a workspace given");
+  return outputs;
+}
+
+// ---- the cache's files ----
+
+namespace {
+
+const char* const kMagic = "polytile kernel cache entry 1\n";
+const char* const kSuffix = ".entry";
+
+uint64_t fnv1a(const std::string& s, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string dims(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return "-";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+std::string serialize(const std::string& key, const ExportedObject& e) {
+  std::ostringstream o;
+  o << kMagic << "key " << key.size() << "\n" << key << "\n"
+    << "entry " << e.entry << "\ncpu " << e.cpu << "\nworkspace " << e.workspace_bytes << "\n";
+  for (const auto& a : e.arguments)
+    o << "argument " << a.tensor << " " << a.parameter << " " << (a.output ? "output" : "input") << " "
+      << to_string(a.type.dtype) << " " << dims(a.type.shape) << "\n";
+  o << "object " << e.object.size() << "\n" << e.object << "\n";
+  std::string s = o.str();
+  return s + "checksum " + hex(fnv1a(s, s.size())) + "\n";
+}
+
+// Reads an entry back; on anything wrong, says what in `why` and returns nothing.
+std::optional<ExportedObject> deserialize(const std::string& text, const std::string& key, std::string& why) {
+  const std::string tail = "checksum ";
+  const size_t checksum_line = 9 + 16 + 1;
+  if (text.size() < std::string(kMagic).size() + checksum_line || text.compare(0, std::string(kMagic).size(), kMagic) != 0) {
+    why = "not a kernel cache entry of this version";
+    return std::nullopt;
+  }
+  const size_t body = text.size() - checksum_line;
+  if (text.compare(body, tail.size(), tail) != 0 || text.back() != '\n') {
+    why = "truncated";
+    return std::nullopt;
+  }
+  if (text.substr(body + tail.size(), 16) != hex(fnv1a(text, body))) {
+    why = "corrupted (checksum mismatch)";
+    return std::nullopt;
+  }
+  size_t pos = std::string(kMagic).size();
+  auto line = [&]() {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos || end > body) throw std::runtime_error("malformed");
+    std::string l = text.substr(pos, end - pos);
+    pos = end + 1;
+    return l;
+  };
+  auto blob = [&](const std::string& field) {
+    std::istringstream l(line());
+    std::string name;
+    size_t n = 0;
+    if (!(l >> name >> n) || name != field || pos + n + 1 > body || text[pos + n] != '\n') throw std::runtime_error("malformed");
+    std::string b = text.substr(pos, n);
+    pos += n + 1;
+    return b;
+  };
+  auto field = [&](const std::string& name) {
+    std::string l = line();
+    if (l.compare(0, name.size() + 1, name + " ") != 0) throw std::runtime_error("malformed");
+    return l.substr(name.size() + 1);
+  };
+  try {
+    if (blob("key") != key) {
+      why = "written for another program (a hash collision or a renamed file)";
+      return std::nullopt;
+    }
+    ExportedObject e;
+    e.entry = field("entry");
+    e.cpu = field("cpu");
+    e.workspace_bytes = std::stoll(field("workspace"));
+    while (text.compare(pos, 9, "argument ") == 0) {
+      std::istringstream l(field("argument"));
+      ExportedObject::Argument a;
+      std::string role, dtype, shape;
+      if (!(l >> a.tensor >> a.parameter >> role >> dtype >> shape) || (role != "input" && role != "output"))
+        throw std::runtime_error("malformed");
+      a.output = role == "output";
+      auto t = parse_dtype(dtype);
+      if (!t) throw std::runtime_error("malformed");
+      a.type.dtype = *t;
+      if (shape != "-") {
+        std::istringstream d(shape);
+        for (std::string n; std::getline(d, n, 'x');) a.type.shape.push_back(std::stoll(n));
+      }
+      e.arguments.push_back(std::move(a));
+    }
+    e.object = blob("object");
+    if (pos != body) throw std::runtime_error("malformed");
+    return e;
+  } catch (const std::exception&) {
+    why = "malformed";
+    return std::nullopt;
+  }
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+}  // namespace
+
+// Writes `bytes` to a temporary file and renames it to `path` (atomic: readers see the old entry, none or
+// this one). A cache that cannot be written is no error: `why` says what failed.
+void KernelCache::store(const fs::path& path, const std::string& bytes, std::string& why) const {
+  std::error_code ec;
+  fs::create_directories(directory_, ec);
+  if (ec) {
+    why = "cannot create " + directory_ + ": " + ec.message();
+    return;
+  }
+  static std::atomic<uint64_t> counter{0};
+  const fs::path temp = fs::path(directory_) / (".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+                                                path.filename().string());
+  {
+    std::ofstream f(temp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f) why = "cannot write " + temp.string();
+  }
+  if (why.empty()) {
+    fs::rename(temp, path, ec);
+    if (ec) why = "cannot rename " + temp.string() + " to " + path.string() + ": " + ec.message();
+  }
+  if (!why.empty()) fs::remove(temp, ec);
+}
+
+// Least recently used entries out while the cache is over its limit (never `keep`, the newest).
+void KernelCache::trim(const fs::path& keep) const {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> entries;
+  uint64_t total = 0;
+  for (const auto& f : fs::directory_iterator(directory_, ec)) {
+    if (f.path().extension() != kSuffix) continue;
+    total += f.file_size(ec);
+    if (f.path() != keep) entries.emplace_back(f.last_write_time(ec), f.path());
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const auto& [time, old] : entries) {
+    if (total <= limit_bytes_) break;
+    const uint64_t size = fs::file_size(old, ec);
+    if (fs::remove(old, ec)) total -= size;
+  }
+}
+
+std::string KernelCache::default_directory() {
+  if (const char* dir = std::getenv("POLYTILE_CACHE_DIR")) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/polytile";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/polytile";
+  return "";
+}
+
+KernelCache::KernelCache(std::string directory, uint64_t limit_bytes)
+    : directory_(std::move(directory)), limit_bytes_(limit_bytes) {
+  if (directory_.empty()) user_error("the kernel cache needs a directory (set POLYTILE_CACHE_DIR)");
+}
+
+KernelCache::Result KernelCache::get(const Program& program, const std::map<std::string, TensorType>& inputs,
+                                     const CompileOptions& options) {
+  if (options.tune) user_error("the kernel cache holds untuned programs: compile with tuning without it");
+  if (options.target.gpu) user_error("the kernel cache holds programs for this CPU, not for ", options.target.name);
+  infer_types(program, inputs);  // user errors first
+  auto t0 = std::chrono::steady_clock::now();
+  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
+  const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +
+                          machine.getFeatures().getString() + "|polytile " + POLYTILE_VERSION;
+  const fs::path path = fs::path(directory_) / (hex(fnv1a(key, key.size())) + kSuffix);
+  Result r;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    std::optional<ExportedObject> found = deserialize(read_file(path), key, r.dropped);
+    if (found) {
+      fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
+      r.program = load(std::move(*found));
+      r.hit = true;
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return r;
+    }
+    fs::remove(path, ec);  // never loaded; compiled again below
+  }
+  // The entry point's name is the key's hash: no two cached programs in one process share a symbol.
+  ExportedObject exported = export_object(program, inputs, "polytile_" + hex(fnv1a(key, key.size())), options);
+  store(path, serialize(key, exported), r.not_stored);
+  trim(path);
+  r.program = load(std::move(exported));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+KernelCache::Info KernelCache::info() const {
+  Info i;
+  i.directory = directory_;
+  i.limit_bytes = limit_bytes_;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(directory_, ec)) {
+    if (f.path().extension() != kSuffix) continue;
+    ++i.entries;
+    i.bytes += f.file_size(ec);
+  }
+  return i;
+}
+
+size_t KernelCache::clear() {
+  size_t removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(directory_, ec))
+    if (f.path().extension() == kSuffix || f.path().filename().string().rfind(".tmp-", 0) == 0) files.push_back(f.path());
+  for (const auto& f : files)
+    if (fs::remove(f, ec) && f.extension() == kSuffix) ++removed;
+  return removed;
+}
+
+}  // namespace polytile::cpu
