@@ -80,19 +80,30 @@ static void threads_for(void* user, int64_t begin, int64_t end, polytile_task ta
  * gradient, by scattering (polytile's kernel gathers, after reduce and defract). */
 enum { N = 3, H = 20, W = 23, CI = 5, KH = 2, KW = 2, CO = 7, OH = H / 3, OW = W / 3 };
 
-static void test_conv(void) {
-  float* I = random_tensor(N * H * W * CI);
-  float* K = random_tensor(KH * KW * CI * CO);
-  double* want = calloc(N * OH * OW * CO, sizeof(double));
+/* Every term I[n, 3y + 2j, 3x + 2i, ci] * K[j, i, ci, co] of O[n, y, x, co], on an image of h x w pixels
+ * (the terms whose pixel it holds): the forward gathers them into O (want[o] += image[p] * K[k]), the input
+ * gradient scatters them into the image (want[p] += DO[o] * K[k]). */
+static void conv_reference(int h, int w, int scatter, const float* a, const float* K, double* want) {
   for (int n = 0; n < N; ++n)
     for (int y = 0; y < OH; ++y)
       for (int x = 0; x < OW; ++x)
         for (int co = 0; co < CO; ++co)
           for (int j = 0; j < KH; ++j)
             for (int i = 0; i < KW; ++i)
-              for (int ci = 0; ci < CI; ++ci)
-                want[((n * OH + y) * OW + x) * CO + co] +=
-                    (double)I[((n * H + 3 * y + 2 * j) * W + 3 * x + 2 * i) * CI + ci] * K[((j * KW + i) * CI + ci) * CO + co];
+              for (int ci = 0; ci < CI; ++ci) {
+                if (3 * y + 2 * j >= h || 3 * x + 2 * i >= w) continue;
+                const size_t o = ((n * OH + y) * OW + x) * CO + co, p = ((n * h + 3 * y + 2 * j) * w + 3 * x + 2 * i) * CI + ci,
+                             k = ((j * KW + i) * CI + ci) * CO + co;
+                if (scatter) want[p] += (double)a[o] * K[k];
+                else want[o] += (double)a[p] * K[k];
+              }
+}
+
+static void test_conv(void) {
+  float* I = random_tensor(N * H * W * CI);
+  float* K = random_tensor(KH * KW * CI * CO);
+  double* want = calloc(N * OH * OW * CO, sizeof(double));
+  conv_reference(H, W, 0, I, K, want);
   float* O = nan_tensor(N * OH * OW * CO);
   EXPECT(conv(I, K, O, NULL, NULL, NULL) == 0, "conv failed");
   expect_close("conv O (serial)", O, want, N * OH * OW * CO);
@@ -113,16 +124,7 @@ static void test_conv_grad(void) {
   float* DO = random_tensor(N * OH * OW * CO);
   float* K = random_tensor(KH * KW * CI * CO);
   double* want = calloc(N * DH * DW * CI, sizeof(double));
-  for (int n = 0; n < N; ++n)
-    for (int y = 0; y < OH; ++y)
-      for (int x = 0; x < OW; ++x)
-        for (int co = 0; co < CO; ++co)
-          for (int j = 0; j < KH; ++j)
-            for (int i = 0; i < KW; ++i)
-              for (int ci = 0; ci < CI; ++ci)
-                if (3 * y + 2 * j < DH && 3 * x + 2 * i < DW)
-                  want[((n * DH + 3 * y + 2 * j) * DW + 3 * x + 2 * i) * CI + ci] +=
-                      (double)DO[((n * OH + y) * OW + x) * CO + co] * K[((j * KW + i) * CI + ci) * CO + co];
+  conv_reference(DH, DW, 1, DO, K, want);
   for (int threaded = 0; threaded < 2; ++threaded) {
     float* DI = nan_tensor(N * DH * DW * CI);
     EXPECT(conv_grad(DO, K, DI, NULL, threaded ? threads_for : NULL, &parallel_calls) == 0, "conv_grad failed");

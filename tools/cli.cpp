@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -478,8 +479,7 @@ int cmd_compile(const Args& a, std::ostream& out) {
   if (options.arch == "cpu") {
     if (dir.empty()) user_error("compile: -o PATH is required (PATH.o and PATH.h are written)");
     if (gpu_model) user_error("compile: --gpu-model needs a GPU --target, not cpu");
-    if (entry.empty()) entry = dir.substr(dir.find_last_of('/') == std::string::npos ? 0 : dir.find_last_of('/') + 1);
-    infer_types(p, shapes);
+    if (entry.empty()) entry = std::filesystem::path(dir).filename().string();
     cpu::CompileOptions copts;
     copts.verify = options.verify;
     auto t0 = std::chrono::steady_clock::now();
@@ -652,27 +652,23 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   std::shared_ptr<const cpu::LoadedProgram> loaded;  // from the kernel cache
   std::optional<cpu::KernelCache> cache;
   if (backend == "cpu" && !tune && use_cache) cache = kernel_cache();
+  // The compile stages' times, with the name of the last one (making the JIT's code or an object).
+  auto print_stages = [&err](const cpu::CompileTimes& t, const char* last, const char* then) {
+    err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "
+        << ms(t.llvm_ir * 1e3) << ", " << last << " " << ms(t.optimize_and_jit * 1e3) << then << "\n";
+  };
   if (cache) {
-    infer_types(p, types);
     cpu::KernelCache::Result r = cache->get(p, types, options);
     loaded = r.program;
     if (!r.dropped.empty()) err << "kernel cache: dropped the entry for this program: " << r.dropped << "\n";
     if (!r.not_stored.empty()) err << "kernel cache: not stored: " << r.not_stored << "\n";
     if (time && r.hit) err << "compile: none, loaded from the kernel cache in " << ms(r.seconds * 1e3) << "\n";
-    if (time && !r.hit) {
-      const cpu::CompileTimes& t = loaded->exported().times;
-      err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "
-          << ms(t.llvm_ir * 1e3) << ", optimize + object " << ms(t.optimize_and_jit * 1e3) << "; stored in the kernel cache\n";
-    }
+    if (time && !r.hit) print_stages(loaded->exported().times, "optimize + object", "; stored in the kernel cache");
   } else if (compiled_here) {
     compiled = cpu::compile(p, types, options);
     if (tune && !compiled->tuning().candidates.empty())
       err << "tuning: kept " << compiled->tuning().candidates.front().first << "\n";
-    if (time) {
-      const cpu::CompileTimes& t = compiled->times();
-      err << "compile: passes " << ms(t.passes * 1e3) << ", schedule " << ms(t.schedule * 1e3) << ", LLVM IR "
-          << ms(t.llvm_ir * 1e3) << ", optimize + JIT " << ms(t.optimize_and_jit * 1e3) << "\n";
-    }
+    if (time) print_stages(compiled->times(), "optimize + JIT", "");
   }
   TensorMap results;
   std::vector<double> runs;

@@ -54,11 +54,6 @@ const TuningReport& CompiledProgram::tuning() const { return impl_->tuning; }
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-
 sched::LowerOptions lower_options(const CompileOptions& options) {
   sched::LowerOptions l;
   l.target = options.target;
@@ -69,9 +64,11 @@ sched::LowerOptions lower_options(const CompileOptions& options) {
 
 }  // namespace
 
+namespace {
 // glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
 // vectorizer then keeps transcendental loops vector instead of calling libm per element.
 bool have_libmvec = false;  // set by initialize_llvm
+}  // namespace
 
 void initialize_llvm() {
   static std::once_flag once;
@@ -372,21 +369,11 @@ namespace {
 // Runs the nests on the buffer table `ptrs`: inputs and outputs are in place; every other slot a nest
 // touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws).
 void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
-  TensorMap scratch;
-  {
-    std::lock_guard<std::mutex> lock(m.scratch_mutex);
-    if (!m.scratch_pool.empty()) {
-      scratch = std::move(m.scratch_pool.back());
-      m.scratch_pool.pop_back();
-    }
-  }
-  struct GiveBack {
+  TensorMap scratch = m.scratch_pool.take();
+  struct GiveBack {  // also when a nest throws
     const CompiledProgram::Impl& m;
     TensorMap& scratch;
-    ~GiveBack() {
-      std::lock_guard<std::mutex> lock(m.scratch_mutex);
-      m.scratch_pool.push_back(std::move(scratch));
-    }
+    ~GiveBack() { m.scratch_pool.give(std::move(scratch)); }
   } give_back{m, scratch};
   for (size_t i = 0; i < m.buffers.size(); ++i) {
     const std::string& name = m.buffers[i];
@@ -405,7 +392,7 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
                         [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });
       continue;
     }
-    if (!nest.parallel_outer || m.threads <= 1 || nest.outer_hi <= nest.outer_lo) {
+    if (!splits_outer_loop(nest) || m.threads <= 1) {
       fn(ptrs.data(), INT64_MIN, INT64_MAX);
       continue;
     }
@@ -415,12 +402,7 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
 }
 
 void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs) {
-  for (const auto& [name, t] : m.inputs) {
-    auto it = inputs.find(name);
-    if (it == inputs.end()) user_error("missing input ", name);
-    if (it->second.dtype() != t.dtype || it->second.shape() != t.shape)
-      user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", t.str());
-  }
+  for (const auto& [name, t] : m.inputs) compiled_input(inputs, name, t);
   // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
   // tensors no nest touches (inlined producers) get no memory.
   std::set<std::string> is_output(m.program.outputs.begin(), m.program.outputs.end());

@@ -167,7 +167,7 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
   for (size_t k = 0; k < nests.size(); ++k) {
     const sched::Nest& nest = impl.schedule.nests[k];
     llvm::Value* whole[] = {table, b.getInt64(INT64_MIN), b.getInt64(INT64_MAX)};
-    if (!nest.parallel_outer || nest.outer_hi <= nest.outer_lo) {
+    if (!splits_outer_loop(nest)) {
       b.CreateCall(nests[k], whole);
       continue;
     }
@@ -211,10 +211,6 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
   llvm::raw_string_ostream os(problems);
   for (llvm::Function* f : {fn, argv_fn})
     if (llvm::verifyFunction(*f, &os)) throw InternalError("export: the entry point " + f->getName().str() + " is malformed: " + os.str());
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string upper(std::string s) {

@@ -9,6 +9,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Support/MemoryBuffer.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,45 @@ namespace polytile::cpu {
 // A nest's function: void nest_<k>(ptr buffers, i64 lo, i64 hi) (llvm_ir.h).
 using NestFn = void (*)(char**, int64_t, int64_t);
 
+// Things a run needs and gives back for the next one (scratch tensors, workspaces): reused memory needs
+// no page faults. take() gives a kept one or a default-constructed one; safe from concurrent runs.
+template <typename T>
+class ReusePool {
+ public:
+  T take() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (items_.empty()) return T{};
+    T item = std::move(items_.back());
+    items_.pop_back();
+    return item;
+  }
+  void give(T item) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.push_back(std::move(item));
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::vector<T> items_;
+};
+
+// Whether a nest's outermost loop is split across threads: provably parallel, with more than one iteration
+// ([outer_lo, outer_hi], inclusive). The JIT runtime and exported entry points split the same nests.
+inline bool splits_outer_loop(const sched::Nest& nest) { return nest.parallel_outer && nest.outer_hi > nest.outer_lo; }
+
+// The input `name` of a compiled program: in `inputs`, of exactly the compiled type (UserError otherwise).
+inline const Buffer& compiled_input(const TensorMap& inputs, const std::string& name, const TensorType& type) {
+  auto it = inputs.find(name);
+  if (it == inputs.end()) user_error("missing input ", name);
+  if (it->second.dtype() != type.dtype || it->second.shape() != type.shape)
+    user_error("input ", name, " is ", it->second.type_str(), " but the program was compiled for ", type.str());
+  return it->second;
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 struct CompiledProgram::Impl {
   Program program;
   ProgramTypes types;
@@ -38,10 +78,9 @@ struct CompiledProgram::Impl {
   std::vector<NestFn> nests;
   int threads = 1;
   // Scratch tensors (written and read by nests, not outputs) of finished runs, one set per run that was
-  // in flight at once: a run takes a set, or allocates one, and gives it back. Memory that is reused
-  // needs no page faults and no zeroing (every nest writes all of its tensor's elements before any read).
-  mutable std::mutex scratch_mutex;
-  mutable std::vector<TensorMap> scratch_pool;
+  // in flight at once: a run takes a set, or allocates one, and gives it back. Reused memory needs no
+  // zeroing either (every nest writes all of its tensor's elements before any read).
+  ReusePool<TensorMap> scratch_pool;
 };
 
 template <typename T>
@@ -59,7 +98,6 @@ llvm::orc::JITTargetMachineBuilder host_machine();
 
 // Once per process: LLVM's native target, and glibc's vector math library where the system has it.
 void initialize_llvm();
-extern bool have_libmvec;
 
 // An ORC JIT for this machine whose code may call the process's symbols (libm, libmvec, libc).
 std::unique_ptr<llvm::orc::LLJIT> make_jit();

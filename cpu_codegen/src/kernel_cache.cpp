@@ -34,8 +34,8 @@ struct LoadedProgram::Impl {
   ExportedObject exported;
   std::unique_ptr<llvm::orc::LLJIT> jit;
   EntryFn entry = nullptr;
-  mutable std::mutex workspace_mutex;
-  mutable std::vector<std::unique_ptr<char[]>> workspaces;  // of finished runs, reused
+  int threads = 1;                               // the machine's, for run(inputs, 0)
+  ReusePool<std::unique_ptr<char[]>> workspaces;  // of finished runs
 };
 
 LoadedProgram::LoadedProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -49,6 +49,7 @@ std::shared_ptr<const LoadedProgram> load(ExportedObject exported) {
         "loading the object of " + exported.entry);
   impl->entry = check(impl->jit->lookup(exported.entry + "_argv"), "looking up " + exported.entry + "_argv").toPtr<EntryFn>();
   impl->exported = std::move(exported);
+  impl->threads = host_target().threads;
   return std::make_shared<const LoadedProgram>(std::move(impl));
 }
 
@@ -73,28 +74,14 @@ TensorMap LoadedProgram::run(const TensorMap& inputs, int threads) const {
       outputs[a.tensor] = std::move(out);  // the buffer's memory stays where it is
       continue;
     }
-    auto it = inputs.find(a.tensor);
-    if (it == inputs.end()) user_error("missing input ", a.tensor);
-    if (it->second.dtype() != a.type.dtype || it->second.shape() != a.type.shape)
-      user_error("input ", a.tensor, " is ", it->second.type_str(), " but the program was compiled for ", a.type.str());
-    arguments.push_back(const_cast<void*>(it->second.data()));  // read only
+    arguments.push_back(const_cast<void*>(compiled_input(inputs, a.tensor, a.type).data()));  // read only
   }
-  std::unique_ptr<char[]> workspace;
-  {
-    std::lock_guard<std::mutex> lock(impl_->workspace_mutex);
-    if (!impl_->workspaces.empty()) {
-      workspace = std::move(impl_->workspaces.back());
-      impl_->workspaces.pop_back();
-    }
-  }
+  std::unique_ptr<char[]> workspace = impl_->workspaces.take();
   if (!workspace && e.workspace_bytes > 0) workspace.reset(new char[static_cast<size_t>(e.workspace_bytes)]);
   int status = 0;
-  tbb::task_arena arena(threads > 0 ? threads : host_target().threads);
+  tbb::task_arena arena(threads > 0 ? threads : impl_->threads);
   arena.execute([&] { status = impl_->entry(arguments.data(), workspace.get(), tbb_parallel_for, nullptr); });
-  if (workspace) {
-    std::lock_guard<std::mutex> lock(impl_->workspace_mutex);
-    impl_->workspaces.push_back(std::move(workspace));
-  }
+  if (workspace) impl_->workspaces.give(std::move(workspace));
   if (status != 0) throw InternalError(e.entry + " returned " + std::to_string(status) + " with a workspace given");
   return outputs;
 }
@@ -140,7 +127,7 @@ std::string serialize(const std::string& key, const ExportedObject& e) {
 // Reads an entry back; on anything wrong, says what in `why` and returns nothing.
 std::optional<ExportedObject> deserialize(const std::string& text, const std::string& key, std::string& why) {
   const std::string tail = "checksum ";
-  const size_t checksum_line = 9 + 16 + 1;
+  const size_t checksum_line = tail.size() + 16 + 1;  // "checksum " 16 hex digits '\n'
   if (text.size() < std::string(kMagic).size() + checksum_line || text.compare(0, std::string(kMagic).size(), kMagic) != 0) {
     why = "not a kernel cache entry of this version";
     return std::nullopt;
@@ -280,7 +267,8 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
   const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +
                           machine.getFeatures().getString() + "|polytile " + POLYTILE_VERSION;
-  const fs::path path = fs::path(directory_) / (hex(fnv1a(key, key.size())) + kSuffix);
+  const std::string hash = hex(fnv1a(key, key.size()));
+  const fs::path path = fs::path(directory_) / (hash + kSuffix);
   Result r;
   std::error_code ec;
   if (fs::exists(path, ec)) {
@@ -289,17 +277,17 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
       fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
       r.program = load(std::move(*found));
       r.hit = true;
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.seconds = seconds_since(t0);
       return r;
     }
     fs::remove(path, ec);  // never loaded; compiled again below
   }
   // The entry point's name is the key's hash: no two cached programs in one process share a symbol.
-  ExportedObject exported = export_object(program, inputs, "polytile_" + hex(fnv1a(key, key.size())), options);
+  ExportedObject exported = export_object(program, inputs, "polytile_" + hash, options);
   store(path, serialize(key, exported), r.not_stored);
   trim(path);
   r.program = load(std::move(exported));
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = seconds_since(t0);
   return r;
 }
 
