@@ -14,6 +14,7 @@
 #include "polytile/autodiff.h"
 #include "polytile/buffer.h"
 #include "polytile/cpu.h"
+#include "polytile/driver.h"
 #include "polytile/kernel_cache.h"
 #include "polytile/cuda_runtime.h"
 #include "polytile/ptx.h"
@@ -344,72 +345,37 @@ int cmd_check(const Args& a, std::ostream& out, std::ostream& err) {
 
 int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   Program p = parse_file(a.file);
-  std::map<std::string, TensorType> shapes;
-  std::string emit, target;
-  std::optional<sched::GpuModel> model;
-  bool verbose = false, verify = false;
+  driver::StageRequest request;
+  bool verbose = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
       auto [name, spec] = split_assign(opt, value);
-      shapes[name] = parse_shape_spec(name, spec);
+      request.inputs[name] = parse_shape_spec(name, spec);
     } else if (opt == "--emit") {
-      emit = value;
+      request.stage = value;
     } else if (opt == "--target") {
-      target = value;
+      request.target = value;
     } else if (opt == "--gpu-model") {
-      model = parse_gpu_model(value);
+      request.gpu_model = parse_gpu_model(value);
     } else if (opt == "--verbose") {
       verbose = value == "true" || value == "1" || value == "yes";
     } else if (opt == "--verify") {
-      verify = true;
+      request.verify = true;
     } else {
       user_error("lower: unknown option ", opt);
     }
   }
-  if (emit.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
-  if (model && (target.empty() || target == "cpu")) user_error("lower: --gpu-model needs a GPU --target sm_XY");
-  std::optional<ProgramTypes> types;
-  if (!shapes.empty()) types = infer_types(p, shapes);
-  poly::PassContext ctx{types ? &*types : nullptr, verify};
+  const std::vector<std::string>& stages = driver::stages();
+  if (request.stage.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
+  if (std::find(stages.begin(), stages.end(), request.stage) == stages.end())
+    user_error("lower: unknown stage '", request.stage, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm, ptx)");
+  const bool gpu = !request.target.empty() && request.target != "cpu";
+  if (request.gpu_model && !gpu) user_error("lower: --gpu-model needs a GPU --target sm_XY");
+  if (request.stage == "ptx" && request.target == "cpu") user_error("lower --emit ptx needs a GPU --target sm_XY");
+  if (driver::needs_input_types(request.stage) && request.inputs.empty())
+    user_error("lower --emit ", request.stage, " needs --shape NAME=DIMS for every input");
   std::vector<std::string> log;
-  if (emit == "tile") {
-    out << print(p);
-  } else if (emit == "isl") {
-    if (!types) user_error("lower --emit isl needs --shape NAME=DIMS for every input");
-    out << poly::print_analyses(poly::analyze_program(p, *types));
-  } else if (emit == "reduced") {
-    out << print(poly::reduce_program(p, ctx, &log));
-  } else if (emit == "defracted") {
-    out << print(poly::reduce_and_defract(p, ctx, &log));
-  } else if (emit == "lowered" || emit == "schedule" || emit == "ast" || emit == "loops") {
-    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
-    sched::LowerOptions options;
-    options.target = target.empty() || target == "cpu" ? cpu::host_target()  // what `run` compiles on this machine
-                                                        : sched::gpu_target(target);
-    if (model) options.target.gpu = model;
-    options.verify = verify;
-    sched::Lowered lowered = sched::lower(p, shapes, options);  // no code generation
-    out << (emit == "lowered"    ? print(lowered.program)
-            : emit == "schedule" ? lowered.schedule.tree()
-            : emit == "ast"      ? lowered.schedule.ast()
-                                 : sched::print_loops(lowered.schedule));
-  } else if (emit == "ptx" || (emit == "llvm" && !target.empty() && target != "cpu")) {
-    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
-    if (target == "cpu") user_error("lower --emit ptx needs a GPU --target sm_XY");
-    ptx::Options options;
-    if (!target.empty()) options.arch = target;
-    options.verify = verify;
-    options.model = model;
-    ptx::Compiled compiled = ptx::compile(p, shapes, options);
-    out << (emit == "ptx" ? compiled.bundle.ptx : compiled.llvm_ir);
-  } else if (emit == "llvm") {
-    if (!types) user_error("lower --emit ", emit, " needs --shape NAME=DIMS for every input");
-    cpu::CompileOptions options;
-    options.verify = verify;
-    out << cpu::optimized_llvm_ir(p, shapes, options);
-  } else {
-    user_error("lower: unknown stage '", emit, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm, ptx)");
-  }
+  out << driver::print_stage(p, request, &log);
   if (verbose)
     for (const auto& line : log) err << "polytile: " << line << "\n";
   return 0;
@@ -417,37 +383,30 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
 
 int cmd_grad(const Args& a, std::ostream& out) {
   Program p = parse_file(a.file);
-  ad::Options options;
-  std::string emit = "defracted", mode = "reverse";
+  driver::GradRequest request;
+  std::string emit = "defracted";
   for (const auto& [opt, value] : a.options) {
     if (opt == "--wrt") {
       std::stringstream ss(value);
       std::string name;
       while (std::getline(ss, name, ','))
-        if (!name.empty()) options.wrt.push_back(name);
+        if (!name.empty()) request.wrt.push_back(name);
     } else if (opt == "--emit") {
       emit = value;
     } else if (opt == "--mode") {
-      mode = value;
+      request.mode = value;
     } else if (opt == "--verify") {
-      options.verify = true;
+      request.verify = true;
     } else {
       user_error("grad: unknown option ", opt);
     }
   }
   if (emit != "tile" && emit != "defracted") user_error("grad: unknown stage '", emit, "' (tile, defracted)");
-  options.reduce_and_defract = emit == "defracted";
-  options.mixed_mode = mode == "mixed";
-  ad::Result r;
-  if (mode == "forward") {
-    r = ad::jvp(p, options.wrt, options.verify);
-    if (emit == "tile") user_error("grad --mode forward emits the defracted form only");
-  } else if (mode == "reverse" || mode == "mixed") {
-    r = ad::vjp(p, options);
-  } else {
-    user_error("grad: unknown mode '", mode, "' (reverse, mixed, forward)");
-  }
-  out << print(r.program);
+  if (request.mode != "reverse" && request.mode != "mixed" && request.mode != "forward")
+    user_error("grad: unknown mode '", request.mode, "' (reverse, mixed, forward)");
+  if (request.mode == "forward" && emit == "tile") user_error("grad --mode forward emits the defracted form only");
+  request.reduce_and_defract = emit == "defracted";
+  out << print(driver::gradient(p, request));
   return 0;
 }
 
