@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs polytile's system dependencies (Debian packages) and builds it.
-#   ./setup.sh               Release build in build/
+#   ./setup.sh               Release build in build/, and the Python package in the venv build/python-venv
 #   ./setup.sh --sanitize    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
 #   ./setup.sh --fuzz        clang + libFuzzer build of the fuzz targets in build-fuzz/ (then fuzz/run.sh)
 set -euo pipefail
@@ -12,6 +12,7 @@ packages=(
   libisl-dev libntl-dev libgmp-dev
   llvm-16-dev llvm-16-tools
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libtbb-dev
+  python3 python3-dev python3-venv
 )
 
 if [ "${1:-}" = "--fuzz" ]; then
@@ -31,7 +32,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 build_dir=build
-flags=(-DCMAKE_BUILD_TYPE=Release -DPOLYTILE_BUILD_BENCH=ON)
+venv="$PWD/build/python-venv"
+flags=(-DCMAKE_BUILD_TYPE=Release -DPOLYTILE_BUILD_BENCH=ON -DPOLYTILE_PYTHON_VENV="$venv")
 if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON -DPOLYTILE_BUILD_BENCH=ON)
@@ -41,3 +43,13 @@ elif [ "${1:-}" = "--fuzz" ]; then
 fi
 cmake -S . -B "$build_dir" -G Ninja "${flags[@]}" > /dev/null
 cmake --build "$build_dir" -j "$(nproc)"
+
+# The Python package (default build only): a virtual environment in build/python-venv with numpy, pytest
+# and the package's build tools from PyPI, and polytile installed into it (pip builds the nanobind
+# extension against the libraries just built in build/; the tests reinstall it before they run).
+if [ "$build_dir" = build ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  pip_install=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip_install[@]}" "numpy>=1.22" "pytest>=7" "scikit-build-core>=0.10" "nanobind>=2.0"
+  "${pip_install[@]}" --no-build-isolation --no-deps .
+fi

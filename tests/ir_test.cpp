@@ -3,6 +3,7 @@
 
 #include "polytile/error.h"
 #include "polytile/ir.h"
+#include "polytile/view.h"
 
 namespace polytile {
 namespace {
@@ -106,6 +107,20 @@ TEST(DTypeTest, PromotionLattice) {
   EXPECT_EQ(promote(DType::f64, DType::f32), DType::f64);
   EXPECT_EQ(parse_dtype("bool"), DType::boolean);
   EXPECT_FALSE(parse_dtype("f16").has_value());
+}
+
+// Row-major layouts are contiguous whatever a dim of extent 1 strides by; a tensor without elements has no
+// layout, so any strides are (DLPack exporters give empty arrays zeros or anything).
+TEST(TensorViewTest, ContiguousLayouts) {
+  float x = 0;
+  EXPECT_TRUE((TensorView{&x, DType::f32, {2, 3}, {}}).contiguous());
+  EXPECT_TRUE((TensorView{&x, DType::f32, {2, 3}, {3, 1}}).contiguous());
+  EXPECT_TRUE((TensorView{&x, DType::f32, {1, 3}, {7, 1}}).contiguous());
+  EXPECT_FALSE((TensorView{&x, DType::f32, {2, 3}, {1, 2}}).contiguous());
+  EXPECT_FALSE((TensorView{&x, DType::f32, {2, 3}, {4, 1}}).contiguous());
+  EXPECT_FALSE((TensorView{&x, DType::f32, {2, 3}, {3}}).contiguous());
+  EXPECT_TRUE((TensorView{&x, DType::f32, {0, 4}, {0, 0}}).contiguous());
+  EXPECT_TRUE((TensorView{nullptr, DType::f32, {3, 0}, {5, 9}}).contiguous());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ size_t TensorView::byte_size() const { return static_cast<size_t>(size()) * dtyp
 bool TensorView::contiguous() const {
   if (strides.empty()) return true;
   if (strides.size() != shape.size()) return false;
+  if (size() == 0) return true;  // no elements, no layout (DLPack exporters give empty arrays any strides)
   int64_t expected = 1;
   for (size_t k = shape.size(); k-- > 0;) {
     if (shape[k] != 1 && strides[k] != expected) return false;

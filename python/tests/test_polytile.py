@@ -1,0 +1,284 @@
+"""The Python package against numpy, the reference interpreter and the command line: values, zero-copy
+(the arrays' own data pointers reach the compiled code), DLPack in and out, threads, and one clear
+polytile.Error for everything a caller can get wrong."""
+
+import os
+import pathlib
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import polytile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CLI = os.environ.get("POLYTILE_CLI", str(ROOT / "build" / "polytile"))
+SEED_CONV = ROOT / "examples" / "conv2d_strided_dilated.tile"
+MATMUL = """function (A[M, K], B[K, N]) -> (C) {
+  C[i, j : M, N] = +(A[i, k] * B[k, j]);
+}"""
+
+
+def cli(*args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# The seed conv and its gradient in numpy: O[n, y, x, co] = sum I[n, 3y + 2j, 3x + 2i, ci] * K[j, i, ci, co].
+def windows(H, W, j, i):
+    rows = 2 * j + 3 * np.arange(H // 3)
+    cols = 2 * i + 3 * np.arange(W // 3)
+    return rows[:, None], cols[None, :]
+
+
+def conv_ref(I, K):
+    N, H, W, _ = I.shape
+    O = np.zeros((N, H // 3, W // 3, K.shape[3]))
+    for j in range(K.shape[0]):
+        for i in range(K.shape[1]):
+            r, c = windows(H, W, j, i)
+            O += np.einsum("nyxc,co->nyxo", I[:, r, c, :], K[j, i])
+    return O
+
+
+def conv_grad_ref(I, K, DO):
+    DI, DK = np.zeros(I.shape), np.zeros(K.shape)
+    for j in range(K.shape[0]):
+        for i in range(K.shape[1]):
+            r, c = windows(I.shape[1], I.shape[2], j, i)
+            DI[:, r, c, :] += np.einsum("nyxo,co->nyxc", DO, K[j, i])
+            DK[j, i] = np.einsum("nyxc,nyxo->co", I[:, r, c, :], DO)
+    return DI, DK
+
+
+def test_version_is_the_command_lines():
+    assert polytile.__version__ == cli("--version").stdout.split()[-1]
+
+
+def test_program_text_round_trips_and_names_its_tensors():
+    p = polytile.Program(MATMUL)
+    assert p.inputs == ["A", "B"] and p.outputs == ["C"]
+    assert polytile.Program(p.text).text == p.text
+    f = polytile.Program.from_file(SEED_CONV)
+    assert f.inputs == ["I", "K"] and f.outputs == ["O"]
+    assert f.types(I=((2, 9, 9, 5), "f32"), K=((2, 2, 5, 7), "f32"))["O"] == ((2, 3, 3, 7), "f32")
+
+
+def test_gradient_is_the_command_lines_reduced_and_defracted_one():
+    conv = polytile.Program.from_file(SEED_CONV)
+    for wrt, mode in [(None, "reverse"), ("I", "reverse"), (["K"], "mixed"), ("I", "forward")]:
+        args = ["grad", SEED_CONV, "--mode", mode] + (["--wrt", wrt if isinstance(wrt, str) else ",".join(wrt)] if wrt else [])
+        expected = cli(*args)
+        assert expected.returncode == 0, expected.stderr
+        assert conv.grad(wrt=wrt, mode=mode).text == expected.stdout
+    # The post's result: the input gradient's output indices are single variables with cosets, no fractions.
+    dI = conv.grad(wrt="I").text
+    assert "DI[v0, v1_0 + 3*v1_1, v2_0 + 3*v2_1, v3 : N, H, W, CI]" in dI and "/" not in dI.split("=", 1)[1]
+    raw = conv.grad(wrt="I", reduce_and_defract=False).text
+    assert raw == cli("grad", SEED_CONV, "--wrt", "I", "--emit", "tile").stdout and raw != dI
+
+
+def test_every_stage_is_the_command_lines():
+    shapes = {"I": ((2, 9, 9, 5), "f32"), "K": ((2, 2, 5, 7), "f32")}
+    conv = polytile.Program.from_file(SEED_CONV)
+    assert polytile.stages()[:4] == ["tile", "isl", "reduced", "defracted"]
+    for stage in polytile.stages():
+        target = "sm_80" if stage == "ptx" else None
+        text = conv.lower(stage, target=target, **shapes)
+        args = ["lower", SEED_CONV, "--emit", stage, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"]
+        expected = cli(*args, *(["--target", target] if target else []))
+        assert expected.returncode == 0, expected.stderr
+        assert text == expected.stdout, stage
+    assert "domain: { S_O[n, y, x, co, j, i, ci]" in conv.lower("isl", **shapes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_matmul_matches_numpy(dtype):
+    A = (rng(1).standard_normal((37, 19)) * 4).astype(dtype)
+    B = (rng(2).standard_normal((19, 23)) * 4).astype(dtype)
+    f = polytile.Program(MATMUL).compile(A=A, B=B)
+    C = f(A, B)
+    assert isinstance(C, np.ndarray) and C.dtype == np.dtype(dtype) and C.shape == (37, 23)
+    if dtype == "int32":
+        np.testing.assert_array_equal(C, A @ B)
+    else:
+        np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(f(B=B, A=A), C)  # by name
+
+
+def test_seed_conv_forward_and_backward_match_numpy():
+    I = rng(3).standard_normal((2, 11, 10, 5)).astype(np.float32)
+    K = rng(4).standard_normal((2, 2, 5, 7)).astype(np.float32)
+    conv = polytile.Program.from_file(SEED_CONV)
+    O = conv.compile(I=I, K=K)(I, K)
+    np.testing.assert_allclose(O, conv_ref(I, K), rtol=1e-4, atol=1e-4)
+    DO = rng(5).standard_normal(O.shape).astype(np.float32)
+    grad = conv.grad()
+    DI, DK = grad.compile(I=I, K=K, DO=DO)(I, K, DO)
+    ref_DI, ref_DK = conv_grad_ref(I, K, DO)
+    np.testing.assert_allclose(DI, ref_DI, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(DK, ref_DK, rtol=1e-4, atol=1e-3)
+    # The interpreter, the semantics' definition, agrees.
+    iDI, iDK = grad.interpret(I=I, K=K, DO=DO)
+    np.testing.assert_allclose(DI, iDI, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(DK, iDK, rtol=1e-4, atol=1e-3)
+
+
+def test_arrays_are_used_in_place():
+    A = rng(6).standard_normal((8, 4)).astype(np.float32)
+    B = rng(7).standard_normal((4, 3)).astype(np.float32)
+    f = polytile.Program(MATMUL).compile(A=A, B=B)
+    C = f(A, B)
+    bound = f.last_binding
+    assert bound["A"] == A.ctypes.data and bound["B"] == B.ctypes.data and bound["C"] == C.ctypes.data
+    # out=: the caller's array is written, and returned, not a copy of it.
+    out = np.full((8, 3), np.nan, dtype=np.float32)
+    assert f(A, B, out=out) is out
+    assert f.last_binding["C"] == out.ctypes.data
+    np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
+    # A view into a larger buffer is used where it lies, not gathered.
+    big = np.zeros((10, 3), dtype=np.float32)
+    f(A, B, out={"C": big[1:9]})
+    assert f.last_binding["C"] == big[1:9].ctypes.data
+    np.testing.assert_allclose(big[1:9], A @ B, rtol=1e-5, atol=1e-5)
+    assert not big[0].any() and not big[9].any()
+
+
+class OnlyDLPack:
+    """An array from some framework: nothing but the DLPack protocol."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_in_and_out():
+    A = rng(8).standard_normal((5, 6))
+    B = rng(9).standard_normal((6, 2))
+    f = polytile.Program(MATMUL).compile(A=A, B=B)
+    C = f(OnlyDLPack(A), OnlyDLPack(B))
+    assert f.last_binding["A"] == A.ctypes.data
+    np.testing.assert_allclose(C, A @ B)
+    back = np.from_dlpack(C)  # the result exports __dlpack__ too
+    assert np.shares_memory(back, C)
+    # The interpreter's results are numpy arrays that own polytile's buffers.
+    R = polytile.Program(MATMUL).interpret(A, B)
+    assert R.flags.owndata is False and R.base is not None
+    np.testing.assert_allclose(R, A @ B)
+
+
+def test_torch_tensors_in_place():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed in this environment")
+    A = torch.randn(4, 5)
+    B = torch.randn(5, 3)
+    f = polytile.Program(MATMUL).compile(A=A, B=B)
+    out = torch.empty(4, 3)
+    f(A, B, out=out)
+    assert f.last_binding["A"] == A.data_ptr() and f.last_binding["C"] == out.data_ptr()
+    torch.testing.assert_close(out, A @ B)
+
+
+def test_jax_arrays_in_place():
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed in this environment")
+    A = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    B = jnp.ones((4, 2), dtype=jnp.float32)
+    f = polytile.Program(MATMUL).compile(A=A, B=B)
+    C = f(A, B)
+    assert f.last_binding["A"] == A.unsafe_buffer_pointer()
+    np.testing.assert_allclose(C, np.asarray(A) @ np.asarray(B))
+
+
+def test_booleans_and_empty_dims():
+    p = polytile.Program("""function (A[N], B[N]) -> (C, S) {
+      C = select(A > B, A, B);
+      S[] = +(A[i]);
+    }""")
+    A = np.array([1, 5, 2, 8], dtype=np.float32)
+    B = np.array([3, 1, 2, 9], dtype=np.float32)
+    C, S = p.compile(A=A, B=B)(A, B)
+    np.testing.assert_array_equal(C, np.maximum(A, B))
+    assert S.shape == () and S == A.sum()
+    mask = polytile.Program("function (A[N], B[N]) -> (M) { M = A > B; }")
+    M = mask.compile(A=A, B=B)(A, B)
+    assert M.dtype == np.bool_
+    np.testing.assert_array_equal(M, A > B)
+    empty = np.zeros((0, 4), dtype=np.float32)
+    f = polytile.Program(MATMUL).compile(A=empty, B=np.ones((4, 3), np.float32))
+    assert f(empty, np.ones((4, 3), np.float32)).shape == (0, 3)
+    g = polytile.Program(MATMUL).compile(A=((3, 0), "f32"), B=((0, 2), "f32"))
+    np.testing.assert_array_equal(g(np.ones((3, 0), np.float32), np.ones((0, 2), np.float32)), np.zeros((3, 2)))
+
+
+def test_concurrent_calls_from_threads():
+    A = [rng(10 + t).standard_normal((64, 32)).astype(np.float32) for t in range(4)]
+    B = rng(20).standard_normal((32, 48)).astype(np.float32)
+    f = polytile.Program(MATMUL).compile(A=A[0], B=B)
+    results = [None] * 4
+
+    def work(t):
+        for _ in range(20):
+            results[t] = f(A[t], B)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for t in range(4):
+        np.testing.assert_allclose(results[t], A[t] @ B, rtol=1e-5, atol=1e-4)
+
+
+def error(call):
+    with pytest.raises(polytile.Error) as e:
+        call()
+    assert isinstance(e.value, ValueError)
+    return str(e.value)
+
+
+def test_user_errors_are_polytile_errors_naming_the_object(tmp_path):
+    A = np.ones((2, 3), np.float32)
+    B = np.ones((3, 4), np.float32)
+    p = polytile.Program(MATMUL)
+    f = p.compile(A=A, B=B)
+    # The command line's message, word for word.
+    bad = tmp_path / "bad.tile"
+    bad.write_text("function (A[N]) -> (B) { B[i : N] = +(A[i] }")
+    msg = error(lambda: polytile.Program.from_file(bad))
+    assert msg in cli("check", bad).stderr and "1:44" in msg
+    assert "no_such.tile" in error(lambda: polytile.Program.from_file(tmp_path / "no_such.tile"))
+    assert "input A" in error(lambda: f(A.astype(np.float64), B))
+    assert "input B" in error(lambda: f(A, np.ones((3, 5), np.float32)))
+    assert "not contiguous" in error(lambda: f(A, np.asfortranarray(B)))
+    assert "input A" in error(lambda: f(A.astype(np.int64), B)) and "int64" in error(lambda: f(A.astype(np.int64), B))
+    assert "got list" in error(lambda: f([[1.0] * 3] * 2, B))
+    readonly = np.empty((2, 4), np.float32)
+    readonly.flags.writeable = False
+    assert "output C" in error(lambda: f(A, B, out=readonly)) and "writable" in error(lambda: f(A, B, out=readonly))
+    assert "output C" in error(lambda: f(A, B, out=np.empty((2, 4), np.float64)))
+    buf = np.zeros(16, np.float32)
+    overlapping = buf[:6].reshape(2, 3)
+    assert "output C" in error(lambda: f(overlapping, B, out=buf[4:12].reshape(2, 4)))
+    assert "takes 2 inputs" in error(lambda: f(A, B, A))
+    assert "input B is missing" in error(lambda: f(A))
+    assert "no input X" in error(lambda: f(A, X=B))
+    assert "given twice" in error(lambda: f(A, A=B))
+    assert "out= has 2" in error(lambda: f(A, B, out=(A, B)))
+    assert "unknown stage 'sass'" in error(lambda: p.lower("sass"))
+    assert "needs the dtype and shape" in error(lambda: p.lower("loops"))
+    assert "unknown gradient mode 'sideways'" in error(lambda: p.grad(mode="sideways"))
+    assert "unknown target 'tpu'" in error(lambda: p.compile(target="tpu", A=A, B=B))
+    assert "tensor A" in error(lambda: p.compile(A=((2, 3), "f16"), B=B))
+    assert "tensor A" in error(lambda: p.compile(A="not a type", B=B))
+    assert "B" in error(lambda: p.compile(A=A))
+    assert "K" in error(lambda: p.compile(A=A, B=np.ones((4, 4), np.float32)))
+    # A failed call loses nothing: the compiled program still runs.
+    np.testing.assert_allclose(f(A, B), A @ B)
