@@ -282,3 +282,27 @@ def test_user_errors_are_polytile_errors_naming_the_object(tmp_path):
     assert "K" in error(lambda: p.compile(A=A, B=np.ones((4, 4), np.float32)))
     # A failed call loses nothing: the compiled program still runs.
     np.testing.assert_allclose(f(A, B), A @ B)
+
+
+def test_training_step_gradients_match_the_interpreter():
+    # bench/train_step.py's program at small sizes: the compiled gradients of the whole CNN's loss against
+    # the reference interpreter's, and a finite difference of the loss along a random direction.
+    cnn = polytile.Program.from_file(ROOT / "examples" / "small_cnn.tile")
+    wrt = ["K1", "B1", "K2", "B2", "W", "B3"]
+    shapes = {"X": (2, 8, 8, 1), "K1": (3, 3, 1, 4), "B1": (4,), "K2": (3, 3, 4, 6), "B2": (6,), "W": (2, 2, 6, 3),
+              "B3": (3,), "Y": (2, 3)}
+    x = {n: rng(30 + k).standard_normal(s).astype(np.float64) for k, (n, s) in enumerate(shapes.items())}
+    x["Y"] = np.eye(3)[[0, 2]]
+    grad = cnn.grad(wrt=wrt)
+    inputs = dict(x, DL=np.ones(()))
+    compiled = grad.compile(**inputs)(**inputs)
+    interpreted = grad.interpret(**inputs)
+    for name, got, want in zip(grad.outputs, compiled, interpreted):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=name)
+    loss = cnn.compile(**x)
+    direction = {n: rng(40 + k).standard_normal(x[n].shape) for k, n in enumerate(wrt)}
+    h = 1e-6
+    plus = loss(**{n: x[n] + h * direction[n] if n in direction else x[n] for n in x})
+    minus = loss(**{n: x[n] - h * direction[n] if n in direction else x[n] for n in x})
+    along = sum(float(np.sum(g * direction[n])) for n, g in zip(wrt, compiled))
+    assert abs((plus - minus) / (2 * h) - along) < 1e-6 * max(1.0, abs(along))

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""A whole training step, the comparison users make: the gradients of a small CNN's loss
+(examples/small_cnn.tile: two blocks of 3x3 conv + bias + relu + 2x2 max pool, a dense layer, softmax
+cross-entropy) with respect to all its weights, as one polytile program against the same step in JAX
+(jit(grad)) and PyTorch (eager, channels_last; loss.backward()) where those are installed, on the same
+data and threads. Checks that every peer's gradients agree with polytile's, then times each (median of
+--repeat runs after a warm-up) and prints one table; --json writes the numbers.
+
+    build/python-venv/bin/pip install jax          # the peers are not needed by the build or the tests
+    build/python-venv/bin/python bench/train_step.py [--batch 64] [--repeat 30] [--json bench/train_step.json]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import numpy as np
+
+import polytile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WRT = ["K1", "B1", "K2", "B2", "W", "B3"]
+
+
+def data(batch, size, c1, c2, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    x = {
+        "X": rng.standard_normal((batch, size, size, 1), dtype=f32),
+        "K1": (rng.standard_normal((3, 3, 1, c1), dtype=f32) * np.sqrt(2 / 9)).astype(f32),
+        "B1": np.full((c1,), 0.01, f32),
+        "K2": (rng.standard_normal((3, 3, c1, c2), dtype=f32) * np.sqrt(2 / (9 * c1))).astype(f32),
+        "B2": np.full((c2,), 0.01, f32),
+        "W": (rng.standard_normal((size // 4, size // 4, c2, classes), dtype=f32) * 0.01).astype(f32),
+        "B3": np.zeros((classes,), f32),
+    }
+    x["Y"] = np.eye(classes, dtype=f32)[rng.integers(0, classes, batch)]
+    return x
+
+
+def timed(step, repeat):
+    step()  # warm-up (and, for JAX, compilation)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def polytile_step(x, threads):
+    grad = polytile.Program.from_file(ROOT / "examples" / "small_cnn.tile").grad(wrt=WRT)
+    inputs = dict(x, DL=np.ones((), np.float32))
+    t = time.perf_counter()
+    compiled = grad.compile(threads=threads, **inputs)
+    compile_s = time.perf_counter() - t
+    outs = {n: np.empty(s, np.float32) for n, (s, _) in compiled.output_types.items()}
+    ordered = [inputs[n] for n in compiled.inputs]
+
+    def step():
+        compiled(*ordered, out=outs)
+        return [outs["D" + w] for w in WRT]
+
+    return step, compile_s
+
+
+def jax_step(x):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(X, K1, B1, K2, B2, W, B3, Y):
+        def block(a, k, b):
+            z = jax.lax.conv_general_dilated(a, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            a = jax.nn.relu(z + b)
+            return jax.lax.reduce_window(a, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+        p = block(block(X, K1, B1), K2, B2)
+        z = jnp.einsum("nyxc,yxck->nk", p, W) + B3
+        return -jnp.sum(Y * jax.nn.log_softmax(z)) / X.shape[0]
+
+    g = jax.jit(jax.grad(loss, argnums=tuple(range(1, 7))))
+    args = [jnp.asarray(x[n]) for n in ["X", *WRT, "Y"]]
+    t = time.perf_counter()
+    jax.block_until_ready(g(*args))
+    compile_s = time.perf_counter() - t
+
+    def step():
+        return [np.asarray(v) for v in jax.block_until_ready(g(*args))]
+
+    return step, compile_s
+
+
+def torch_step(x, threads):
+    import torch
+    import torch.nn.functional as F
+
+    if threads:
+        torch.set_num_threads(threads)
+    X = torch.from_numpy(x["X"]).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    Y = torch.from_numpy(x["Y"])
+    # OIHW weights (channels_last), the dense weight over the pooled NHWC features.
+    params = {
+        "K1": torch.from_numpy(x["K1"]).permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last),
+        "B1": torch.from_numpy(x["B1"]),
+        "K2": torch.from_numpy(x["K2"]).permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last),
+        "B2": torch.from_numpy(x["B2"]),
+        "W": torch.from_numpy(x["W"]),
+        "B3": torch.from_numpy(x["B3"]),
+    }
+    for p in params.values():
+        p.requires_grad_(True)
+
+    def step():
+        for p in params.values():
+            p.grad = None
+        a = F.max_pool2d(F.relu(F.conv2d(X, params["K1"], params["B1"], padding=1)), 2)
+        a = F.max_pool2d(F.relu(F.conv2d(a, params["K2"], params["B2"], padding=1)), 2)
+        z = torch.einsum("ncyx,yxck->nk", a, params["W"]) + params["B3"]
+        loss = -(Y * F.log_softmax(z, dim=1)).sum() / X.shape[0]
+        loss.backward()
+        g = {n: p.grad for n, p in params.items()}
+        g["K1"], g["K2"] = g["K1"].permute(2, 3, 1, 0), g["K2"].permute(2, 3, 1, 0)  # back to HWIO
+        return [g[n].detach().numpy() for n in WRT]
+
+    return step, 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--size", type=int, default=28)
+    ap.add_argument("--channels", type=int, nargs=2, default=[32, 64])
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0, help="0: every core (what each framework does by default)")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    x = data(args.batch, args.size, *args.channels, args.classes)
+    c1, c2 = args.channels
+    s = args.size
+    flops = 2 * args.batch * (s * s * 9 * c1 + (s // 2) ** 2 * 9 * c1 * c2) * 3  # convs: forward + both gradients
+    peers = {"polytile": lambda: polytile_step(x, args.threads)}
+    for name, make in [("jax", lambda: jax_step(x)), ("pytorch", lambda: torch_step(x, args.threads))]:
+        try:
+            __import__("jax" if name == "jax" else "torch")
+        except ImportError:
+            print(f"{name}: not installed here, skipped")
+            continue
+        peers[name] = make
+
+    results, reference = {}, None
+    for name, make in peers.items():
+        step, compile_s = make()
+        grads = step()
+        if reference is None:
+            reference = grads
+        else:
+            for w, got, want in zip(WRT, grads, reference):
+                err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+                if err > 1e-3:
+                    raise SystemExit(f"{name}'s d{w} differs from polytile's: max relative difference {err:.2e}")
+        seconds = timed(step, args.repeat)
+        results[name] = {"ms": seconds * 1e3, "compile_ms": compile_s * 1e3, "gflops": flops / seconds * 1e-9}
+
+    print(f"training step of examples/small_cnn.tile: batch {args.batch}, {s}x{s}x1, channels {c1}/{c2}, "
+          f"{args.classes} classes, threads {args.threads or os.cpu_count()} ({platform.machine()}, "
+          f"{os.cpu_count()} cores); conv work {flops * 1e-9:.2f} GFLOP per step")
+    print("| framework | step ms | conv GFLOP/s | compile ms | polytile speedup |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        speed = results[name]["ms"] / results["polytile"]["ms"]
+        compile_text = f"{r['compile_ms']:.0f}" if r["compile_ms"] else "(eager)"
+        print(f"| {name} | {r['ms']:.2f} | {r['gflops']:.0f} | {compile_text} | {speed:.2f}x |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
