@@ -12,7 +12,7 @@ packages=(
   libisl-dev libntl-dev libgmp-dev
   llvm-16-dev llvm-16-tools
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libtbb-dev
-  python3 python3-dev python3-venv
+  python3 python3-dev python3-venv libzip-dev
 )
 
 if [ "${1:-}" = "--fuzz" ]; then

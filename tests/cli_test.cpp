@@ -72,6 +72,54 @@ TEST(CliTest, RunReadsAndWritesNpy) {
   for (auto f : {"a.npy", "b.npy", "c.npy"}) std::remove(temp(f).c_str());
 }
 
+// .npz inputs (tests/data: written by np.savez and np.savez_compressed): the arrays are the inputs they
+// name, the same values as from .npy files; a damaged or foreign archive is a user error naming the file.
+TEST(CliTest, RunReadsNpzArchives) {
+  const std::string data = POLYTILE_SOURCE_DIR "/tests/data/";
+  const std::string mm = kExamples + "matmul.tile";
+  Result stored = cli({"run", mm, "--inputs", data + "matmul_inputs.npz", "--backend", "interp", "--output", "C=" + temp("npz_c.npy")});
+  ASSERT_EQ(stored.code, 0) << stored.err;
+  Buffer c = read_npy(temp("npz_c.npy"));
+  std::vector<double> a(12), b(20);
+  for (int i = 0; i < 12; ++i) a[static_cast<size_t>(i)] = i / 4.0;
+  for (int i = 0; i < 20; ++i) b[static_cast<size_t>(i)] = (i - 7) / 3.0;
+  Buffer want = interpret(parse_file(mm), {{"A", Buffer::from_values(DType::f32, {3, 4}, a)},
+                                           {"B", Buffer::from_values(DType::f32, {4, 5}, b)}}).at("C");
+  EXPECT_EQ(c.dtype(), DType::f32);
+  EXPECT_EQ(c.to_doubles(), want.to_doubles());
+  Result compressed = cli({"run", mm, "--inputs", data + "matmul_inputs_compressed.npz"});
+  ASSERT_EQ(compressed.code, 0) << compressed.err;
+  EXPECT_EQ(compressed.out, cli({"run", mm, "--inputs", data + "matmul_inputs.npz"}).out);
+  // One input from the archive's twin .npy, the other from the archive: the same result.
+  write_npy(temp("npz_a.npy"), Buffer::from_values(DType::f32, {3, 4}, a));
+  EXPECT_EQ(cli({"run", mm, "--input", "A=" + temp("npz_a.npy"), "--random", "B=4x5"}).code, 0);
+
+  // Damaged archives: cut short, and one data byte flipped (the member's CRC no longer matches).
+  std::ifstream in(data + "matmul_inputs.npz", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string cut = temp("cut.npz"), flipped = temp("flipped.npz");
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  std::string damaged = bytes;
+  size_t header = damaged.find("\x93NUMPY");
+  ASSERT_NE(header, std::string::npos);
+  damaged[header + 128 + 4] = static_cast<char>(damaged[header + 128 + 4] ^ 0x40);  // in A's data
+  std::ofstream(flipped, std::ios::binary) << damaged;
+  auto one_line_error = [](const Result& r, const std::string& what) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  one_line_error(cli({"run", mm, "--inputs", cut}), cut + ": cannot read the .npz archive");
+  one_line_error(cli({"run", mm, "--inputs", flipped}), flipped + ":A.npy: damaged member");
+  one_line_error(cli({"run", mm, "--inputs", data + "npz_with_text.npz"}), "npz_with_text.npz:notes.txt: not a .npy member");
+  one_line_error(cli({"run", mm, "--inputs", data + "matmul_inputs_extra.npz"}),
+                 "matmul_inputs_extra.npz: array X is not an input of the program");
+  one_line_error(cli({"run", mm, "--inputs", data + "matmul_inputs.npz", "--random", "A=3x4"}), "input A is given twice");
+  one_line_error(cli({"run", mm, "--inputs", "/nonexistent.npz"}), "/nonexistent.npz: cannot read the .npz archive");
+  one_line_error(cli({"run", mm, "--inputs", mm}), mm + ": cannot read the .npz archive");
+  for (const auto& f : {cut, flipped, temp("npz_c.npy"), temp("npz_a.npy")}) std::remove(f.c_str());
+}
+
 TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
   std::vector<std::string> args = {"run", kExamples + "max_pool_1d.tile", "--random", "I=7", "--seed", "3"};
   Result r1 = cli(args), r2 = cli(args);

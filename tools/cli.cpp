@@ -1,6 +1,8 @@
 // `polytile` subcommands: check, run, help. Every failure becomes a one-line message and an exit code.
 #include "cli.h"
 
+#include "npz.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -95,15 +97,17 @@ Prints one stage of the compiler for FILE.tile:
                               is an internal error (exit 2) naming the pass; --verbose says what was proven
 )";
 
-const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--random NAME=DIMS[:DTYPE]]...
+const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--inputs FILE.npz] [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
                     [--threads N] [--time] [--repeat N] [--no-cache]
 
-Runs FILE.tile. Every input comes from a .npy file (--input) or is generated deterministically
-(--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools; seeded by --seed and the
-input's name). Outputs named with --output are written as .npy; the others are printed.
+Runs FILE.tile. Every input comes from a .npy file (--input), from a .npz archive (--inputs) or is
+generated deterministically (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools;
+seeded by --seed and the input's name). Outputs named with --output are written as .npy; the others are printed.
 
   --input NAME=FILE.npy        read input NAME (float32, float64, int32, bool; C order)
+  --inputs FILE.npz            read the inputs named by the arrays of a NumPy archive (np.savez or
+                               np.savez_compressed: NAME.npy members)
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
   --output NAME=FILE.npy       write output NAME
   --backend NAME               cpu (default: native code through LLVM), interp (the reference interpreter),
@@ -545,6 +549,14 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       auto [name, file] = split_assign(opt, value);
       if (inputs.count(name)) user_error("input ", name, " is given twice");
       inputs[name] = read_npy(file);
+    } else if (opt == "--inputs") {
+      for (auto& [name, buffer] : read_npz(value)) {
+        bool known = false;
+        for (const auto& in : p.inputs) known |= in.name == name;
+        if (!known) user_error(value, ": array ", name, " is not an input of the program");
+        if (inputs.count(name)) user_error("input ", name, " is given twice");
+        inputs.emplace(name, std::move(buffer));
+      }
     } else if (opt == "--random") {
       auto [name, spec] = split_assign(opt, value);
       randoms.emplace_back(name, parse_shape_spec(name, spec));
