@@ -143,7 +143,8 @@ def main():
     x = data(args.batch, args.size, *args.channels, args.classes)
     c1, c2 = args.channels
     s = args.size
-    flops = 2 * args.batch * (s * s * 9 * c1 + (s // 2) ** 2 * 9 * c1 * c2) * 3  # convs: forward + both gradients
+    # The convs' work: conv1 forward and weight gradient (X needs no gradient), conv2 forward and both gradients.
+    flops = 2 * args.batch * (s * s * 9 * c1 * 2 + (s // 2) ** 2 * 9 * c1 * c2 * 3)
     peers = {"polytile": lambda: polytile_step(x, args.threads)}
     for name, make in [("jax", lambda: jax_step(x)), ("pytorch", lambda: torch_step(x, args.threads))]:
         try:

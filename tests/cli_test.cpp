@@ -35,6 +35,18 @@ const std::string kExamples = POLYTILE_SOURCE_DIR "/examples/";
 
 std::string temp(const std::string& name) { return ::testing::TempDir() + "/polytile_cli_" + name; }
 
+// A user error as the CLI reports it: exit code 1 and one line on stderr that says `what`.
+void one_line_error(const Result& r, const std::string& what) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 TEST(CliTest, HelpForEveryCommand) {
   for (auto args : {std::vector<std::string>{"--help"}, {"help"}, {"-h"}}) {
     Result r = cli(args);
@@ -90,13 +102,15 @@ TEST(CliTest, RunReadsNpzArchives) {
   Result compressed = cli({"run", mm, "--inputs", data + "matmul_inputs_compressed.npz"});
   ASSERT_EQ(compressed.code, 0) << compressed.err;
   EXPECT_EQ(compressed.out, cli({"run", mm, "--inputs", data + "matmul_inputs.npz"}).out);
-  // One input from the archive's twin .npy, the other from the archive: the same result.
+  // The same arrays as .npy files: the same result.
   write_npy(temp("npz_a.npy"), Buffer::from_values(DType::f32, {3, 4}, a));
-  EXPECT_EQ(cli({"run", mm, "--input", "A=" + temp("npz_a.npy"), "--random", "B=4x5"}).code, 0);
+  write_npy(temp("npz_b.npy"), Buffer::from_values(DType::f32, {4, 5}, b));
+  Result npy = cli({"run", mm, "--input", "A=" + temp("npz_a.npy"), "--input", "B=" + temp("npz_b.npy")});
+  ASSERT_EQ(npy.code, 0) << npy.err;
+  EXPECT_EQ(npy.out, compressed.out);
 
   // Damaged archives: cut short, and one data byte flipped (the member's CRC no longer matches).
-  std::ifstream in(data + "matmul_inputs.npz", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = slurp(data + "matmul_inputs.npz");
   const std::string cut = temp("cut.npz"), flipped = temp("flipped.npz");
   std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
   std::string damaged = bytes;
@@ -104,11 +118,6 @@ TEST(CliTest, RunReadsNpzArchives) {
   ASSERT_NE(header, std::string::npos);
   damaged[header + 128 + 4] = static_cast<char>(damaged[header + 128 + 4] ^ 0x40);  // in A's data
   std::ofstream(flipped, std::ios::binary) << damaged;
-  auto one_line_error = [](const Result& r, const std::string& what) {
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  };
   one_line_error(cli({"run", mm, "--inputs", cut}), cut + ": cannot read the .npz archive");
   one_line_error(cli({"run", mm, "--inputs", flipped}), flipped + ":A.npy: damaged member");
   one_line_error(cli({"run", mm, "--inputs", data + "npz_with_text.npz"}), "npz_with_text.npz:notes.txt: not a .npy member");
@@ -117,7 +126,7 @@ TEST(CliTest, RunReadsNpzArchives) {
   one_line_error(cli({"run", mm, "--inputs", data + "matmul_inputs.npz", "--random", "A=3x4"}), "input A is given twice");
   one_line_error(cli({"run", mm, "--inputs", "/nonexistent.npz"}), "/nonexistent.npz: cannot read the .npz archive");
   one_line_error(cli({"run", mm, "--inputs", mm}), mm + ": cannot read the .npz archive");
-  for (const auto& f : {cut, flipped, temp("npz_c.npy"), temp("npz_a.npy")}) std::remove(f.c_str());
+  for (const auto& f : {cut, flipped, temp("npz_c.npy"), temp("npz_a.npy"), temp("npz_b.npy")}) std::remove(f.c_str());
 }
 
 TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
@@ -343,11 +352,6 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
   ASSERT_EQ(sim.code, 0) << sim.err;
   EXPECT_EQ(sim.out, interp.out);
   // Misuse.
-  auto one_line_error = [](const Result& r, const std::string& what) {
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  };
   one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7"}), "-o DIR is required");
   one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "-o", dir}), "K");
   one_line_error(cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7", "-o", dir, "--target", "sm_70"}),
@@ -414,10 +418,6 @@ TEST(CliTest, CompileForTheCpuWritesAnObjectAndAHeader) {
   Result c = cli(with({"-o", prefix}));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_NE(c.out.find("entry point seed_conv for CPU "), std::string::npos) << c.out;
-  auto slurp = [](const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
   const std::string object = slurp(prefix + ".o"), header = slurp(prefix + ".h");
   EXPECT_EQ(object.substr(0, 4), "\x7f" "ELF");
   EXPECT_NE(header.find("int seed_conv(const float* I, const float* K, float* O, void* workspace, polytile_parallel_for "
@@ -429,11 +429,6 @@ TEST(CliTest, CompileForTheCpuWritesAnObjectAndAHeader) {
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_TRUE(slurp(prefix + "_again.o") == object) << "the object differs";
   EXPECT_EQ(slurp(prefix + "_again.h"), header);
-  auto one_line_error = [](const Result& r, const std::string& what) {
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  };
   one_line_error(cli(with({})), "-o PATH is required");
   one_line_error(cli(with({"-o", dir + "/2conv"})), "'2conv' is not a C identifier");
   one_line_error(cli(with({"-o", prefix, "--name", "float"})), "'float' is reserved in C or C++");

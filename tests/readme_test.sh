@@ -27,7 +27,9 @@ while IFS= read -r line; do
   n=$((n + 1))
 done < <(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^((\./setup\.sh && )?build/polytile |cc )')
 python_commands=$(awk '/^```bash$/{on=1; next} /^```$/{on=0} on' README.md | grep -E '^build/python-venv/bin/python ' || true)
-if [ -x build/python-venv/bin/python ]; then
+if [ -z "$python_commands" ]; then
+  :
+elif [ -x build/python-venv/bin/python ]; then
   while IFS= read -r cmd; do
     echo "+ $cmd"
     eval "$cmd" > /dev/null

@@ -372,7 +372,7 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
   const std::vector<std::string>& stages = driver::stages();
   if (request.stage.empty()) user_error("lower: --emit STAGE is required (tile, isl, reduced, defracted)");
   if (std::find(stages.begin(), stages.end(), request.stage) == stages.end())
-    user_error("lower: unknown stage '", request.stage, "' (tile, isl, reduced, defracted, lowered, schedule, ast, loops, llvm, ptx)");
+    user_error("lower: unknown stage '", request.stage, "' (", driver::stage_list(), ")");
   const bool gpu = !request.target.empty() && request.target != "cpu";
   if (request.gpu_model && !gpu) user_error("lower: --gpu-model needs a GPU --target sm_XY");
   if (request.stage == "ptx" && request.target == "cpu") user_error("lower --emit ptx needs a GPU --target sm_XY");

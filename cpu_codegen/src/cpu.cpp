@@ -62,9 +62,6 @@ sched::LowerOptions lower_options(const CompileOptions& options) {
   return l;
 }
 
-}  // namespace
-
-namespace {
 // glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
 // vectorizer then keeps transcendental loops vector instead of calling libm per element.
 bool have_libmvec = false;  // set by initialize_llvm
@@ -274,12 +271,10 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   return best;
 }
 
-
 }  // namespace
 
 std::string optimized_llvm_ir(const Program& program, const std::map<std::string, TensorType>& inputs,
                               const CompileOptions& options) {
-  infer_types(program, inputs);  // user errors first
   CompiledProgram::Impl impl;
   lower_and_emit(impl, program, inputs, options, false);
   return impl.ir;

@@ -50,7 +50,6 @@ bool is_identifier(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
-
 const char* c_type(DType t) {
   switch (t) {
     case DType::f32: return "float";
@@ -284,8 +283,7 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   if (options.target.gpu)
     user_error("export: target ", options.target.name, " is a GPU: an object for this CPU needs the cpu target (a GPU "
                "target compiles to a kernel bundle)");
-  infer_types(program, inputs);  // user errors first
-  CompiledProgram::Impl impl;
+  CompiledProgram::Impl impl;  // lowering types the program first: its user errors come before any code
   std::vector<NestModule> nests = lower_and_emit(impl, program, inputs, options, false);
   const Plan p = plan(impl, program);
 

@@ -262,7 +262,6 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
                                      const CompileOptions& options) {
   if (options.tune) user_error("the kernel cache holds untuned programs: compile with tuning without it");
   if (options.target.gpu) user_error("the kernel cache holds programs for this CPU, not for ", options.target.name);
-  infer_types(program, inputs);  // user errors first
   auto t0 = std::chrono::steady_clock::now();
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
   const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +

@@ -19,15 +19,11 @@ const std::vector<std::string>& stages() {
   return all;
 }
 
-namespace {
-
 std::string stage_list() {
   std::string out;
   for (const std::string& s : stages()) out += (out.empty() ? "" : ", ") + s;
   return out;
 }
-
-}  // namespace
 
 bool needs_input_types(const std::string& stage) {
   return stage != "tile" && stage != "reduced" && stage != "defracted";

@@ -16,6 +16,8 @@ compiled dtype and shape, or the call raises :class:`Error` naming the argument.
 text, shapes, arguments) raise :class:`Error`, a ``ValueError`` carrying the command line's message.
 """
 
+import numpy as np
+
 from . import _polytile as _ext
 from ._polytile import Error, InternalError, __version__
 
@@ -35,8 +37,6 @@ def _dtype_name(tensor, dtype):
     framework's dtype object (torch.float32, jnp.float32)."""
     if isinstance(dtype, str) and dtype in _DTYPES:
         return dtype
-    import numpy as np
-
     try:
         name = np.dtype(dtype).name
     except TypeError:
@@ -163,15 +163,18 @@ class Compiled:
         self._compiled = compiled
         self.inputs = list(compiled.inputs)
         self.outputs = list(compiled.outputs)
+        # Read once: every call without out= allocates from them.
+        self._input_types = {n: (tuple(s), d) for n, (s, d) in compiled.input_types().items()}
+        self._output_types = {n: (tuple(s), d) for n, (s, d) in compiled.output_types().items()}
 
     @property
     def input_types(self):
-        return {n: (tuple(s), d) for n, (s, d) in self._compiled.input_types().items()}
+        return dict(self._input_types)
 
     @property
     def output_types(self):
         """Each output's (shape, dtype name)."""
-        return {n: (tuple(s), d) for n, (s, d) in self._compiled.output_types().items()}
+        return dict(self._output_types)
 
     @property
     def last_binding(self):
@@ -192,9 +195,7 @@ class Compiled:
 
     def _outputs(self, out):
         if out is None:
-            import numpy as np
-
-            return {n: np.empty(s, dtype=_DTYPES[d]) for n, (s, d) in self._compiled.output_types().items()}
+            return {n: np.empty(s, dtype=_DTYPES[d]) for n, (s, d) in self._output_types.items()}
         if isinstance(out, dict):
             unknown = [n for n in out if n not in self.outputs]
             if unknown:

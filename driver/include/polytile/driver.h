@@ -28,6 +28,8 @@ struct StageRequest {
 
 // The stages print_stage knows, in pipeline order.
 const std::vector<std::string>& stages();
+// The same as text: "tile, isl, ..., ptx" (for messages).
+std::string stage_list();
 
 // Whether `stage` needs the inputs' types (every stage but tile, reduced and defracted).
 bool needs_input_types(const std::string& stage);
