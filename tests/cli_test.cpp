@@ -129,6 +129,28 @@ TEST(CliTest, RunReadsNpzArchives) {
   for (const auto& f : {cut, flipped, temp("npz_c.npy"), temp("npz_a.npy"), temp("npz_b.npy")}) std::remove(f.c_str());
 }
 
+// numpy's default integers and its halves, from an archive numpy wrote: the printed values are numpy's own
+// (int64 arithmetic that wraps, float16 arithmetic), on both backends, and written back as <i8 and <f2.
+TEST(CliTest, RunsInt64AndFloat16Arrays) {
+  const std::string program = temp("int64_and_half.tile");
+  std::ofstream(program) << "function (A[N], H[M]) -> (O, P) {\n  O = A * 3 + 1;\n  P = H * 2 + H;\n}\n";
+  const std::string archive = POLYTILE_SOURCE_DIR "/tests/data/int64_and_half.npz";
+  const std::string numpy =  // A * 3 + 1 and H * 2 + H in numpy, A = [2^62 + 3, -2^63, 2^53 + 1, -7]
+      "O: i64[4] = [-4611686018427387894, -9223372036854775807, 27021597764222980, -20]\n"
+      "P: f16[4] = [0.2998, -7.5, inf, 3.5763e-07]\n";
+  for (const char* backend : {"cpu", "interp"}) {
+    Result r = cli({"run", program, "--inputs", archive, "--backend", backend});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, numpy) << backend;
+  }
+  Result w = cli({"run", program, "--inputs", archive, "--output", "O=" + temp("o_i64.npy"), "--output", "P=" + temp("p_f16.npy")});
+  ASSERT_EQ(w.code, 0) << w.err;
+  EXPECT_NE(slurp(temp("o_i64.npy")).find("'descr': '<i8'"), std::string::npos);
+  EXPECT_NE(slurp(temp("p_f16.npy")).find("'descr': '<f2'"), std::string::npos);
+  EXPECT_EQ(read_npy(temp("o_i64.npy")).get_int(2), 27021597764222980);
+  EXPECT_EQ(read_npy(temp("p_f16.npy")).get(1), -7.5);
+}
+
 TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
   std::vector<std::string> args = {"run", kExamples + "max_pool_1d.tile", "--random", "I=7", "--seed", "3"};
   Result r1 = cli(args), r2 = cli(args);
@@ -471,7 +493,7 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "--random", "A=3x4"}, "missing input B"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "interp"}, "--tune needs the cpu backend"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=5x2"}, "dims disagree: axis 0 of input B is 5 but K = 4"},
-      {{"run", mm, "--random", "A=3x4:f16", "--random", "B=4x2"}, "unknown dtype 'f16'"},
+      {{"run", mm, "--random", "A=3x4:u8", "--random", "B=4x2"}, "unknown dtype 'u8'"},
       {{"run", mm, "--input", "A=" + temp("v.npy"), "--random", "B=3x2"}, "input A is declared with rank 2 but got shape (3)"},
       {{"run", mm, "--input", "A=" + bad_npy}, "is not a .npy file"},
       {{"run", mm, "--input", "A=/nonexistent.npy"}, "cannot open .npy file /nonexistent.npy"},

@@ -130,7 +130,7 @@ TEST(CudaRuntimeTest, MalformedManifestsAreUserErrorsWithTheirLine) {
       {head + "colour blue\n", "m.txt:4: unknown field 'colour'"},
       {head + "buffer X output f32 4\n", "m.txt:4: buffer X is declared twice"},
       {head + "buffer Y inout f32 4\n", "m.txt:4: buffer Y: role 'inout' is not input, output or scratch"},
-      {head + "buffer Y input f16 4\n", "m.txt:4: buffer Y: unknown dtype 'f16'"},
+      {head + "buffer Y input u8 4\n", "m.txt:4: buffer Y: unknown dtype 'u8'"},
       {head + "buffer Y input f32 4x-1\n", "m.txt:4: shape '4x-1' is not DIMxDIMx..."},
       {head + "kernel k1 grid 1 1 1 block 64 32 1 shared 0 args X\n", "m.txt:4: kernel k1 has more than 1024 threads per block"},
       {head + "kernel k1 grid 0 1 1 block 1 1 1 shared 0 args X\n", "m.txt:4: grid size must be an integer in [1, "},

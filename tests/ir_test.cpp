@@ -105,8 +105,18 @@ TEST(DTypeTest, PromotionLattice) {
   EXPECT_EQ(promote(DType::boolean, DType::i32), DType::i32);
   EXPECT_EQ(promote(DType::i32, DType::f32), DType::f32);
   EXPECT_EQ(promote(DType::f64, DType::f32), DType::f64);
-  EXPECT_EQ(parse_dtype("bool"), DType::boolean);
-  EXPECT_FALSE(parse_dtype("f16").has_value());
+  EXPECT_EQ(promote(DType::i32, DType::i64), DType::i64);
+  EXPECT_EQ(promote(DType::i64, DType::f16), DType::f16);  // as PyTorch: a float beats any integer
+  EXPECT_EQ(promote(DType::f16, DType::f32), DType::f32);
+  EXPECT_EQ(promote(DType::boolean, DType::f16), DType::f16);
+  for (DType t : {DType::f16, DType::f32, DType::f64, DType::i32, DType::i64, DType::boolean}) {
+    EXPECT_EQ(parse_dtype(to_string(t)), t);
+    EXPECT_EQ(promote(t, t), t);
+  }
+  EXPECT_EQ(dtype_bytes(DType::f16), 2u);
+  EXPECT_EQ(dtype_bytes(DType::i64), 8u);
+  EXPECT_FALSE(parse_dtype("u8").has_value());
+  EXPECT_FALSE(parse_dtype("bf16").has_value());
 }
 
 // Row-major layouts are contiguous whatever a dim of extent 1 strides by; a tensor without elements has no

@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"function (I[N]) -> (O) {\n  O[i : N] = +(I[0.5*i]);\n}", "2:18", "rational coefficients"},
         ErrorCase{"function (I[N]) -> (O) {\n  O[i] = +(I[i]);\n}", "2:6", "has 1 output indices but 0 dims"},
         ErrorCase{"function (I[N]) -> (O) {\n  O[i : N] = +(I[i] - I[i]);\n}", "2:21", "expected ')' closing"},
-        ErrorCase{"function (I[N]) -> (O) {\n  O = cast(I, f16);\n}", "2:7", "cast takes a value and a dtype"},
+        ErrorCase{"function (I[N]) -> (O) {\n  O = cast(I, u8);\n}", "2:7", "cast takes a value and a dtype"},
         ErrorCase{"function (I[N]) -> (O) {\n  O = I @ I;\n}", "2:9", "unexpected character '@'"},
         ErrorCase{"function (I[N]) -> (O) {\n  O[i : N] = +(I[i]), i < 2.5;\n}", "2:27", "dim expressions are integers"},
         ErrorCase{"function (I[N]) -> (O) {\n  O[i : N] = +(I[i]) default Q;\n}", "2:30", "undefined tensor Q"},

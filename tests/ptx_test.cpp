@@ -104,6 +104,33 @@ TEST(PtxTest, GeneratedContractionsAssemble) {
   }
 }
 
+// f16 (loads widen to f32, every operation rounds to a half -- LLVM turns an f32 operation on widened halves
+// rounded back into the native mul.rn.f16, which is the same -- and contractions accumulate in f32) and
+// i64 (64-bit arithmetic, floor division) assemble for both architectures.
+TEST(PtxTest, HalfAndInt64ProgramsAssemble) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  const std::vector<std::pair<std::string, DType>> programs = {
+      {"function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }", DType::f16},
+      {"function (A[M, K], B[K, N]) -> (C) { T = A * 0.5 - A * A; C[i, j : M, N] = >(T[i, k] * B[k, j]); }", DType::f16},
+      {"function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }", DType::i64},
+      {"function (A[M, K], B[K, N]) -> (C) { C = A / 3 + A % 7 - abs(A); }", DType::i64},
+  };
+  for (const auto& [text, dtype] : programs) {
+    auto types = f32_types({{"A", {40, 24}}, {"B", {24, 40}}});
+    for (auto& [name, t] : types) t.dtype = dtype;
+    for (const char* arch : {"sm_80", "sm_90"}) {
+      Options o;
+      o.arch = arch;
+      Compiled c = compile(parse_program(text), types, o);
+      if (dtype == DType::f16) {
+        EXPECT_NE(c.bundle.ptx.find("ld.global.nc.b16"), std::string::npos) << text;  // halves in memory
+        EXPECT_NE(c.bundle.ptx.find("cvt.rn.f16.f32"), std::string::npos) << text;   // results rounded
+      }
+      expect_assembles(c, arch, text + " in " + to_string(dtype) + " for " + arch);
+    }
+  }
+}
+
 // The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.
 TEST(PtxTest, DeterministicAndRoundTrips) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");

@@ -105,7 +105,7 @@ Runs FILE.tile. Every input comes from a .npy file (--input), from a .npz archiv
 generated deterministically (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools;
 seeded by --seed and the input's name). Outputs named with --output are written as .npy; the others are printed.
 
-  --input NAME=FILE.npy        read input NAME (float32, float64, int32, bool; C order)
+  --input NAME=FILE.npy        read input NAME (float16, float32, float64, int32, int64, bool; C order)
   --inputs FILE.npz            read the inputs named by the arrays of a NumPy archive (np.savez or
                                np.savez_compressed: NAME.npy members)
   --random NAME=DIMS[:DTYPE]   generate input NAME, e.g. I=2x9x9x5 or K=2x2x5x7:f64
@@ -201,7 +201,7 @@ TensorType parse_shape_spec(const std::string& name, const std::string& spec) {
   auto colon = spec.find(':');
   if (colon != std::string::npos) {
     auto dt = parse_dtype(spec.substr(colon + 1));
-    if (!dt) user_error("input ", name, ": unknown dtype '", spec.substr(colon + 1), "' (f32, f64, i32, bool)");
+    if (!dt) user_error("input ", name, ": unknown dtype '", spec.substr(colon + 1), "' (", dtype_list(), ")");
     t.dtype = *dt;
     dims = spec.substr(0, colon);
   }
@@ -234,31 +234,30 @@ Buffer random_buffer(const TensorType& t, uint64_t seed, const std::string& name
     uint64_t r = next();
     double u = static_cast<double>(r >> 11) * 0x1.0p-53;
     switch (t.dtype) {
+      case DType::f16:
       case DType::f32:
       case DType::f64: b.set(i, 2 * u - 1); break;
-      case DType::i32: b.set(i, static_cast<double>(static_cast<int64_t>(r % 11) - 5)); break;
+      case DType::i32:
+      case DType::i64: b.set_int(i, static_cast<int64_t>(r % 11) - 5); break;
       case DType::boolean: b.set(i, static_cast<double>(r & 1)); break;
     }
   }
   return b;
 }
 
-std::string format_value(double v, DType t) {
+std::string format_element(const Buffer& b, int64_t i) {
+  const DType t = b.dtype();
+  if (t == DType::boolean) return b.get_int(i) ? "true" : "false";
+  if (is_integer(t)) return std::to_string(b.get_int(i));
   std::ostringstream os;
-  if (t == DType::boolean) {
-    os << (v != 0 ? "true" : "false");
-  } else if (t == DType::i32) {
-    os << static_cast<int64_t>(v);
-  } else {
-    os.precision(t == DType::f32 ? 7 : 15);
-    os << v;
-  }
+  os.precision(t == DType::f16 ? 5 : t == DType::f32 ? 7 : 15);
+  os << b.get(i);
   return os.str();
 }
 
 void print_buffer(std::ostream& out, const std::string& name, const Buffer& b, int64_t limit) {
   out << name << ": " << b.type_str() << " = [";
-  for (int64_t i = 0; i < b.size() && i < limit; ++i) out << (i ? ", " : "") << format_value(b.get(i), b.dtype());
+  for (int64_t i = 0; i < b.size() && i < limit; ++i) out << (i ? ", " : "") << format_element(b, i);
   if (b.size() > limit) out << ", ... (" << b.size() - limit << " more)";
   out << "]\n";
 }

@@ -61,6 +61,8 @@ DType dtype_of(int code, const std::string& tensor) {
     case POLYTILE_F64: return DType::f64;
     case POLYTILE_I32: return DType::i32;
     case POLYTILE_BOOL: return DType::boolean;
+    case POLYTILE_I64: return DType::i64;
+    case POLYTILE_F16: return DType::f16;
     default: user_error("tensor ", tensor, ": unknown dtype code ", code);
   }
 }
@@ -71,6 +73,8 @@ polytile_dtype code_of(DType d) {
     case DType::f64: return POLYTILE_F64;
     case DType::i32: return POLYTILE_I32;
     case DType::boolean: return POLYTILE_BOOL;
+    case DType::i64: return POLYTILE_I64;
+    case DType::f16: return POLYTILE_F16;
   }
   return POLYTILE_F32;
 }

@@ -52,9 +52,11 @@ bool is_identifier(const std::string& s) {
 
 const char* c_type(DType t) {
   switch (t) {
+    case DType::f16: return "uint16_t";  // IEEE binary16 bits (documented in the header)
     case DType::f32: return "float";
     case DType::f64: return "double";
     case DType::i32: return "int32_t";
+    case DType::i64: return "int64_t";
     case DType::boolean: return "bool";
   }
   throw InternalError("export: unknown dtype");

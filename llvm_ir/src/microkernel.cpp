@@ -157,8 +157,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           lanes_[c.output] = {b_.CreateLoad(vty, acc), t};
           const DType et = types_.tensors.at(e.output).dtype;
           Typed value = expr(e.expr, at);
-          Value* v = convert(value, et);
-          if (et == DType::boolean) v = b_.CreateZExt(v, widen(b_.getInt8Ty()));
+          Value* v = to_storage(et, convert(value, et));
           Value* addr = element_address(e.output, at);
           llvm::Align ealign(dtype_bytes(et));
           if (mask_) b_.CreateMaskedStore(v, addr, ealign, mask_);

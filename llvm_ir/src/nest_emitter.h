@@ -92,8 +92,12 @@ class NestEmitter {
   llvm::Type* storage_type(DType t);
   // Expressions are evaluated on scalars, or on vectors of width_ lanes (a micro-kernel's epilogue).
   llvm::Type* widen(llvm::Type* scalar) { return width_ ? llvm::FixedVectorType::get(scalar, width_) : scalar; }
-  llvm::Type* value_type(DType t) { return widen(t == DType::boolean ? b_.getInt1Ty() : storage_type(t)); }
+  // Values: bool is i1, f16 is an f32 that holds a half (loads widen it, stores narrow it exactly).
+  llvm::Type* value_type(DType t) {
+    return widen(t == DType::boolean ? b_.getInt1Ty() : t == DType::f16 ? b_.getFloatTy() : storage_type(t));
+  }
   Value* i32(int32_t v) { return llvm::ConstantInt::get(widen(b_.getInt32Ty()), static_cast<uint64_t>(static_cast<int64_t>(v)), true); }
+  Value* integer(int64_t v, DType t) { return llvm::ConstantInt::get(value_type(t), static_cast<uint64_t>(v), true); }
   Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
   // tensor[idx]. In a GPU kernel (on the device, and as the host runs it) the address is one GEP per
   // dimension, so that alias analysis sees each index's constant part (a register tile's rows and
@@ -104,21 +108,28 @@ class NestEmitter {
   Value* element_address(const std::string& tensor, const std::vector<Value*>& idx);
   Typed load_address(DType t, Value* addr);
   void store_address(DType t, Value* addr, Typed value);
+  // A loaded storage value (scalar or vector) as a value of dtype t, and back.
+  Value* from_storage(DType t, Value* v);
+  Value* to_storage(DType t, Value* v);
 
-  // round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
+  // round_to semantics of buffer.h: f16 and f32 round, i32 and i64 truncate and wrap (NaN -> 0), bool is != 0.
   Value* convert(Typed x, DType to);
+  Value* round_half(Value* f32);
+  Value* round_to_odd_f32(Value* f64);
   Typed constant(double v, DType t);
   Value* fn_call(const char* name, Typed x);
   Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args);
   Value* device_call(const char* name, const std::vector<Value*>& args);
 
-  // Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
+  // Floor division / modulo on i32 or i64 with x / 0 = 0 and MIN / -1 wrapping, as the interpreter does.
   Value* int_div(Value* x, Value* y, bool mod);
   Typed arith(BinaryOp op, Typed a, Typed b, DType t);
   Value* compare(BinaryOp op, Typed a, Typed b, DType t);
 
-  // An elementwise expression at output index `idx` (broadcasting like the interpreter).
+  // An elementwise expression at output index `idx` (broadcasting like the interpreter); f16 results of
+  // operations rounded to halves.
   Typed expr(const Expr& e, const std::vector<Value*>& idx);
+  Typed operation(const Expr& e, const std::vector<Value*>& idx);  // expr before that rounding
 
   // ------------------------------------------------------------------ statements
   Value* flat_index(const std::string& tensor, const std::vector<Value*>& idx);

@@ -3,28 +3,55 @@
 // elementwise expressions, on scalars or vectors.
 #include "nest_emitter.h"
 
+#include "polytile/buffer.h"
+
 namespace polytile::llvm_ir::internal {
 
 llvm::Type* NestEmitter::storage_type(DType t) {
   switch (t) {
+    case DType::f16: return b_.getHalfTy();
     case DType::f32: return b_.getFloatTy();
     case DType::f64: return b_.getDoubleTy();
     case DType::i32: return b_.getInt32Ty();
+    case DType::i64: return b_.getInt64Ty();
     case DType::boolean: return b_.getInt8Ty();
   }
   return nullptr;
 }
 
-Typed NestEmitter::load_address(DType t, Value* addr) {
-  Value* v = b_.CreateLoad(storage_type(t), addr);
-  if (t == DType::boolean) v = b_.CreateICmpNE(v, b_.getInt8(0));
-  return {v, t};
+Value* NestEmitter::from_storage(DType t, Value* v) {
+  if (t == DType::boolean) return b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+  if (t == DType::f16) return b_.CreateFPExt(v, v->getType()->getWithNewType(b_.getFloatTy()));
+  return v;
 }
 
-void NestEmitter::store_address(DType t, Value* addr, Typed value) {
-  Value* v = convert(value, t);
-  if (t == DType::boolean) v = b_.CreateZExt(v, b_.getInt8Ty());
-  b_.CreateStore(v, addr);
+Value* NestEmitter::to_storage(DType t, Value* v) {
+  if (t == DType::boolean) return b_.CreateZExt(v, v->getType()->getWithNewType(b_.getInt8Ty()));
+  if (t == DType::f16) return b_.CreateFPTrunc(v, v->getType()->getWithNewType(b_.getHalfTy()));  // exact: v is a half
+  return v;
+}
+
+Typed NestEmitter::load_address(DType t, Value* addr) { return {from_storage(t, b_.CreateLoad(storage_type(t), addr)), t}; }
+
+void NestEmitter::store_address(DType t, Value* addr, Typed value) { b_.CreateStore(to_storage(t, convert(value, t)), addr); }
+
+// The nearest half to each f32 value, as an f32 (F16C's vcvtps2ph and back on x86; cvt.rn.f16.f32 on NVPTX).
+Value* NestEmitter::round_half(Value* v) {
+  return b_.CreateFPExt(b_.CreateFPTrunc(v, v->getType()->getWithNewType(b_.getHalfTy())), v->getType());
+}
+
+// f64 -> f32 rounding to odd: truncate toward zero and set the last bit when inexact. Rounding that to a
+// half then rounds the f64 value correctly (f32 has more than 11 + 2 bits), where rounding to nearest
+// twice would not.
+Value* NestEmitter::round_to_odd_f32(Value* d) {
+  llvm::Type* fty = d->getType()->getWithNewType(b_.getFloatTy());
+  llvm::Type* ity = d->getType()->getWithNewType(b_.getInt32Ty());
+  Value* f = b_.CreateFPTrunc(d, fty);
+  Value* back = b_.CreateFPExt(f, d->getType());
+  Value* over = b_.CreateFCmpOGT(intrinsic(llvm::Intrinsic::fabs, {back}), intrinsic(llvm::Intrinsic::fabs, {d}));
+  Value* bits = b_.CreateSub(b_.CreateBitCast(f, ity), b_.CreateZExt(over, ity));
+  bits = b_.CreateOr(bits, b_.CreateZExt(b_.CreateFCmpONE(back, d), ity));
+  return b_.CreateBitCast(bits, fty);
 }
 
 Value* NestEmitter::element_address(const std::string& tensor, const std::vector<Value*>& idx) {
@@ -48,10 +75,14 @@ void NestEmitter::store_element(const std::string& tensor, const std::vector<Val
   store_address(types_.tensors.at(tensor).dtype, element_address(tensor, idx), value);
 }
 
-// round_to semantics of buffer.h: f32 rounds, i32 truncates and wraps (NaN -> 0), bool is != 0.
+// round_to semantics of buffer.h: f16 and f32 round, i32 and i64 truncate and wrap (NaN -> 0), bool is != 0.
 Value* NestEmitter::convert(Typed x, DType to) {
   if (x.t == to) return x.v;
   switch (to) {
+    case DType::f16:  // an f16 value is an f32 that holds a half
+      if (x.t == DType::f64) return round_half(round_to_odd_f32(x.v));
+      // Integers convert to f32 exactly up to 2^24, and beyond 65520 both roundings give infinity.
+      return round_half(convert(x, DType::f32));
     case DType::f32:
     case DType::f64: {
       llvm::Type* ty = value_type(to);
@@ -59,8 +90,24 @@ Value* NestEmitter::convert(Typed x, DType to) {
       if (x.t == DType::boolean) return b_.CreateUIToFP(x.v, ty);
       return b_.CreateSIToFP(x.v, ty);
     }
+    case DType::i64:
+      if (x.t == DType::boolean) return b_.CreateZExt(x.v, value_type(to));
+      if (x.t == DType::i32) return b_.CreateSExt(x.v, value_type(to));
+      {
+        // As for i32 below, modulo 2^64: r lies in [-2^63, 2^63] and is exact (at and above 2^64 a float is
+        // a multiple of 2^11); 2^63 wraps to -2^63 before the conversion, which would not take it.
+        llvm::Type* fty = x.v->getType();
+        Value* t = intrinsic(llvm::Intrinsic::trunc, {x.v});
+        Value* q = intrinsic(llvm::Intrinsic::round, {b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-64))});
+        Value* r = b_.CreateFSub(t, b_.CreateFMul(q, llvm::ConstantFP::get(fty, 0x1p64)));
+        r = b_.CreateSelect(b_.CreateFCmpOGE(r, llvm::ConstantFP::get(fty, 0x1p63)), llvm::ConstantFP::get(fty, -0x1p63), r);
+        Value* finite = b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x.v}), llvm::ConstantFP::getInfinity(fty));
+        r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
+        return b_.CreateFPToSI(r, value_type(to));
+      }
     case DType::i32:
       if (x.t == DType::boolean) return b_.CreateZExt(x.v, widen(b_.getInt32Ty()));
+      if (x.t == DType::i64) return b_.CreateTrunc(x.v, widen(b_.getInt32Ty()));
       {
         // trunc, then wrap modulo 2^32: r = t - 2^32 * round(t / 2^32) lies in [-2^31, 2^31] and is exact
         // in floating point (below 2^31 nothing changes; above, t is a multiple of 2^8 in f32, so r fits
@@ -83,9 +130,11 @@ Value* NestEmitter::convert(Typed x, DType to) {
 
 Typed NestEmitter::constant(double v, DType t) {
   switch (t) {
+    case DType::f16:
     case DType::f32:
-    case DType::f64: return {llvm::ConstantFP::get(value_type(t), v), t};
-    case DType::i32: return {i32(static_cast<int32_t>(v)), t};
+    case DType::f64: return {llvm::ConstantFP::get(value_type(t), round_to(t, v)), t};
+    case DType::i32: return {i32(static_cast<int32_t>(round_to(t, v))), t};
+    case DType::i64: return {integer(static_cast<int64_t>(round_to(t, v)), t), t};
     case DType::boolean: return {llvm::ConstantInt::get(value_type(t), v != 0 ? 1 : 0), t};
   }
   return {nullptr, t};
@@ -93,7 +142,7 @@ Typed NestEmitter::constant(double v, DType t) {
 
 Value* NestEmitter::fn_call(const char* name, Typed x) {
   if (device_) return device_call(name, {x.v});  // no libm on the device (kernels are scalar code)
-  bool f32 = x.t == DType::f32;
+  bool f32 = x.t == DType::f32 || x.t == DType::f16;  // f16 values are f32s
   llvm::Type* ty = x.v->getType()->getScalarType();
   llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
   if (!width_) return b_.CreateCall(callee, {x.v});
@@ -129,16 +178,17 @@ Value* NestEmitter::device_call(const char* name, const std::vector<Value*>& arg
   return b_.CreateCall(callee, args);
 }
 
-// Floor division / modulo on i32 with x / 0 = 0 and INT_MIN / -1 wrapping, as the interpreter does.
+// Floor division / modulo on i32 or i64 with x / 0 = 0 and MIN / -1 wrapping, as the interpreter does.
 Value* NestEmitter::int_div(Value* x, Value* y, bool mod) {
-  Value* zero = i32(0);
-  Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), i32(1), y);
-  Value* minus_one = b_.CreateICmpEQ(safe_y, i32(-1));
-  safe_y = b_.CreateSelect(minus_one, i32(1), safe_y);
+  auto c = [&](int64_t v) { return llvm::ConstantInt::get(x->getType(), static_cast<uint64_t>(v), true); };
+  Value* zero = c(0);
+  Value* safe_y = b_.CreateSelect(b_.CreateICmpEQ(y, zero), c(1), y);
+  Value* minus_one = b_.CreateICmpEQ(safe_y, c(-1));
+  safe_y = b_.CreateSelect(minus_one, c(1), safe_y);
   Value* q = b_.CreateSDiv(x, safe_y);
   Value* r = b_.CreateSRem(x, safe_y);
   Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(safe_y, zero)));
-  Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, widen(b_.getInt32Ty())));
+  Value* fq = b_.CreateSub(q, b_.CreateZExt(adjust, x->getType()));
   Value* fr = b_.CreateSelect(adjust, b_.CreateAdd(r, safe_y), r);
   Value* result = mod ? fr : fq;
   Value* by_minus_one = mod ? zero : b_.CreateNeg(x);
@@ -206,8 +256,16 @@ Value* NestEmitter::compare(BinaryOp op, Typed a, Typed b, DType t) {
   POLYTILE_CHECK(false, "not a comparison");
 }
 
-// An elementwise expression at output index `idx` (broadcasting like the interpreter).
+// An elementwise expression at output index `idx` (broadcasting like the interpreter). An operation whose
+// result is f16 computes in f32 and rounds to the nearest half (ir.h).
 Typed NestEmitter::expr(const Expr& e, const std::vector<Value*>& idx) {
+  Typed r = operation(e, idx);
+  const bool computed = e.kind() == Expr::Kind::unary || e.kind() == Expr::Kind::binary || e.kind() == Expr::Kind::call;
+  if (r.t == DType::f16 && computed) r.v = round_half(r.v);
+  return r;
+}
+
+Typed NestEmitter::operation(const Expr& e, const std::vector<Value*>& idx) {
   const auto& ts = types_.tensors;
   switch (e.kind()) {
     case Expr::Kind::tensor: {
@@ -231,8 +289,7 @@ Typed NestEmitter::expr(const Expr& e, const std::vector<Value*>& idx) {
         v = mask_ ? static_cast<Value*>(b_.CreateMaskedLoad(vty, addr, align, mask_, llvm::Constant::getNullValue(vty)))
                   : b_.CreateAlignedLoad(vty, addr, align);
       }
-      if (t == DType::boolean) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
-      return {v, t};
+      return {from_storage(t, v), t};
     }
     case Expr::Kind::literal: return constant(e.value(), DType::f64);  // exact; consumers convert
     case Expr::Kind::dim: return constant(static_cast<double>(types_.dims.at(e.name())), DType::f64);
@@ -281,13 +338,14 @@ Typed NestEmitter::expr(const Expr& e, const std::vector<Value*>& idx) {
   Typed x{convert(args[0], result), result};
   if (!is_float(result)) {  // integer versions
     Value* v = x.v;
+    Value* zero = llvm::Constant::getNullValue(v->getType());
     switch (fn) {
       case Intrinsic::abs: return {b_.CreateIntrinsic(llvm::Intrinsic::abs, {v->getType()}, {v, b_.getFalse()}), result};
       case Intrinsic::sign:
-        return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, i32(0)), widen(b_.getInt32Ty())),
-                             b_.CreateZExt(b_.CreateICmpSLT(v, i32(0)), widen(b_.getInt32Ty()))),
+        return {b_.CreateSub(b_.CreateZExt(b_.CreateICmpSGT(v, zero), v->getType()),
+                             b_.CreateZExt(b_.CreateICmpSLT(v, zero), v->getType())),
                 result};
-      case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, i32(0)}), result};
+      case Intrinsic::relu: return {intrinsic(llvm::Intrinsic::smax, {v, zero}), result};
       case Intrinsic::floor:
       case Intrinsic::ceil:
       case Intrinsic::round: return x;

@@ -23,7 +23,7 @@ from ._polytile import Error, InternalError, __version__
 
 __all__ = ["Program", "Compiled", "Error", "InternalError", "stages", "__version__"]
 
-_DTYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "bool": "bool"}
+_DTYPES = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "bool": "bool"}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
@@ -42,7 +42,7 @@ def _dtype_name(tensor, dtype):
     except TypeError:
         name = str(dtype).rsplit(".", 1)[-1]  # torch.float32 -> float32
     if name not in _NAMES:
-        raise Error(f"tensor {tensor}: dtype {name} is not one polytile computes in (f32, f64, i32, bool)")
+        raise Error(f"tensor {tensor}: dtype {name} is not one polytile computes in ({', '.join(_DTYPES)})")
     return _NAMES[name]
 
 

@@ -31,7 +31,7 @@ using PyType = std::pair<std::vector<int64_t>, std::string>;
 
 DType dtype_named(const std::string& tensor, const std::string& name) {
   std::optional<DType> d = parse_dtype(name);
-  if (!d) user_error("tensor ", tensor, ": unknown dtype '", name, "' (f32, f64, i32, bool)");
+  if (!d) user_error("tensor ", tensor, ": unknown dtype '", name, "' (", dtype_list(), ")");
   return *d;
 }
 
@@ -51,14 +51,16 @@ PyType py_type(const TensorType& t) { return {t.shape, to_string(t.dtype)}; }
 DType dtype_of(const std::string& role, const std::string& name, nb::dlpack::dtype d) {
   using code = nb::dlpack::dtype_code;
   if (d.lanes == 1) {
+    if (d.code == uint8_t(code::Float) && d.bits == 16) return DType::f16;
     if (d.code == uint8_t(code::Float) && d.bits == 32) return DType::f32;
     if (d.code == uint8_t(code::Float) && d.bits == 64) return DType::f64;
     if (d.code == uint8_t(code::Int) && d.bits == 32) return DType::i32;
+    if (d.code == uint8_t(code::Int) && d.bits == 64) return DType::i64;
     if (d.code == uint8_t(code::Bool) && d.bits == 8) return DType::boolean;
   }
   const char* kind = d.code == uint8_t(code::Float) ? "float" : d.code == uint8_t(code::Int) ? "int"
                      : d.code == uint8_t(code::UInt) ? "uint" : d.code == uint8_t(code::Bool) ? "bool" : "other";
-  user_error(role, " ", name, ": dtype ", kind, int(d.bits), " is not one polytile computes in (f32, f64, i32, bool)");
+  user_error(role, " ", name, ": dtype ", kind, int(d.bits), " is not one polytile computes in (", dtype_list(), ")");
 }
 
 // An array (anything with __dlpack__ or the buffer protocol) as a view of its memory, checked to be on
@@ -145,10 +147,15 @@ nb::object array_of(Buffer buffer) {
   auto* owned = new Buffer(std::move(buffer));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<Buffer*>(p); });
   std::vector<size_t> shape(owned->shape().begin(), owned->shape().end());
-  nb::dlpack::dtype d = owned->dtype() == DType::f32   ? nb::dtype<float>()
-                        : owned->dtype() == DType::f64 ? nb::dtype<double>()
-                        : owned->dtype() == DType::i32 ? nb::dtype<int32_t>()
-                                                       : nb::dtype<bool>();
+  nb::dlpack::dtype d = nb::dtype<bool>();
+  switch (owned->dtype()) {
+    case DType::f16: d = {uint8_t(nb::dlpack::dtype_code::Float), 16, 1}; break;
+    case DType::f32: d = nb::dtype<float>(); break;
+    case DType::f64: d = nb::dtype<double>(); break;
+    case DType::i32: d = nb::dtype<int32_t>(); break;
+    case DType::i64: d = nb::dtype<int64_t>(); break;
+    case DType::boolean: break;
+  }
   return nb::ndarray<nb::numpy>(owned->data(), shape.size(), shape.data(), owner, nullptr, d).cast();
 }
 

@@ -96,14 +96,14 @@ def test_every_stage_is_the_command_lines():
     assert "domain: { S_O[n, y, x, co, j, i, ci]" in conv.lower("isl", **shapes)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 def test_matmul_matches_numpy(dtype):
     A = (rng(1).standard_normal((37, 19)) * 4).astype(dtype)
     B = (rng(2).standard_normal((19, 23)) * 4).astype(dtype)
     f = polytile.Program(MATMUL).compile(A=A, B=B)
     C = f(A, B)
     assert isinstance(C, np.ndarray) and C.dtype == np.dtype(dtype) and C.shape == (37, 23)
-    if dtype == "int32":
+    if dtype.startswith("int"):
         np.testing.assert_array_equal(C, A @ B)
     else:
         np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-4)
@@ -174,6 +174,32 @@ def test_dlpack_in_and_out():
     R = polytile.Program(MATMUL).interpret(A, B)
     assert R.flags.owndata is False and R.base is not None
     np.testing.assert_allclose(R, A @ B)
+
+
+def test_int64_and_float16_arrays_in_place():
+    # numpy's default integers: exact beyond 2^53, wrapping like numpy's own int64 arithmetic.
+    A = np.array([2**62 + 3, -(2**63), 2**53 + 1, -7], dtype=np.int64)
+    B = np.array([5, -1, 3, 2], dtype=np.int64)
+    f = polytile.Program("function (A[N], B[N]) -> (O) { O = A * B + A; }").compile(A=A, B=B)
+    O = np.empty_like(A)
+    f(A, B, out=O)
+    assert f.last_binding["A"] == A.ctypes.data and f.last_binding["O"] == O.ctypes.data
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(O, A * B + A)
+    # Half precision: elementwise operations are IEEE half arithmetic (numpy's float16 too); a matmul
+    # accumulates in f32 and rounds once.
+    X = rng(3).standard_normal(64).astype(np.float16)
+    Y = rng(4).standard_normal(64).astype(np.float16)
+    g = polytile.Program("function (X[N], Y[N]) -> (O) { O = X * Y - X / Y; }").compile(X=X, Y=Y)
+    H = g(X, Y)
+    assert H.dtype == np.float16 and g.last_binding["X"] == X.ctypes.data
+    np.testing.assert_array_equal(H, X * Y - X / Y)
+    M = rng(5).standard_normal((16, 300)).astype(np.float16)
+    N = rng(6).standard_normal((300, 8)).astype(np.float16)
+    C = polytile.Program(MATMUL).compile(A=M, B=N)(M, N)
+    assert C.dtype == np.float16
+    want = (M.astype(np.float64) @ N.astype(np.float64)).astype(np.float16)
+    np.testing.assert_allclose(C.astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=2e-3)
 
 
 def test_torch_tensors_in_place():
@@ -259,7 +285,8 @@ def test_user_errors_are_polytile_errors_naming_the_object(tmp_path):
     assert "input B" in error(lambda: f(A, np.ones((3, 5), np.float32)))
     assert "not contiguous" in error(lambda: f(A, np.asfortranarray(B)))
     msg = error(lambda: f(A.astype(np.int64), B))
-    assert "input A" in msg and "int64" in msg
+    assert "input A" in msg and "i64" in msg
+    assert "uint8 is not one polytile computes in" in error(lambda: f(A.astype(np.uint8), B))
     assert "got list" in error(lambda: f([[1.0] * 3] * 2, B))
     readonly = np.empty((2, 4), np.float32)
     readonly.flags.writeable = False
@@ -278,7 +305,7 @@ def test_user_errors_are_polytile_errors_naming_the_object(tmp_path):
     assert "needs the dtype and shape" in error(lambda: p.lower("loops"))
     assert "unknown gradient mode 'sideways'" in error(lambda: p.grad(mode="sideways"))
     assert "unknown target 'tpu'" in error(lambda: p.compile(target="tpu", A=A, B=B))
-    assert "tensor A" in error(lambda: p.compile(A=((2, 3), "f16"), B=B))
+    assert "tensor A" in error(lambda: p.compile(A=((2, 3), "u8"), B=B))
     assert "tensor A" in error(lambda: p.compile(A="not a type", B=B))
     assert "B" in error(lambda: p.compile(A=A))
     assert "K" in error(lambda: p.compile(A=A, B=np.ones((4, 4), np.float32)))

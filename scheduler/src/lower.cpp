@@ -56,6 +56,8 @@ Lowered lower(const Program& source, const std::map<std::string, TensorType>& in
   out.defracted = p;
   p = lower_cond_misses(p, verify ? &inputs : nullptr);
   types = carry_types(types, p, inputs, verify, "cond-miss lowering");
+  p = widen_half_contractions(p, types);
+  types = carry_types(types, p, inputs, verify, "half widening");
   p = broadcasts_to_elementwise(p, types, verify);
   types = carry_types(types, p, inputs, verify, "broadcast lowering");
   Program unfused = p;

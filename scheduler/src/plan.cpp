@@ -141,7 +141,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
                                           bool allow_transpose) {
   if (c.aggregation != AggregationOp::sum || c.combination != CombinationOp::mul || c.inputs.size() != 2) return std::nullopt;
   const DType t = types.tensors.at(c.output).dtype;
-  if (!is_float(t)) return std::nullopt;
+  if (t != DType::f32 && t != DType::f64) return std::nullopt;
   for (const auto& a : c.inputs)
     if (types.tensors.at(a.tensor).dtype != t) return std::nullopt;
   std::vector<Polynomial> out = bound(c.output_indices, types.dims);

@@ -22,7 +22,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
     return false;
   if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul) return false;
   const DType t = types.tensors.at(c.output).dtype;
-  if (!is_float(t)) return false;
+  if (t != DType::f32 && t != DType::f64) return false;
   for (const auto& in : c.inputs)
     if (types.tensors.at(in.tensor).dtype != t) return false;
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;

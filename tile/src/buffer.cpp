@@ -1,7 +1,9 @@
 #include "polytile/buffer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include <unistd.h>
@@ -10,11 +12,51 @@
 
 namespace polytile {
 
+uint16_t half_from_double(double v) {
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  if (std::isnan(v)) return 0x7e00;
+  double a = std::fabs(v);
+  if (a >= 65520.0) return sign | 0x7c00;  // 65504 + half an ulp and beyond round to infinity
+  // a = m * 2^e with m in [0.5, 1): the half's ulp is 2^(e - 11) for normal halves (exponent e - 1 >= -14),
+  // 2^-24 for subnormals. Scaling by powers of two is exact, and nearbyint rounds ties to even.
+  int e = 0;
+  std::frexp(a, &e);
+  const int ulp = std::max(e - 11, -24);
+  const double units = std::nearbyint(std::ldexp(a, -ulp));  // the value in ulps, at most 2048
+  if (units == 0) return sign;
+  int64_t u = static_cast<int64_t>(units);
+  int exponent = ulp + 25;  // biased exponent of a normal half whose ulp is 2^ulp
+  if (u >= 2048) {          // rounded up to the next power of two
+    u >>= 1;
+    ++exponent;
+  }
+  if (u < 1024) return static_cast<uint16_t>(sign | u);  // subnormal (exponent field 0)
+  return static_cast<uint16_t>(sign | (exponent << 10) | (u - 1024));
+}
+
+double half_to_double(uint16_t bits) {
+  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1f;
+  const int mantissa = bits & 0x3ff;
+  if (exponent == 0x1f) return mantissa ? std::numeric_limits<double>::quiet_NaN() : sign * HUGE_VAL;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  return sign * std::ldexp(mantissa + 1024, exponent - 25);
+}
+
 double round_to(DType dtype, double v) {
   switch (dtype) {
     case DType::f64: return v;
     case DType::f32: return static_cast<double>(static_cast<float>(v));
+    case DType::f16: return half_to_double(half_from_double(v));
     case DType::boolean: return v != 0 ? 1.0 : 0.0;
+    case DType::i64: {
+      if (!std::isfinite(v)) return 0;
+      // fmod is exact; m in (-2^64, 2^64) moves into [-2^63, 2^63) exactly (within a factor of two of 2^64).
+      double m = std::fmod(std::trunc(v), 18446744073709551616.0);
+      if (m >= 9223372036854775808.0) m -= 18446744073709551616.0;
+      if (m < -9223372036854775808.0) m += 18446744073709551616.0;
+      return m;
+    }
     case DType::i32: {
       if (!std::isfinite(v)) return 0;
       double t = std::trunc(v);
@@ -62,10 +104,36 @@ double Buffer::get(int64_t i) const {
   switch (dtype_) {
     case DType::f64: { double v; std::memcpy(&v, p + 8 * i, 8); return v; }
     case DType::f32: { float v; std::memcpy(&v, p + 4 * i, 4); return v; }
-    case DType::i32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
-    case DType::boolean: return p[i] ? 1.0 : 0.0;
+    case DType::f16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); return half_to_double(v); }
+    case DType::i32:
+    case DType::i64:
+    case DType::boolean: return static_cast<double>(get_int(i));
   }
   return 0;
+}
+
+int64_t Buffer::get_int(int64_t i) const {
+  POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
+  const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+  switch (dtype_) {
+    case DType::i64: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
+    case DType::i32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case DType::boolean: return p[i] ? 1 : 0;
+    default: break;
+  }
+  POLYTILE_CHECK(false, "get_int of a ", type_str(), " buffer");
+}
+
+void Buffer::set_int(int64_t i, int64_t value) {
+  POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
+  auto* p = reinterpret_cast<unsigned char*>(words_.data());
+  switch (dtype_) {
+    case DType::i64: std::memcpy(p + 8 * i, &value, 8); return;
+    case DType::i32: { auto x = static_cast<int32_t>(static_cast<uint32_t>(value)); std::memcpy(p + 4 * i, &x, 4); return; }
+    case DType::boolean: p[i] = value != 0; return;
+    default: break;
+  }
+  POLYTILE_CHECK(false, "set_int of a ", type_str(), " buffer");
 }
 
 void Buffer::set(int64_t i, double value) {
@@ -75,8 +143,10 @@ void Buffer::set(int64_t i, double value) {
   switch (dtype_) {
     case DType::f64: std::memcpy(p + 8 * i, &v, 8); break;
     case DType::f32: { float f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); break; }
-    case DType::i32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p + 4 * i, &x, 4); break; }
-    case DType::boolean: p[i] = v != 0; break;
+    case DType::f16: { uint16_t h = half_from_double(v); std::memcpy(p + 2 * i, &h, 2); break; }
+    case DType::i32:
+    case DType::i64:
+    case DType::boolean: set_int(i, static_cast<int64_t>(v)); break;  // v is already an in-range integer
   }
 }
 
@@ -95,9 +165,14 @@ std::string Buffer::type_str() const {
 Difference difference(const Buffer& got, const Buffer& want) {
   POLYTILE_CHECK(got.size() == want.size(), "difference of ", got.type_str(), " and ", want.type_str());
   Difference d;
-  const bool exact = got.dtype() != DType::f32 && got.dtype() != DType::f64;
+  const bool exact = !is_float(got.dtype());
   double diff = 0, norm = 0;
   for (int64_t i = 0; i < want.size(); ++i) {
+    if (exact && !is_float(want.dtype())) {  // integers compare exactly (i64 beyond 2^53 too)
+      diff += got.get_int(i) != want.get_int(i);
+      norm += 1;
+      continue;
+    }
     const double g = got.get(i), w = want.get(i);
     if (std::isnan(w)) continue;
     if (std::isnan(g)) {

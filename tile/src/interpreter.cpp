@@ -241,22 +241,95 @@ bool eliminate_bounds(const std::vector<Row>& rows, size_t target, const std::st
   return lo <= hi;
 }
 
-// Integer arithmetic is exact: i32 values are at most 2^31 in magnitude, so their sums and products fit
-// int64 exactly (a double would round them), and wrapping the exact result is i32 arithmetic.
-double wrap_i32(int64_t v) { return static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)))); }
-double add_exact(DType t, double a, double b) {
-  return is_float(t) ? a + b : wrap_i32(static_cast<int64_t>(a) + static_cast<int64_t>(b));
-}
-double mul_exact(DType t, double a, double b) {
-  return is_float(t) ? a * b : wrap_i32(static_cast<int64_t>(a) * static_cast<int64_t>(b));
+// Values. Num holds every value of every dtype exactly: doubles (and so f16 and f32) and i64 alike (a long
+// double has a 64-bit significand on the targets polytile builds for). Float arithmetic computes in double
+// and rounds to the operation's dtype (f16 and f32 are then exactly IEEE: a double holds their sums,
+// products and quotients well enough that rounding once more is exact); integer arithmetic computes in
+// int64 and wraps to the dtype's width.
+static_assert(std::numeric_limits<long double>::digits >= 64, "the interpreter holds i64 values in a long double");
+using Num = long double;
+
+constexpr Num kTwo63 = 9223372036854775808.0L;
+constexpr Num kTwo64 = 18446744073709551616.0L;
+
+int64_t wrap(DType t, int64_t v) { return t == DType::i32 ? static_cast<int32_t>(static_cast<uint32_t>(v)) : v; }
+
+// buffer.h's round_to, exactly for every dtype.
+Num round_num(DType t, Num v) {
+  switch (t) {
+    case DType::f64: return static_cast<double>(v);
+    case DType::f32: return static_cast<float>(v);
+    case DType::f16: return round_to(DType::f16, static_cast<double>(v));  // beyond 2^53, both give infinity
+    case DType::boolean: return v != 0 ? 1 : 0;
+    case DType::i32:
+    case DType::i64: {
+      if (!std::isfinite(v)) return 0;
+      Num m = std::trunc(v);
+      if (m >= kTwo63 || m < -kTwo63) {  // wrap modulo 2^64 first (fmodl is exact)
+        m = std::fmod(m, kTwo64);
+        if (m >= kTwo63) m -= kTwo64;
+        if (m < -kTwo63) m += kTwo64;
+      }
+      return static_cast<Num>(wrap(t, static_cast<int64_t>(m)));
+    }
+  }
+  return 0;
 }
 
-double combine(CombinationOp op, DType t, const double* v) {
+Num load(const Buffer& b, int64_t flat) {
+  return is_float(b.dtype()) ? static_cast<Num>(b.get(flat)) : static_cast<Num>(b.get_int(flat));
+}
+
+void store(Buffer& b, int64_t flat, Num v) {
+  v = round_num(b.dtype(), v);
+  if (is_float(b.dtype())) {
+    b.set(flat, static_cast<double>(v));
+  } else {
+    b.set_int(flat, static_cast<int64_t>(v));
+  }
+}
+
+// Integer operands are in their dtype's range (rounded by round_num); the unsigned arithmetic wraps.
+int64_t as_int(Num v) { return static_cast<int64_t>(v); }
+Num int_result(DType t, uint64_t v) { return static_cast<Num>(wrap(t, static_cast<int64_t>(v))); }
+
+Num add_exact(DType t, Num a, Num b) {
+  if (is_float(t)) return static_cast<double>(a) + static_cast<double>(b);
+  return int_result(t, static_cast<uint64_t>(as_int(a)) + static_cast<uint64_t>(as_int(b)));
+}
+Num sub_exact(DType t, Num a, Num b) {
+  if (is_float(t)) return static_cast<double>(a) - static_cast<double>(b);
+  return int_result(t, static_cast<uint64_t>(as_int(a)) - static_cast<uint64_t>(as_int(b)));
+}
+Num mul_exact(DType t, Num a, Num b) {
+  if (is_float(t)) return static_cast<double>(a) * static_cast<double>(b);
+  return int_result(t, static_cast<uint64_t>(as_int(a)) * static_cast<uint64_t>(as_int(b)));
+}
+// Floor division and modulo (Python's); x / 0 = 0, x % 0 = 0; the most negative value / -1 wraps.
+Num int_div(DType t, Num a, Num b, bool mod) {
+  const int64_t x = as_int(a), y = as_int(b);
+  if (y == 0) return 0;
+  if (y == -1) return mod ? 0 : int_result(t, 0 - static_cast<uint64_t>(x));
+  int64_t q = x / y, r = x % y;
+  if (r != 0 && ((r < 0) != (y < 0))) {
+    --q;
+    r += y;
+  }
+  return static_cast<Num>(mod ? r : q);
+}
+
+// The type a contraction combines in: the inputs' promoted type (bool arithmetic in i32), f16 in f32.
+DType combination_type(DType t) {
+  if (t == DType::boolean) return DType::i32;
+  return t == DType::f16 ? DType::f32 : t;
+}
+
+Num combine(CombinationOp op, DType t, const Num* v) {
   switch (op) {
     case CombinationOp::none: return v[0];
-    case CombinationOp::mul: return round_to(t, mul_exact(t, round_to(t, v[0]), round_to(t, v[1])));
-    case CombinationOp::add: return round_to(t, add_exact(t, round_to(t, v[0]), round_to(t, v[1])));
-    case CombinationOp::eq: return v[0] == v[1] ? 1.0 : 0.0;
+    case CombinationOp::mul: return round_num(t, mul_exact(t, round_num(t, v[0]), round_num(t, v[1])));
+    case CombinationOp::add: return round_num(t, add_exact(t, round_num(t, v[0]), round_num(t, v[1])));
+    case CombinationOp::eq: return round_num(t, v[0]) == round_num(t, v[1]) ? 1 : 0;
     case CombinationOp::cond: return v[2];
   }
   return 0;
@@ -264,26 +337,27 @@ double combine(CombinationOp op, DType t, const double* v) {
 
 struct Accumulator {
   AggregationOp op;
-  bool integer = false;  // i32 output: sums and products wrap exactly
-  double identity() const {
+  DType type;  // sums and products of integers wrap exactly; of floats they are taken in double
+  Num identity() const {
     switch (op) {
       case AggregationOp::sum: return 0;
       case AggregationOp::product: return 1;
-      case AggregationOp::max: return -std::numeric_limits<double>::infinity();
-      case AggregationOp::min: return std::numeric_limits<double>::infinity();
+      case AggregationOp::max: return -std::numeric_limits<Num>::infinity();
+      case AggregationOp::min: return std::numeric_limits<Num>::infinity();
       case AggregationOp::assign: return 0;
     }
     return 0;
   }
-  double apply(double acc, double v) const {
+  Num apply(Num acc, Num v) const {
+    const DType t = is_float(type) ? DType::f64 : type;
     switch (op) {
-      case AggregationOp::sum: return integer ? add_exact(DType::i32, acc, v) : acc + v;
-      case AggregationOp::product: return integer ? mul_exact(DType::i32, acc, v) : acc * v;
+      case AggregationOp::sum: return add_exact(t, acc, v);
+      case AggregationOp::product: return mul_exact(t, acc, v);
       case AggregationOp::max:
-        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<double>::quiet_NaN();
+        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<Num>::quiet_NaN();
         return v > acc ? v : acc;
       case AggregationOp::min:
-        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<double>::quiet_NaN();
+        if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<Num>::quiet_NaN();
         return v < acc ? v : acc;
       case AggregationOp::assign: return v;
     }
@@ -330,20 +404,21 @@ class ContractionRunner {
       constraint_rows_.push_back(
           make_row(k.poly.bind_dims(dims), vars_, k.bound.evaluate(dims), "constraint " + k.str(), /*integral=*/false));
     combo_type_ = out_type_.dtype;
-    if (c.combination == CombinationOp::mul || c.combination == CombinationOp::add)
-      combo_type_ = promote(promote(inputs_[0]->dtype(), inputs_[1]->dtype()), DType::i32);
+    if (c.combination == CombinationOp::mul || c.combination == CombinationOp::add ||
+        c.combination == CombinationOp::eq || c.combination == CombinationOp::cond)
+      combo_type_ = combination_type(promote(inputs_[0]->dtype(), inputs_[1]->dtype()));
     if (c.init) init_ = &env.at(*c.init);
   }
 
   Buffer run() {
     Buffer out(out_type_.dtype, out_type_.shape);
     const int64_t n = out.size();
-    acc_.assign(n, Accumulator{c_.aggregation}.identity());
+    acc_.assign(n, Accumulator{c_.aggregation, out_type_.dtype}.identity());
     written_.assign(n, 0);
     if (init_) {
       // The default seeds the accumulator as a value of the output's dtype (an f64 default of a bool min is
       // true or false before anything is compared with it).
-      for (int64_t e = 0; e < n; ++e) acc_[e] = round_to(out_type_.dtype, init_->get(broadcast_index(e, *init_)));
+      for (int64_t e = 0; e < n; ++e) acc_[e] = round_num(out_type_.dtype, load(*init_, broadcast_index(e, *init_)));
     }
     if (c_.aggregation == AggregationOp::assign) first_writer_.assign(n, {});
 
@@ -393,7 +468,7 @@ class ContractionRunner {
       }
     }
 
-    for (int64_t e = 0; e < n; ++e) out.set(e, (written_[e] || init_) ? acc_[e] : 0.0);
+    for (int64_t e = 0; e < n; ++e) store(out, e, (written_[e] || init_) ? acc_[e] : 0);
     return out;
   }
 
@@ -436,14 +511,14 @@ class ContractionRunner {
       row_value(out_rows_[k], x, v);
       flat = flat * out_type_.shape[k] + v;
     }
-    double vals[3];
+    Num vals[3];
     for (size_t i = 0; i < inputs_.size(); ++i) {
       int64_t f = 0;
       for (size_t k = 0; k < in_rows_[i].size(); ++k) {
         row_value(in_rows_[i][k], x, v);
         f = f * inputs_[i]->shape()[k] + v;
       }
-      vals[i] = inputs_[i]->get(f);
+      vals[i] = load(*inputs_[i], f);
     }
     if (c_.aggregation == AggregationOp::assign) {
       // Two valid points may not target one element, whatever a cond decides at run time: the rule is
@@ -454,10 +529,11 @@ class ContractionRunner {
                    "); use an aggregation such as + or > if that is intended");
       first_writer_[flat] = x;
     }
-    if (c_.combination == CombinationOp::cond && vals[0] != vals[1]) return;
-    double value = combine(c_.combination, combo_type_, vals);
-    const bool integer = out_type_.dtype == DType::i32;
-    acc_[flat] = Accumulator{c_.aggregation, integer}.apply(acc_[flat], integer ? round_to(DType::i32, value) : value);
+    if (c_.combination == CombinationOp::cond && round_num(combo_type_, vals[0]) != round_num(combo_type_, vals[1])) return;
+    // The output's dtype holds each term (f16 terms stay f32: the accumulation rounds once, in store()).
+    const DType term_type = out_type_.dtype == DType::f16 ? DType::f32 : out_type_.dtype;
+    const Num value = round_num(term_type, combine(c_.combination, combo_type_, vals));
+    acc_[flat] = Accumulator{c_.aggregation, out_type_.dtype}.apply(acc_[flat], value);
     written_[flat] = 1;
   }
 
@@ -471,14 +547,14 @@ class ContractionRunner {
   const Buffer* init_ = nullptr;
   std::vector<int64_t> lo_, hi_;
   std::vector<std::vector<const Row*>> rows_at_depth_;
-  std::vector<double> acc_;
+  std::vector<Num> acc_;
   std::vector<char> written_;
   std::vector<std::vector<int64_t>> first_writer_;
 };
 
 // ------------------------------------------------------------------------------------------ elementwise
 
-double sign_of(double v) { return v > 0 ? 1.0 : (v < 0 ? -1.0 : (std::isnan(v) ? v : 0.0)); }
+Num sign_of(Num v) { return v > 0 ? 1 : (v < 0 ? -1 : (std::isnan(v) ? v : 0)); }
 
 // An elementwise expression annotated with types and resolved tensors, evaluated per output element.
 struct TypedExpr {
@@ -486,7 +562,7 @@ struct TypedExpr {
   DType type;          // result type
   DType operand_type;  // type operands are converted to before the operation
   const Buffer* tensor = nullptr;
-  double constant = 0;
+  Num constant = 0;
   std::vector<TypedExpr> args;
 };
 
@@ -500,7 +576,7 @@ TypedExpr annotate(const Expr& e, const ProgramTypes& types, const TensorMap& en
   switch (e.kind()) {
     case Expr::Kind::tensor: t.tensor = &env.at(e.name()); break;
     case Expr::Kind::literal: t.constant = e.value(); break;
-    case Expr::Kind::dim: t.constant = static_cast<double>(types.dims.at(e.name())); break;
+    case Expr::Kind::dim: t.constant = static_cast<Num>(types.dims.at(e.name())); break;
     case Expr::Kind::binary:
     case Expr::Kind::call:
       if (e.kind() == Expr::Kind::call && e.intrinsic() == Intrinsic::cast) {
@@ -525,20 +601,14 @@ TypedExpr annotate(const Expr& e, const ProgramTypes& types, const TensorMap& en
   return t;
 }
 
-double eval_binary(BinaryOp op, DType t, double a, double b) {
-  bool integer = !is_float(t);
+Num eval_binary(BinaryOp op, DType t, Num a, Num b) {
   switch (op) {
-    case BinaryOp::add: return a + b;
-    case BinaryOp::sub: return a - b;
-    case BinaryOp::mul: return integer ? mul_exact(DType::i32, a, b) : a * b;
-    case BinaryOp::div:
-      if (!integer) return a / b;
-      if (b == 0) return 0;
-      return std::floor(a / b);
+    case BinaryOp::add: return add_exact(t, a, b);
+    case BinaryOp::sub: return sub_exact(t, a, b);
+    case BinaryOp::mul: return mul_exact(t, a, b);
+    case BinaryOp::div: return is_float(t) ? static_cast<double>(a) / static_cast<double>(b) : int_div(t, a, b, false);
     case BinaryOp::mod:
-      if (!integer) return std::fmod(a, b);
-      if (b == 0) return 0;
-      return a - b * std::floor(a / b);
+      return is_float(t) ? std::fmod(static_cast<double>(a), static_cast<double>(b)) : int_div(t, a, b, true);
     case BinaryOp::eq: return a == b;
     case BinaryOp::ne: return a != b;
     case BinaryOp::lt: return a < b;
@@ -551,34 +621,36 @@ double eval_binary(BinaryOp op, DType t, double a, double b) {
   return 0;
 }
 
-double eval_call(Intrinsic fn, const double* a) {
+// Intrinsics on values of their operand type: exact ones in Num (integers stay exact), the others in double.
+Num eval_call(Intrinsic fn, const Num* a) {
+  const double x = static_cast<double>(a[0]);
   switch (fn) {
     case Intrinsic::abs: return std::fabs(a[0]);
     case Intrinsic::sign: return sign_of(a[0]);
-    case Intrinsic::exp: return std::exp(a[0]);
-    case Intrinsic::log: return std::log(a[0]);
-    case Intrinsic::sqrt: return std::sqrt(a[0]);
-    case Intrinsic::pow: return std::pow(a[0], a[1]);
-    case Intrinsic::sin: return std::sin(a[0]);
-    case Intrinsic::cos: return std::cos(a[0]);
-    case Intrinsic::tan: return std::tan(a[0]);
-    case Intrinsic::asin: return std::asin(a[0]);
-    case Intrinsic::acos: return std::acos(a[0]);
-    case Intrinsic::atan: return std::atan(a[0]);
-    case Intrinsic::sinh: return std::sinh(a[0]);
-    case Intrinsic::cosh: return std::cosh(a[0]);
-    case Intrinsic::tanh: return std::tanh(a[0]);
-    case Intrinsic::erf: return std::erf(a[0]);
-    case Intrinsic::sigmoid: return 1.0 / (1.0 + std::exp(-a[0]));
-    case Intrinsic::relu: return a[0] > 0 ? a[0] : (std::isnan(a[0]) ? a[0] : 0.0);
+    case Intrinsic::exp: return std::exp(x);
+    case Intrinsic::log: return std::log(x);
+    case Intrinsic::sqrt: return std::sqrt(x);
+    case Intrinsic::pow: return std::pow(x, static_cast<double>(a[1]));
+    case Intrinsic::sin: return std::sin(x);
+    case Intrinsic::cos: return std::cos(x);
+    case Intrinsic::tan: return std::tan(x);
+    case Intrinsic::asin: return std::asin(x);
+    case Intrinsic::acos: return std::acos(x);
+    case Intrinsic::atan: return std::atan(x);
+    case Intrinsic::sinh: return std::sinh(x);
+    case Intrinsic::cosh: return std::cosh(x);
+    case Intrinsic::tanh: return std::tanh(x);
+    case Intrinsic::erf: return std::erf(x);
+    case Intrinsic::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case Intrinsic::relu: return a[0] > 0 ? a[0] : (std::isnan(a[0]) ? a[0] : 0);
     case Intrinsic::floor: return std::floor(a[0]);
     case Intrinsic::ceil: return std::ceil(a[0]);
     case Intrinsic::round: return std::round(a[0]);
     case Intrinsic::max:
-      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<double>::quiet_NaN();
+      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<Num>::quiet_NaN();
       return std::max(a[0], a[1]);
     case Intrinsic::min:
-      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<double>::quiet_NaN();
+      if (std::isnan(a[0]) || std::isnan(a[1])) return std::numeric_limits<Num>::quiet_NaN();
       return std::min(a[0], a[1]);
     case Intrinsic::ident:
     case Intrinsic::cast: return a[0];
@@ -587,7 +659,7 @@ double eval_call(Intrinsic fn, const double* a) {
   return 0;
 }
 
-double evaluate(const TypedExpr& t, const std::vector<int64_t>& idx) {
+Num evaluate(const TypedExpr& t, const std::vector<int64_t>& idx) {
   const Expr& e = t.expr;
   switch (e.kind()) {
     case Expr::Kind::tensor: {
@@ -595,27 +667,29 @@ double evaluate(const TypedExpr& t, const std::vector<int64_t>& idx) {
       size_t off = idx.size() - b.rank();
       int64_t f = 0;
       for (size_t k = 0; k < b.rank(); ++k) f = f * b.shape()[k] + (b.shape()[k] == 1 ? 0 : idx[off + k]);
-      return b.get(f);
+      return load(b, f);
     }
     case Expr::Kind::literal:
     case Expr::Kind::dim: return t.constant;  // weak: rounded by the operation that consumes it
     case Expr::Kind::unary: {
-      double a = round_to(t.operand_type, evaluate(t.args[0], idx));
-      return round_to(t.type, e.unary_op() == UnaryOp::neg ? -a : (a == 0 ? 1.0 : 0.0));
+      Num a = round_num(t.operand_type, evaluate(t.args[0], idx));
+      if (e.unary_op() == UnaryOp::neg)  // -(0.0) is -0.0; the most negative integer wraps to itself
+        return round_num(t.type, is_float(t.operand_type) ? -a : sub_exact(t.operand_type, 0, a));
+      return a == 0 ? 1 : 0;
     }
     case Expr::Kind::binary: {
-      double a = round_to(t.operand_type, evaluate(t.args[0], idx));
-      double b = round_to(t.operand_type, evaluate(t.args[1], idx));
-      return round_to(t.type, eval_binary(e.binary_op(), t.operand_type, a, b));
+      Num a = round_num(t.operand_type, evaluate(t.args[0], idx));
+      Num b = round_num(t.operand_type, evaluate(t.args[1], idx));
+      return round_num(t.type, eval_binary(e.binary_op(), t.operand_type, a, b));
     }
     case Expr::Kind::call: {
-      double a[3] = {0, 0, 0};
+      Num a[3] = {0, 0, 0};
       for (size_t i = 0; i < t.args.size(); ++i) {
         a[i] = evaluate(t.args[i], idx);
         bool is_condition = e.intrinsic() == Intrinsic::select && i == 0;
-        if (!is_condition) a[i] = round_to(t.operand_type, a[i]);
+        if (!is_condition) a[i] = round_num(t.operand_type, a[i]);
       }
-      return round_to(t.type, eval_call(e.intrinsic(), a));
+      return round_num(t.type, eval_call(e.intrinsic(), a));
     }
   }
   return 0;
@@ -627,7 +701,7 @@ Buffer run_elementwise(const Elementwise& e, const ProgramTypes& types, const Te
   TypedExpr t = annotate(e.expr, types, env);
   std::vector<int64_t> idx(tt.shape.size(), 0);
   for (int64_t f = 0; f < out.size(); ++f) {
-    out.set(f, evaluate(t, idx));
+    store(out, f, evaluate(t, idx));
     for (size_t k = idx.size(); k-- > 0;) {
       if (++idx[k] < tt.shape[k]) break;
       idx[k] = 0;

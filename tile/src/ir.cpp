@@ -16,39 +16,50 @@ namespace polytile {
 
 std::string to_string(DType t) {
   switch (t) {
+    case DType::f16: return "f16";
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i32: return "i32";
+    case DType::i64: return "i64";
     case DType::boolean: return "bool";
   }
   POLYTILE_CHECK(false, "bad dtype");
 }
 
 std::optional<DType> parse_dtype(const std::string& s) {
+  if (s == "f16") return DType::f16;
   if (s == "f32") return DType::f32;
   if (s == "f64") return DType::f64;
   if (s == "i32") return DType::i32;
+  if (s == "i64") return DType::i64;
   if (s == "bool") return DType::boolean;
   return std::nullopt;
 }
+
+std::string dtype_list() { return "f16, f32, f64, i32, i64, bool"; }
 
 static int dtype_rank(DType t) {
   switch (t) {
     case DType::boolean: return 0;
     case DType::i32: return 1;
-    case DType::f32: return 2;
-    case DType::f64: return 3;
+    case DType::i64: return 2;
+    case DType::f16: return 3;
+    case DType::f32: return 4;
+    case DType::f64: return 5;
   }
   return 0;
 }
 
 DType promote(DType a, DType b) { return dtype_rank(a) >= dtype_rank(b) ? a : b; }
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
+bool is_float(DType t) { return t == DType::f16 || t == DType::f32 || t == DType::f64; }
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
 size_t dtype_bytes(DType t) {
   switch (t) {
-    case DType::f64: return 8;
+    case DType::f64:
+    case DType::i64: return 8;
     case DType::f32:
     case DType::i32: return 4;
+    case DType::f16: return 2;
     case DType::boolean: return 1;
   }
   return 1;

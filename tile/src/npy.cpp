@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "polytile/error.h"
@@ -31,6 +32,19 @@ std::string dict_value(const std::string& header, const std::string& key, const 
   return header.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
+// NumPy's little-endian type string of a dtype.
+const char* npy_descr(DType t) {
+  switch (t) {
+    case DType::f16: return "<f2";
+    case DType::f32: return "<f4";
+    case DType::f64: return "<f8";
+    case DType::i32: return "<i4";
+    case DType::i64: return "<i8";
+    case DType::boolean: return "|b1";
+  }
+  return "";
+}
+
 }  // namespace
 
 Buffer parse_npy(const std::string& bytes, const std::string& what) {
@@ -55,18 +69,12 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   std::string shape_text = dict_value(header, "shape", what);
   if (fortran.find("True") != std::string::npos)
     user_error(what, ": Fortran-ordered arrays are not supported; save with numpy.ascontiguousarray");
-  DType dtype;
-  if (descr == "<f4") {
-    dtype = DType::f32;
-  } else if (descr == "<f8") {
-    dtype = DType::f64;
-  } else if (descr == "<i4") {
-    dtype = DType::i32;
-  } else if (descr == "|b1") {
-    dtype = DType::boolean;
-  } else {
-    user_error(what, ": unsupported dtype '", descr, "' (supported: float32 <f4, float64 <f8, int32 <i4, bool |b1)");
-  }
+  std::optional<DType> dtype;
+  for (DType t : {DType::f16, DType::f32, DType::f64, DType::i32, DType::i64, DType::boolean})
+    if (descr == npy_descr(t)) dtype = t;
+  if (!dtype)
+    user_error(what, ": unsupported dtype '", descr,
+               "' (supported: float16 <f2, float32 <f4, float64 <f8, int32 <i4, int64 <i8, bool |b1)");
   if (shape_text.size() < 2 || shape_text.front() != '(' || shape_text.back() != ')')
     user_error(what, ": malformed shape '", shape_text, "' in .npy header (expected a tuple such as (2, 3))");
   std::vector<int64_t> shape;
@@ -89,7 +97,7 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   // The data must be there before anything is allocated: a header may claim any shape.
   const size_t data = offset + header_len;
   const size_t available = bytes.size() - data;
-  const size_t element = dtype_bytes(dtype);
+  const size_t element = dtype_bytes(*dtype);
   size_t needed = element;
   for (int64_t d : shape) {
     if (d != 0 && needed > available / static_cast<size_t>(d)) {
@@ -103,16 +111,16 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   if (needed > available) {
     std::string dims;
     for (size_t k = 0; k < shape.size(); ++k) dims += (k ? ", " : "") + std::to_string(shape[k]);
-    user_error(what, " is truncated: its header claims shape (", dims, ") of ", to_string(dtype), " but only ", available,
+    user_error(what, " is truncated: its header claims shape (", dims, ") of ", to_string(*dtype), " but only ", available,
                " data bytes follow");
   }
-  Buffer b(dtype, shape);
+  Buffer b(*dtype, shape);
   std::memcpy(b.data(), bytes.data() + data, b.byte_size());
   return b;
 }
 
 std::string format_npy(const Buffer& b) {
-  const char* descr = b.dtype() == DType::f32 ? "<f4" : b.dtype() == DType::f64 ? "<f8" : b.dtype() == DType::i32 ? "<i4" : "|b1";
+  const char* descr = npy_descr(b.dtype());
   std::string shape = "(";
   for (size_t i = 0; i < b.rank(); ++i) shape += std::to_string(b.shape()[i]) + (b.rank() == 1 || i + 1 < b.rank() ? "," : "");
   shape += ")";

@@ -361,7 +361,11 @@ class Parser {
 
   Expr to_expr(const Ast& a) const {
     switch (a.kind) {
-      case Ast::Kind::integer: return Expr::literal(static_cast<double>(a.int_value), true);
+      case Ast::Kind::integer:
+        // Literal values are doubles (ir.h): every integer up to 2^53 is one exactly.
+        if (a.int_value > (int64_t{1} << 53) || a.int_value < -(int64_t{1} << 53))
+          fail(a, "integer literal " + source_text(a) + " is too large for a value (at most 2^53 in magnitude)");
+        return Expr::literal(static_cast<double>(a.int_value), true);
       case Ast::Kind::real: return Expr::literal(a.real_value, false);
       case Ast::Kind::ident:
         if (tensors_.count(a.text)) return Expr::tensor(a.text);
@@ -382,7 +386,7 @@ class Parser {
         if (!fn) fail(a, "unknown intrinsic " + a.text);
         if (*fn == Intrinsic::cast) {
           if (a.args.size() != 2 || a.args[1]->kind != Ast::Kind::ident || !parse_dtype(a.args[1]->text))
-            fail(a, "cast takes a value and a dtype (f32, f64, i32, bool): " + source_text(a));
+            fail(a, "cast takes a value and a dtype (" + dtype_list() + "): " + source_text(a));
           return Expr::call(*fn, {to_expr(*a.args[0])}, *parse_dtype(a.args[1]->text));
         }
         if (static_cast<int>(a.args.size()) != intrinsic_arity(*fn))

@@ -20,7 +20,15 @@ typedef enum polytile_status {
   POLYTILE_INTERNAL_ERROR = 2  /* a bug in polytile */
 } polytile_status;
 
-typedef enum polytile_dtype { POLYTILE_F32 = 0, POLYTILE_F64 = 1, POLYTILE_I32 = 2, POLYTILE_BOOL = 3 } polytile_dtype;
+/* f16 elements are IEEE binary16 bits (a uint16_t each; _Float16 where the compiler has it). */
+typedef enum polytile_dtype {
+  POLYTILE_F32 = 0,
+  POLYTILE_F64 = 1,
+  POLYTILE_I32 = 2,
+  POLYTILE_BOOL = 3,
+  POLYTILE_I64 = 4,
+  POLYTILE_F16 = 5
+} polytile_dtype;
 
 /* A named tensor in the caller's memory: contiguous row-major, elements as in C (bool: one byte). For
  * polytile_compile only the name, dtype and shape are read. */

@@ -1,6 +1,6 @@
 // The lowering pipeline: one entry from a Program and its input types to loop nests, as a list of passes
 // that reads like the compiler (scheduler/src/lower.cpp):
-//   reduce + defract -> cond-miss lowering -> broadcasts -> elementwise fusion -> layouts (CPU) -> split
+//   reduce + defract -> cond-miss lowering -> half widening -> broadcasts -> elementwise fusion -> layouts (CPU) -> split
 //   reductions (GPU) -> isl schedule (loop IR)
 // Every stage's result prints (`polytile lower --emit tile|defracted|lowered|schedule|ast|loops`); nothing
 // here needs LLVM, and the code generators (cpu_codegen) only emit and run what `lower` produced. With
@@ -42,6 +42,12 @@ Lowered lower(const Program& program, const std::map<std::string, TensorType>& i
 // contraction O becomes O_raw (the same contraction), a count of hits, and O = select(hits == 0, 0, O_raw).
 // With `verify_with` (the input types), both new contractions are proven against the original.
 Program lower_cond_misses(const Program& program, const std::map<std::string, TensorType>* verify_with = nullptr);
+
+// Half widening: a contraction whose result is f16 and that adds or multiplies (a sum or product, or an add
+// or mul combination) becomes the same contraction over f32 casts of its f16 operands, into an f32 tensor,
+// and a cast of that to f16: f16 contractions combine and accumulate in f32 and round once (ir.h).
+// Contractions that only select (max, min, assign of one operand) stay as they are.
+Program widen_half_contractions(const Program& program, const ProgramTypes& types);
 
 // Broadcast lowering: a contraction whose every output element gets exactly one term read by numpy
 // broadcasting (output indices distinct plain variables; input indices the aligned variable or 0 on a dim

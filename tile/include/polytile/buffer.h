@@ -14,8 +14,8 @@ class Buffer {
   Buffer() = default;
   // Zero-filled. Every dim must be >= 0.
   Buffer(DType dtype, std::vector<int64_t> shape);
-  // Values are converted with set(): f32 rounds, i32 truncates toward zero (values out of range wrap
-  // modulo 2^32), bool is value != 0.
+  // Values are converted with set(): f16 and f32 round to nearest, i32 and i64 truncate toward zero (values
+  // out of range wrap modulo 2^32 or 2^64), bool is value != 0.
   static Buffer from_values(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values);
 
   DType dtype() const { return dtype_; }
@@ -24,8 +24,12 @@ class Buffer {
   int64_t size() const { return size_; }
   size_t element_bytes() const;
 
+  // An element as a double: exact for every dtype but i64, whose values beyond 2^53 round to nearest.
   double get(int64_t flat) const;
   void set(int64_t flat, double value);
+  // An element of an i32, i64 or bool buffer as an integer, exactly; set_int wraps into i32 (bool: != 0).
+  int64_t get_int(int64_t flat) const;
+  void set_int(int64_t flat, int64_t value);
   std::vector<double> to_doubles() const;
 
   void* data() { return words_.data(); }
@@ -42,12 +46,17 @@ class Buffer {
   std::vector<uint64_t> words_;  // 8-byte aligned storage
 };
 
-// Converts a double to the value a dtype holds (f32 rounding, i32 wrap-around, bool != 0).
+// Converts a double to the value a dtype holds (f16 and f32 rounding, i32 and i64 wrap-around, bool != 0).
 double round_to(DType dtype, double value);
 
+// IEEE binary16 (f16): the bits of the half nearest to a value (ties to even; at or beyond 65520 in
+// magnitude, infinity; NaN stays NaN), and the value of half bits (exact).
+uint16_t half_from_double(double value);
+double half_to_double(uint16_t bits);
+
 // How far `got` is from `want` (of one size): ||got - want|| / ||want|| in the 2-norm over the elements
-// where `want` is not NaN (the plain norm of the difference where `want` is all zero); for i32 and bool
-// 0 when every element is equal and 1 otherwise. `unexpected_nan` counts the elements NaN in `got` but
+// where `want` is not NaN (the plain norm of the difference where `want` is all zero); for i32, i64 and
+// bool 0 when every element is equal and 1 otherwise. `unexpected_nan` counts the elements NaN in `got` but
 // not in `want` (an element nothing wrote, in a NaN-poisoned output).
 struct Difference {
   double relative = 0;

@@ -21,13 +21,17 @@
 //      expr is a tree over tensors, scalar literals and dims (used as integer values), with numpy
 //      broadcasting: shapes are right-aligned and each dim pair must be equal or contain a 1.
 //
-// Dtypes and promotion: bool < i32 < f32 < f64. Binary arithmetic takes the larger operand type (bool
-// operands of arithmetic become i32). Literals and dims are *weak*: they adopt the type of the tensor
+// Dtypes and promotion: bool < i32 < i64 < f16 < f32 < f64 (as PyTorch promotes tensors). Binary arithmetic
+// takes the larger operand type (bool operands of arithmetic become i32). Literals and dims are *weak*: they adopt the type of the tensor
 // they meet (an integer literal never widens a tensor; a float literal makes an integer tensor f32).
 // A tensor computed from literals alone is f32 (float literal) or i32 (integer literal / dims).
 // Comparisons and logical ops give bool. Float intrinsics (exp, sin, ...) on integers compute in f32.
-// Integer division and modulo floor (Python semantics); integer division by zero gives 0; i32
+// Integer division and modulo floor (Python semantics); integer division by zero gives 0; i32 and i64
 // arithmetic wraps. round() rounds half away from zero.
+// f16 (IEEE binary16) is computed in f32 and rounded: every elementwise operation whose result is f16 gives
+// the f32 result rounded to the nearest half (so +, -, *, / and sqrt are exactly IEEE half arithmetic),
+// while a contraction whose result is f16 combines and accumulates in f32 and rounds once, when the
+// element is final (as half-precision GEMMs and convolutions accumulate).
 //
 // Dims: a DimExpr is an integer expression over dim names bound by the input declarations
 // (`function (I[N, M])` binds N and M; a repeated name requires equal sizes). `/` in a DimExpr is floor
@@ -49,14 +53,17 @@
 
 namespace polytile {
 
-enum class DType { f32, f64, i32, boolean };
+enum class DType { f16, f32, f64, i32, i64, boolean };
 std::string to_string(DType t);
-// Parses "f32", "f64", "i32", "bool"; nullopt otherwise.
+// Parses "f16", "f32", "f64", "i32", "i64", "bool"; nullopt otherwise.
 std::optional<DType> parse_dtype(const std::string& s);
-// The promotion lattice bool < i32 < f32 < f64.
+// "f16, f32, f64, i32, i64, bool": the names parse_dtype accepts, for messages.
+std::string dtype_list();
+// The promotion lattice bool < i32 < i64 < f16 < f32 < f64.
 DType promote(DType a, DType b);
-bool is_float(DType t);
-// Bytes of one element: f64 8, f32 and i32 4, bool 1.
+bool is_float(DType t);    // f16, f32, f64
+bool is_integer(DType t);  // i32, i64
+// Bytes of one element: f64 and i64 8, f32 and i32 4, f16 2, bool 1.
 size_t dtype_bytes(DType t);
 
 // Exact rational number num/den with den > 0 and gcd(num, den) == 1. Arithmetic that overflows int64
