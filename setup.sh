@@ -2,6 +2,7 @@
 # Installs polytile's system dependencies (Debian packages) and builds it.
 #   ./setup.sh               Release build in build/, and the Python package in the venv build/python-venv
 #   ./setup.sh --sanitize    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+#   ./setup.sh --tsan        ThreadSanitizer build of the thread tests in build-tsan/ (ctest -L threads)
 #   ./setup.sh --fuzz        clang + libFuzzer build of the fuzz targets in build-fuzz/ (then fuzz/run.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -32,17 +33,22 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 build_dir=build
+target=()
 venv="$PWD/build/python-venv"
 flags=(-DCMAKE_BUILD_TYPE=Release -DPOLYTILE_BUILD_BENCH=ON -DPOLYTILE_PYTHON_VENV="$venv")
 if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_SANITIZE=ON -DPOLYTILE_BUILD_BENCH=ON)
+elif [ "${1:-}" = "--tsan" ]; then
+  build_dir=build-tsan
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_TSAN=ON)
+  target=(--target threads_test)
 elif [ "${1:-}" = "--fuzz" ]; then
   build_dir=build-fuzz
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOLYTILE_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
 fi
 cmake -S . -B "$build_dir" -G Ninja "${flags[@]}" > /dev/null
-cmake --build "$build_dir" -j "$(nproc)"
+cmake --build "$build_dir" -j "$(nproc)" "${target[@]}"
 
 # The Python package (default build only): a virtual environment in build/python-venv with numpy, pytest
 # and the package's build tools from PyPI, and polytile installed into it (pip builds the nanobind

@@ -1,6 +1,7 @@
 /* The C API driven from C (this file is compiled as C): parse, inspect, differentiate, compile and run on
  * the caller's arrays, checked against loops written here; and the errors a C caller can make. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,6 +80,20 @@ int main(void) {
   CHECK(polytile_compile(grad, grad_inputs, 3, NULL, &grad_compiled) == POLYTILE_OK);
   CHECK(polytile_run(grad_compiled, grad_inputs, 3, grad_outputs, 1) == POLYTILE_OK);
   for (int i = 0; i < M * K; ++i) CHECK(fabsf(da[i] - da_want[i]) <= 1e-4f);
+
+  /* int64_t arrays: exact beyond 2^53, wrapping like unsigned arithmetic. */
+  polytile_program* scale = NULL;
+  CHECK(polytile_parse("function (X[L]) -> (Z) { Z = X * 3 + 1; }", &scale) == POLYTILE_OK);
+  int64_t x[4] = {((int64_t)1 << 62) + 3, INT64_MIN, ((int64_t)1 << 53) + 1, -7}, z[4];
+  const int64_t x_shape[] = {4};
+  polytile_tensor x_in[] = {{"X", x, POLYTILE_I64, 1, x_shape}}, z_out[] = {{"Z", z, POLYTILE_I64, 1, x_shape}};
+  polytile_compiled* scale_compiled = NULL;
+  CHECK(polytile_compile(scale, x_in, 1, "cpu", &scale_compiled) == POLYTILE_OK);
+  CHECK(polytile_output_type(scale_compiled, "Z", &dtype, &rank, &shape) == POLYTILE_OK && dtype == POLYTILE_I64);
+  CHECK(polytile_run(scale_compiled, x_in, 1, z_out, 1) == POLYTILE_OK);
+  for (int i = 0; i < 4; ++i) CHECK(z[i] == (int64_t)((uint64_t)x[i] * 3u + 1u));
+  polytile_compiled_free(scale_compiled);
+  polytile_program_free(scale);
 
   /* Errors: a status, a one-line message, no crash. */
   polytile_program* bad = NULL;

@@ -47,7 +47,7 @@ std::string differs(const Buffer& got, const Buffer& want, double f64_tolerance 
   for (int64_t e = 0; e < want.size(); ++e) {
     double a = got.get(e), b = want.get(e);
     if (std::isnan(b) ? std::isnan(a) : a == b) continue;
-    double tol = want.dtype() == DType::f32 ? 1e-4 : want.dtype() == DType::f64 ? f64_tolerance : 0;
+    double tol = want.dtype() == DType::f16 ? 4e-3 : want.dtype() == DType::f32 ? 1e-4 : want.dtype() == DType::f64 ? f64_tolerance : 0;
     if (std::isfinite(a) && std::isfinite(b) && std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b))) continue;
     return "element " + std::to_string(e) + ": " + std::to_string(a) + " vs " + std::to_string(b);
   }
@@ -90,11 +90,15 @@ TEST(DifferentialFuzzTest, RandomProgramsAgreeOnTheCpuBackend) {
       ADD_FAILURE() << where << "cpu: " << e.what();
       continue;
     }
-    // f32 anywhere upstream (an f32 input or cast) bounds the precision of every float output: the CPU
-    // accumulates f32 sums in f32, the interpreter in f64.
-    bool f32_upstream = g.text.find("f32") != std::string::npos;
-    for (const auto& [name, dtype] : g.dtypes) f32_upstream |= dtype == "f32";
-    for (const auto& o : p.outputs) EXPECT_EQ(differs(got.at(o), want->at(o), f32_upstream ? 1e-4 : 1e-9), "") << where << o;
+    // f32 or f16 anywhere upstream (an input or a cast) bounds the precision of every float output: the
+    // CPU accumulates f32 (and f16) sums in f32, the interpreter in f64.
+    auto upstream = [&](const std::string& dtype) {
+      bool found = g.text.find(dtype) != std::string::npos;
+      for (const auto& [name, d] : g.dtypes) found |= d == dtype;
+      return found;
+    };
+    const double tolerance = upstream("f16") ? 4e-3 : upstream("f32") ? 1e-4 : 1e-9;
+    for (const auto& o : p.outputs) EXPECT_EQ(differs(got.at(o), want->at(o), tolerance), "") << where << o;
     ++compared;
   }
   std::cout << compared << " compared, " << refused << " refused by both\n";

@@ -18,7 +18,7 @@ namespace polytile::testing::fuzz {
 struct Generated {
   std::string text;
   std::map<std::string, std::vector<int64_t>> shapes;
-  std::map<std::string, std::string> dtypes;  // "f32", "f64", "i32", "bool"
+  std::map<std::string, std::string> dtypes;  // "f16", "f32", "f64", "i32", "i64", "bool"
 };
 
 class ProgramGenerator {
@@ -36,7 +36,7 @@ class ProgramGenerator {
       t.name = std::string(1, static_cast<char>('A' + i));
       int rank = pick(0, 3);
       for (int k = 0; k < rank; ++k) t.shape.push_back(pick(1, 5));
-      t.dtype = diff_ ? "f64" : choose<std::string>({"f64", "f64", "f32", "i32", "bool"});
+      t.dtype = diff_ ? "f64" : choose<std::string>({"f64", "f64", "f32", "i32", "bool", "i64", "f16"});
       std::vector<std::string> dims;
       for (size_t k = 0; k < t.shape.size(); ++k) dims.push_back(t.name + "D" + std::to_string(k));
       params.push_back(t.name + "[" + join(dims) + "]");
@@ -164,7 +164,7 @@ class ProgramGenerator {
       case 6: return "(" + a + " == " + b + " || " + a + " >= " + b + ")";
       case 7: return "max(" + a + ", " + b + ")";
       case 8: return "relu(" + a + ")";
-      case 9: return "cast(" + a + ", " + choose<std::string>({"i32", "f32", "bool", "f64"}) + ")";
+      case 9: return "cast(" + a + ", " + choose<std::string>({"i32", "f32", "bool", "f64", "i64", "f16"}) + ")";
       case 10: return "select(" + a + " > " + b + ", " + a + ", " + b + ")";
       default: return "tanh(" + a + ")";
     }

@@ -23,7 +23,7 @@ inline Buffer random_buffer(std::vector<int64_t> shape, uint64_t seed, DType dty
   Buffer b(dtype, std::move(shape));
   for (int64_t i = 0; i < b.size(); ++i) {
     double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-    b.set(i, dtype == DType::i32 ? static_cast<double>(static_cast<int64_t>(rng() % 11) - 5) : 2 * u - 1);
+    b.set(i, is_integer(dtype) ? static_cast<double>(static_cast<int64_t>(rng() % 11) - 5) : 2 * u - 1);
   }
   return b;
 }

@@ -242,6 +242,8 @@ std::string header_text(const std::string& entry, const Plan& plan, const Progra
     if (a.parameter != a.tensor) h << (a.output ? " (the input " + a.tensor + ", copied)" : " (tensor " + a.tensor + ")");
     h << "\n";
   }
+  if (std::any_of(plan.arguments.begin(), plan.arguments.end(), [](const Argument& a) { return a.type.dtype == DType::f16; }))
+    h << " * f16 elements are IEEE binary16 bits (uint16_t here; _Float16 where the compiler has one).\n";
   h << " * workspace: NULL (the call mallocs " << upper(entry) << "_WORKSPACE_BYTES of scratch and frees it), or that\n"
     << " *   many bytes of the caller's, aligned to 64 bytes, used by one call at a time.\n"
     << " * parallel_for: NULL runs everything on the calling thread. Otherwise, for each parallel loop the call\n"

@@ -1,7 +1,8 @@
 // TensorView: a tensor in memory the caller owns -- a pointer, a dtype, a shape and strides in elements
 // (empty strides: contiguous row-major, C order). Nothing is copied, allocated or freed: the memory must
 // stay valid, and not be written by anyone else, while a run uses the view. Element layout is the one
-// Buffer uses: f32, f64 and i32 natively, bool as one byte (0 false, anything else true), like numpy.
+// Buffer uses: f32, f64, i32 and i64 natively, f16 as IEEE binary16, bool as one byte (0 false, anything
+// else true), like numpy.
 #pragma once
 
 #include <cstdint>
