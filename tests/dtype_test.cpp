@@ -14,6 +14,7 @@
 #include "polytile/cpu.h"
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
+#include "polytile/kernel_cache.h"
 #include "polytile/parser.h"
 
 namespace polytile {
@@ -309,6 +310,26 @@ TEST(HalfTest, ContractionsAccumulateInF32AndRoundOnce) {
       expect_agree(got.at("O"), interpreted.at("O"), std::string(text) + " on " + what);
     }
   }
+}
+
+// Ahead-of-time export and the kernel cache run what the JIT runs: the header declares int64_t and
+// uint16_t (binary16 bits) arguments, and the loaded object computes the interpreter's values.
+TEST(DTypeTest, ExportedObjectsRunBothDtypes) {
+  Program p = parse_program("function (A[N], H[N]) -> (O, P) { O = A * 3 - 1; S[] = +(H[i] * H[i]); P = H / S; }");
+  Buffer A(DType::i64, {5}), H(DType::f16, {5});
+  for (int64_t i = 0; i < 5; ++i) {
+    A.set_int(i, (int64_t{1} << 60) + i * 977);
+    H.set(i, 0.3 * static_cast<double>(i) - 0.5);
+  }
+  const TensorMap in{{"A", A}, {"H", H}};
+  const std::map<std::string, TensorType> types{{"A", {DType::i64, {5}}}, {"H", {DType::f16, {5}}}};
+  cpu::ExportedObject exported = cpu::export_object(p, types, "dtypes");
+  EXPECT_NE(exported.header.find("const int64_t* A"), std::string::npos) << exported.header;
+  EXPECT_NE(exported.header.find("const uint16_t* H"), std::string::npos) << exported.header;
+  EXPECT_NE(exported.header.find("IEEE binary16"), std::string::npos) << exported.header;
+  TensorMap want = interpret(p, in), got = cpu::load(std::move(exported))->run(in, 1);
+  expect_agree(got.at("O"), want.at("O"), "exported O");
+  expect_agree(got.at("P"), want.at("P"), "exported P", 0x1p-10);
 }
 
 TEST(DTypeTest, LiteralsBeyondTwoToThe53AreRefused) {
