@@ -2,10 +2,13 @@
 """Runs build/polytile_bench, writes bench/results.json, prints polytile/peer ratios as a table, and plots
 them to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
-Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [-- BENCH ARGS]
+Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [--frameworks]
+                          [-- BENCH ARGS]
 A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
 unfused; on a GPU cublas, cudnn, cudnn_tf32);
-the ratio is polytile's rate over the peer's (above 1: polytile is faster).
+the ratio is polytile's rate over the peer's (above 1: polytile is faster). With --frameworks, JAX and
+PyTorch (bench/framework_peers.py, where they import: run with build/python-venv/bin/python) time the same
+cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them).
 The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bundles KIT/bundles
 """
 import argparse
@@ -31,6 +34,7 @@ def main():
     ap.add_argument("--min-time", default="0.2")
     ap.add_argument("--binary", default=os.path.join(root, "build", "polytile_bench"))
     ap.add_argument("--out", default=here, help="folder for results.json and ratios.png")
+    ap.add_argument("--frameworks", action="store_true", help="also time JAX and PyTorch on the same cases")
     ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
     out = os.path.join(args.out, "results.json")
@@ -60,6 +64,21 @@ def main():
                 rows.append((case, peer, mine, theirs, unit, mine / theirs))
         if not any(r[0] == case for r in rows):
             rows.append((case, "-", mine, float("nan"), unit, float("nan")))
+    if args.frameworks:
+        sys.path.insert(0, here)
+        import framework_peers
+
+        cases = sorted({r[0] for r in rows})
+        measured, unknown = framework_peers.measure(cases, log=lambda line: print(line, file=sys.stderr))
+        if unknown:
+            print("frameworks: no spec in bench/framework_peers.py for " + ", ".join(unknown), file=sys.stderr)
+        polytile_rate = {r[0]: r[2] for r in rows}
+        for (case, peer), (theirs, unit) in sorted(measured.items()):
+            rows.append((case, peer, polytile_rate[case], theirs, unit, polytile_rate[case] / theirs))
+        rows.sort(key=lambda r: (r[0], r[1]))
+        rows = [r for r in rows if r[1] != "-" or not any(o[0] == r[0] and o[1] != "-" for o in rows)]
+        with open(os.path.join(args.out, "frameworks.json"), "w") as f:
+            json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
     print("| case | peer | polytile | peer | unit | polytile/peer |")
     print("| --- | --- | --- | --- | --- | --- |")
     for case, peer, mine, theirs, unit, ratio in rows:

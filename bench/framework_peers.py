@@ -1,0 +1,190 @@
+"""The Python frameworks as peers of build/polytile_bench: JAX (jit) and PyTorch (eager, channels_last) on the
+C++ bench's own cases, timed the way it times polytile (median of repeated runs into the framework's own
+outputs, after a warm-up that compiles), so that bench/run_bench.py --frameworks joins their rates with
+the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
+each is used where it imports (build/python-venv/bin/pip install jax).
+
+The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes, max pool 2x2 on 8x112x112x64 and softmax
+on 4096x1000, with the same flop and byte counts); a polytile case with no spec here is reported, never
+silently dropped.
+"""
+import statistics
+import time
+
+# name, n, h, w, ci, co, kh, kw, stride, dilation, pad: as kConvs in cpu_bench.cpp.
+CONVS = {
+    "conv3x3_64_56": (8, 56, 56, 64, 64, 3, 3, 1, 1, 1),
+    "conv3x3_128_28": (8, 28, 28, 128, 128, 3, 3, 1, 1, 1),
+    "conv3x3_256_14": (8, 14, 14, 256, 256, 3, 3, 1, 1, 1),
+    "conv1x1_256to64_56": (8, 56, 56, 256, 64, 1, 1, 1, 1, 0),
+    "conv3x3_s2_64_56": (8, 56, 56, 64, 64, 3, 3, 2, 1, 1),
+    "conv2x2_s3_d2_seed": (8, 57, 57, 64, 64, 2, 2, 3, 2, 0),
+}
+POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
+SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
+
+
+def conv_out(size, k, stride, dilation, pad):
+    return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+
+
+def conv_flops(spec):
+    n, h, w, ci, co, kh, kw, s, d, p = spec
+    return 2.0 * n * conv_out(h, kh, s, d, p) * conv_out(w, kw, s, d, p) * co * ci * kh * kw
+
+
+def parse(case):
+    """(kind, args, work, unit) of a bench case name such as conv/conv3x3_64_56/bwd_data, sgemm/1024,
+    softmax/bwd; None for a case without a framework spec."""
+    parts = case.split("/")
+    if parts[0] == "conv" and len(parts) == 3 and parts[1] in CONVS and parts[2] in ("fwd", "bwd_data", "bwd_weights"):
+        return "conv", (CONVS[parts[1]], parts[2]), conv_flops(CONVS[parts[1]]), "GFLOP/s"
+    if parts[0] == "sgemm" and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
+        n = int(parts[1])
+        return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
+    if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
+        base = POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES
+        return parts[0], (parts[1],), base * (2 if parts[1] == "bwd" else 1), "GB/s"
+    return None
+
+
+def median_seconds(step, sync, repeats, min_seconds=0.2):
+    sync(step())  # warm-up: compiles (JAX) or allocates (PyTorch)
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        sync(step())
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 1000:
+            break
+    return statistics.median(times)
+
+
+def jax_step(kind, args):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    key = jax.random.PRNGKey(0)
+    if kind == "conv":
+        (n, h, w, ci, co, kh, kw, s, d, p), direction = args
+        x = jax.random.normal(key, (n, h, w, ci), jnp.float32)
+        k = jax.random.normal(jax.random.PRNGKey(1), (kh, kw, ci, co), jnp.float32)
+
+        def conv(x, k):
+            return lax.conv_general_dilated(x, k, (s, s), [(p, p), (p, p)], rhs_dilation=(d, d),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+        if direction == "fwd":
+            f = jax.jit(conv)
+            return lambda: f(x, k)
+        dy = jax.random.normal(jax.random.PRNGKey(2), conv(x, k).shape, jnp.float32)
+        wrt = 0 if direction == "bwd_data" else 1
+        f = jax.jit(lambda x, k, dy: jax.vjp(conv, x, k)[1](dy)[wrt])
+        return lambda: f(x, k, dy)
+    if kind == "sgemm":
+        (n,) = args
+        a = jax.random.normal(key, (n, n), jnp.float32)
+        b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+        f = jax.jit(jnp.matmul)
+        return lambda: f(a, b)
+    (direction,) = args
+    if kind == "maxpool":
+        x = jax.random.normal(key, POOL_SHAPE, jnp.float32)
+
+        def op(x):
+            return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    else:
+        x = jax.random.normal(key, SOFTMAX_SHAPE, jnp.float32)
+
+        def op(x):
+            return jax.nn.softmax(x, axis=1)
+
+    if direction == "fwd":
+        f = jax.jit(op)
+        return lambda: f(x)
+    dy = jax.random.normal(jax.random.PRNGKey(2), op(x).shape, jnp.float32)
+    f = jax.jit(lambda x, dy: jax.vjp(op, x)[1](dy)[0])
+    return lambda: f(x, dy)
+
+
+def torch_step(kind, args):
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    cl = torch.channels_last
+    if kind == "conv":
+        (n, h, w, ci, co, kh, kw, s, d, p), direction = args
+        x = torch.randn(n, ci, h, w, generator=g).to(memory_format=cl)
+        k = torch.randn(co, ci, kh, kw, generator=g).to(memory_format=cl)
+        if direction == "fwd":
+            return lambda: F.conv2d(x, k, stride=s, padding=p, dilation=d)
+        x.requires_grad_(direction == "bwd_data")
+        k.requires_grad_(direction == "bwd_weights")
+        dy = torch.randn(F.conv2d(x, k, stride=s, padding=p, dilation=d).shape, generator=g).to(memory_format=cl)
+        wrt = x if direction == "bwd_data" else k
+        return lambda: torch.autograd.grad(F.conv2d(x, k, stride=s, padding=p, dilation=d), wrt, dy)[0]
+    if kind == "sgemm":
+        (n,) = args
+        a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+        out = torch.empty(n, n)
+        return lambda: torch.matmul(a, b, out=out)
+    (direction,) = args
+    if kind == "maxpool":
+        n, h, w, c = POOL_SHAPE
+        x = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
+
+        def op(x):
+            return F.max_pool2d(x, 2)
+    else:
+        x = torch.randn(*SOFTMAX_SHAPE, generator=g)
+
+        def op(x):
+            return torch.softmax(x, dim=1)
+
+    if direction == "fwd":
+        return lambda: op(x)
+    x.requires_grad_(True)
+    dy = torch.randn(op(x).shape, generator=g)
+    return lambda: torch.autograd.grad(op(x), x, dy)[0]
+
+
+def available():
+    """{peer name: (make step, sync)} for the frameworks that import here, and the versions as text."""
+    peers, versions = {}, []
+    try:
+        import jax
+
+        peers["jax"] = (jax_step, lambda r: r.block_until_ready())
+        versions.append(f"jax {jax.__version__} ({jax.devices()[0].platform})")
+    except ImportError:
+        versions.append("jax: not installed")
+    try:
+        import torch
+
+        peers["torch"] = (torch_step, lambda r: r)
+        versions.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    except ImportError:
+        versions.append("torch: not installed")
+    return peers, versions
+
+
+def measure(cases, repeats=10, log=print):
+    """{(case, peer): (rate, unit)} for every polytile case a framework computes; the names of cases
+    without a spec are returned too, to be reported."""
+    peers, versions = available()
+    log("frameworks: " + ", ".join(versions))
+    rates, unknown = {}, []
+    for case in cases:
+        spec = parse(case)
+        if spec is None:
+            unknown.append(case)
+            continue
+        kind, args, work, unit = spec
+        for peer, (make, sync) in sorted(peers.items()):
+            seconds = median_seconds(make(kind, args), sync, repeats)
+            rates[(case, peer)] = (work * 1e-9 / seconds, unit)
+            log(f"  {case} {peer}: {work * 1e-9 / seconds:.1f} {unit}")
+    return rates, unknown
