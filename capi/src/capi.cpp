@@ -181,9 +181,8 @@ polytile_status polytile_compile(const polytile_program* program, const polytile
     if (target && std::string(target) != "cpu") user_error("polytile_compile: unknown target '", target, "' (this build has: cpu)");
     const std::map<std::string, TensorType> types = types_of(input_types, input_count, "polytile_compile: input_types");
     auto out = std::make_unique<polytile_compiled>();
-    ProgramTypes all = infer_types(p, types);
-    for (const std::string& o : p.outputs) out->outputs[o] = all.tensors.at(o);
     out->compiled = cpu::compile(p, types);
+    for (const std::string& o : p.outputs) out->outputs[o] = out->compiled->types().tensors.at(o);
     *compiled = out.release();
   });
 }

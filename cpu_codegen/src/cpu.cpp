@@ -48,6 +48,7 @@ CompiledProgram::CompiledProgram(std::unique_ptr<Impl> impl) : impl_(std::move(i
 CompiledProgram::~CompiledProgram() = default;
 const Program& CompiledProgram::program() const { return impl_->program; }
 const sched::Schedule& CompiledProgram::schedule() const { return impl_->schedule; }
+const ProgramTypes& CompiledProgram::types() const { return impl_->types; }
 const std::string& CompiledProgram::llvm_ir() const { return impl_->ir; }
 const CompileTimes& CompiledProgram::times() const { return impl_->times; }
 const TuningReport& CompiledProgram::tuning() const { return impl_->tuning; }

@@ -103,10 +103,8 @@ PyCompiled* compile_program(const PyProgram& p, const std::map<std::string, PyTy
   if (target != "cpu") user_error("compile: unknown target '", target, "' (the Python package runs on: cpu)");
   auto out = std::make_unique<PyCompiled>();
   out->input_types = types_of(types);
-  ProgramTypes all = infer_types(p.program, out->input_types);
   for (const auto& in : p.program.inputs) out->inputs.push_back(in.name);
   out->outputs = p.program.outputs;
-  for (const std::string& o : p.program.outputs) out->output_types[o] = all.tensors.at(o);
   cpu::CompileOptions options;
   options.threads = threads;
   options.verify = verify;
@@ -114,6 +112,7 @@ PyCompiled* compile_program(const PyProgram& p, const std::map<std::string, PyTy
     nb::gil_scoped_release release;
     out->compiled = cpu::compile(p.program, out->input_types, options);
   }
+  for (const std::string& o : p.program.outputs) out->output_types[o] = out->compiled->types().tensors.at(o);
   return out.release();
 }
 

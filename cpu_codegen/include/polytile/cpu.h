@@ -81,6 +81,7 @@ class CompiledProgram {
   // another view. The memory must stay valid during the call; concurrent runs need disjoint outputs.
   void run(const ViewMap& inputs, const ViewMap& outputs) const;
   const Program& program() const;           // after the passes
+  const ProgramTypes& types() const;        // of program(): its inputs, its outputs and every tensor between
   const sched::Schedule& schedule() const;
   const std::string& llvm_ir() const;       // optimized module, deterministic
   const CompileTimes& times() const;
