@@ -234,7 +234,7 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 
 // ---------------------------------------------------------------------------------------------- pooling, softmax
 
-void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes) {
+void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, bool split) {
   Program p = parse_program(text);
   if (gradient) {
     ProgramTypes t = infer_types(p, types_of(in));
@@ -242,7 +242,9 @@ void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in,
     for (const auto& o : p.outputs) in["D" + o] = random_f32(t.tensors.at(o).shape, 9);
     p = g;
   }
-  auto compiled = cpu::compile(p, types_of(in), options());
+  cpu::CompileOptions o = options();
+  if (!split) o.target.cpu.split_max_outputs = 0;  // no split reductions: the "unsplit" peer
+  auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
   for (auto _ : state) {
     compiled->run(in, out);
@@ -254,6 +256,8 @@ void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in,
 const char* kMaxPool =
     "function (I[N, H, W, C]) -> (O) {\n"
     "  O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2;\n}\n";
+// A bias gradient: the sum over batch and space of each channel (a reduction over the non-contiguous axes).
+const char* kBiasGradient = "function (D[N, H, W, C]) -> (B) {\n  B[c : C] = +(D[n, y, x, c]);\n}\n";
 const char* kSoftmax =
     "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
     "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n";
@@ -324,12 +328,16 @@ void register_all() {
   }
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
   double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
-  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  TensorMap bias_in{{"D", random_f32({64, 28, 28, 32}, 7)}};
+  const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
+  benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, false)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
   double sm_bytes = 4.0 * 4096 * 1000 * 2;
-  benchmark::RegisterBenchmark("softmax/fwd/polytile", BM_Polytile, kSoftmax, sm_in, false, sm_bytes)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("softmax/bwd/polytile", BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("softmax/fwd/polytile", BM_Polytile, kSoftmax, sm_in, false, sm_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("softmax/bwd/polytile", BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, true)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd", BM_CompileConvForwardAndBackward)->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 

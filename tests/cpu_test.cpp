@@ -124,6 +124,42 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   return out;
 }
 
+// Split reductions on the CPU: a sum with few outputs and long reductions gets one slice per thread of its
+// longest reduction variable, computed in parallel, and the slices' sum. With the thresholds at their
+// least, every generated sum that can be split is (three slices, from three target threads), each split
+// proven by isl (expect_same compiles with verify) and computed as the interpreter does.
+TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
+  CompileOptions forced;
+  forced.target.threads = 3;
+  forced.target.cpu.split_max_outputs = int64_t{1} << 40;
+  forced.target.cpu.split_min_points = 1;
+  const uint64_t seed = 424242;
+  std::mt19937_64 rng(seed);
+  int split = 0;
+  for (int iter = 0; iter < 80; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    Program p = parse_program(cs.text);
+    TensorMap in = inputs_for(cs.shapes, DType::f64, seed + iter);
+    expect_same(p, in, "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + " (" + cs.kind + ")", forced);
+    const Program& lowered = compile(p, types_of(in), forced)->program();
+    split += print(lowered).find("_slices") != std::string::npos;
+  }
+  EXPECT_GE(split, 8) << "the forced thresholds split the sums with plain output indices";
+  // The default thresholds: a bias gradient (32 outputs, 50176 points each) is split on two threads and
+  // not on one; a softmax's row sums (4096 outputs) and a matmul are not.
+  Program bias = parse_program("function (D[N, H, W, C]) -> (B) { B[c : C] = +(D[n, y, x, c]); }");
+  TensorMap d = inputs_for({{"D", {64, 28, 28, 32}}}, DType::f32, 5);
+  CompileOptions two, one;
+  two.target.threads = 2;
+  one.target.threads = 1;
+  expect_same(bias, d, "bias gradient", two);
+  EXPECT_NE(print(compile(bias, types_of(d), two)->program()).find("B_slices[n_slice, c : 2, C]"), std::string::npos);
+  EXPECT_EQ(print(compile(bias, types_of(d), one)->program()).find("_slices"), std::string::npos);
+  Program rows = parse_program("function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }");
+  TensorMap x = inputs_for({{"X", {4096, 100}}}, DType::f32, 6);
+  EXPECT_EQ(print(compile(rows, types_of(x), two)->program()).find("_slices"), std::string::npos);
+}
+
 TEST(CpuTest, EveryExampleUnderGpuSemantics) {
   int n = 0;
   for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples")) {

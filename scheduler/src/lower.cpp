@@ -66,7 +66,7 @@ Lowered lower(const Program& source, const std::map<std::string, TensorType>& in
   types = carry_types(types, p, inputs, verify, "fusion");
   if (!options.target.gpu) p = prepare_layouts(p, types, options.target, verify);  // for the CPU's micro-kernels
   types = carry_types(types, p, inputs, verify, "layouts");
-  p = split_reductions(p, types, options.target, verify);  // for the GPU's blocks
+  p = split_reductions(p, types, options.target, verify);  // for the GPU's blocks, and the CPU's threads
   out.types = carry_types(types, p, inputs, verify, "split reductions");
   out.program = std::move(p);
   out.times.passes = seconds_since(t0);

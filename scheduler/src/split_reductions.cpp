@@ -1,6 +1,7 @@
 // Split reductions (scheduler.h): a GPU kernel gets its parallelism from output elements, so a sum with few
 // of them and long reductions (a convolution's weight gradient: 3x3x64x64 outputs, 100 000 points each)
-// leaves most of the GPU idle. Such a sum becomes partial sums over S slices of L consecutive values of
+// leaves most of the GPU idle; on the CPU a sum with a few outputs (a bias gradient's 32 channels, the
+// vectorized inner loop) and long reductions runs on one thread. Such a sum becomes partial sums over S slices of L consecutive values of
 // its longest reduction variable, r = L*s + q with 0 <= q < L, the slice s a new leading output index of
 // a scratch tensor, and the sum of the slices (r from its least value m: r = m + L*s + q):
 //   O_slices[s, o... : S, shape...] = +(A[... L*s + q ...] * B[...]), q < L;   O[o...] = +(O_slices[s, o...]) (default D)
@@ -23,47 +24,75 @@ struct Split {
   int64_t slices = 1, length = 1;  // S slices of L consecutive values
 };
 
-// The split worth making, if any: the model's minimum of blocks not reached by the outputs alone, and
-// enough reduction points per output element left in each slice.
-std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const GpuModel& gpu) {
-  if (c.aggregation != AggregationOp::sum || gpu.min_blocks <= 1) return std::nullopt;
+// A sum that could be split: its output elements, its longest reduction variable (the one to slice) and
+// the reduction points per output element (the product of the reduction variables' extents).
+struct Candidate {
+  Split split;
+  int64_t outputs = 1, reduction = 1, widest = 0;
+};
+
+std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types) {
+  if (c.aggregation != AggregationOp::sum) return std::nullopt;
   // Outputs indexed by plain variables (a weight gradient, a matmul, a total): the slices' kernels stay
   // as simple for isl as the original. (A defracted data gradient's lattice of outputs, with the slice
   // linearized in, costs isl seconds; it has many outputs anyway.)
   for (const auto& p : c.output_indices)
     if (p.index_terms().size() != 1 || p != Polynomial::index(p.index_terms().begin()->first)) return std::nullopt;
-  const TensorType& out = types.tensors.at(c.output);
-  int64_t outputs = 1;
-  for (int64_t d : out.shape) outputs *= d;
-  const int64_t per_block = int64_t{gpu.threads_per_block} * gpu.tile_rows * gpu.tile_cols;
-  const int64_t blocks = std::max<int64_t>(1, (outputs + per_block - 1) / per_block);
-  if (blocks >= gpu.min_blocks || outputs == 0) return std::nullopt;
+  Candidate k;
+  for (int64_t d : types.tensors.at(c.output).shape) k.outputs *= d;
+  if (k.outputs == 0) return std::nullopt;
   const poly::ContractionAnalysis a = poly::analyze(c, types);
   if (a.empty) return std::nullopt;
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
-  std::optional<Split> best;
-  int64_t reduction = 1, widest = 0;
   for (const auto& b : a.bounds) {
     if (in_output.count(b.name)) continue;
     const int64_t extent = b.max - b.min + 1;
-    reduction *= extent;
-    if (extent > widest) {
-      widest = extent;
-      best = Split{b.name, b.min};
+    k.reduction *= extent;
+    if (extent > k.widest) {
+      k.widest = extent;
+      k.split = Split{b.name, b.min};
     }
   }
-  if (!best || widest < 2) return std::nullopt;
-  // Slices of equal length: as many as the blocks wanted, each with at least min_slice points.
-  int64_t slices = std::min((gpu.min_blocks + blocks - 1) / blocks, widest);
-  slices = std::min(slices, std::max<int64_t>(1, reduction / std::max<int64_t>(1, gpu.min_slice)));
+  if (k.widest < 2) return std::nullopt;
+  return k;
+}
+
+// Slices of equal length of the candidate's widest variable, at most `slices` of them.
+std::optional<Split> sliced(Candidate k, int64_t slices) {
+  slices = std::min(slices, k.widest);
   if (slices < 2) return std::nullopt;
-  best->length = (widest + slices - 1) / slices;
-  best->slices = (widest + best->length - 1) / best->length;
-  const int64_t scratch = best->slices * outputs * static_cast<int64_t>(dtype_bytes(out.dtype));
-  if (best->slices < 2 || scratch > gpu.max_split_bytes) return std::nullopt;
-  return best;
+  k.split.length = (k.widest + slices - 1) / slices;
+  k.split.slices = (k.widest + k.split.length - 1) / k.split.length;
+  if (k.split.slices < 2) return std::nullopt;
+  return k.split;
+}
+
+// The split worth making on a GPU, if any: the model's minimum of blocks not reached by the outputs alone,
+// and enough reduction points per output element left in each slice.
+std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const GpuModel& gpu) {
+  if (gpu.min_blocks <= 1) return std::nullopt;
+  std::optional<Candidate> k = candidate(c, types);
+  if (!k) return std::nullopt;
+  const int64_t per_block = int64_t{gpu.threads_per_block} * gpu.tile_rows * gpu.tile_cols;
+  const int64_t blocks = std::max<int64_t>(1, (k->outputs + per_block - 1) / per_block);
+  if (blocks >= gpu.min_blocks) return std::nullopt;
+  // As many slices as the blocks wanted, each with at least min_slice points.
+  const int64_t slices = std::min((gpu.min_blocks + blocks - 1) / blocks, std::max<int64_t>(1, k->reduction / std::max<int64_t>(1, gpu.min_slice)));
+  std::optional<Split> s = sliced(*k, slices);
+  const int64_t bytes = static_cast<int64_t>(dtype_bytes(types.tensors.at(c.output).dtype));
+  if (!s || s->slices * k->outputs * bytes > gpu.max_split_bytes) return std::nullopt;
+  return s;
+}
+
+// The split worth making on the CPU, if any: one slice per thread of a sum with few outputs and long
+// reductions (CpuModel::split_max_outputs, split_min_points).
+std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const Target& target) {
+  if (target.threads < 2) return std::nullopt;
+  std::optional<Candidate> k = candidate(c, types);
+  if (!k || k->outputs > target.cpu.split_max_outputs || k->reduction < target.cpu.split_min_points) return std::nullopt;
+  return sliced(*k, target.threads);
 }
 
 struct SplitContraction {
@@ -116,13 +145,13 @@ SplitContraction split(const Contraction& c, const Split& plan, std::set<std::st
 }  // namespace
 
 Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify) {
-  if (!target.gpu) return program;
   Program out = program;
   out.statements.clear();
   std::set<std::string> tensors = tensor_names(program);
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
-    std::optional<Split> plan = c ? plan_split(*c, types, *target.gpu) : std::nullopt;
+    std::optional<Split> plan;
+    if (c) plan = target.gpu ? plan_split(*c, types, *target.gpu) : plan_split(*c, types, target);
     if (!plan) {
       out.statements.push_back(st);
       continue;

@@ -1,7 +1,7 @@
 // The lowering pipeline: one entry from a Program and its input types to loop nests, as a list of passes
 // that reads like the compiler (scheduler/src/lower.cpp):
-//   reduce + defract -> cond-miss lowering -> half widening -> broadcasts -> elementwise fusion -> layouts (CPU) -> split
-//   reductions (GPU) -> isl schedule (loop IR)
+//   reduce + defract -> cond-miss lowering -> half widening -> broadcasts -> elementwise fusion -> layouts (CPU)
+//   -> split reductions (the GPU's blocks, the CPU's threads) -> isl schedule (loop IR)
 // Every stage's result prints (`polytile lower --emit tile|defracted|lowered|schedule|ast|loops`); nothing
 // here needs LLVM, and the code generators (cpu_codegen) only emit and run what `lower` produced. With
 // `verify`, every pass proves its rewrite (translation validation, polytile/verify.h).

@@ -27,6 +27,12 @@ struct CpuModel {
   int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
   // Update nests with at least this many points use register-blocked micro-kernels when eligible.
   int64_t microkernel_min_points = int64_t{1} << 15;
+  // Split reductions (split_reductions): a sum with at most split_max_outputs output elements and at least
+  // split_min_points reduction points for each (a bias gradient, a column sum, a total) has no loop worth
+  // splitting across threads (its few outputs are the vectorized inner loop); it is computed in one slice
+  // of its longest reduction variable per thread, and the slices' partial sums added.
+  int64_t split_max_outputs = 1024;
+  int64_t split_min_points = 16384;
 };
 
 // The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
@@ -243,11 +249,13 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target = {},
                         bool verify = false);
 
-// Split reductions, for GPU targets (the CPU's threads split output loops): a sum indexed by plain
-// variables whose outputs would fill fewer than GpuModel::min_blocks blocks is split along its longest
-// reduction variable r into S slices of L consecutive values (r = least + L*s + q, 0 <= q < L): a
+// Split reductions: a sum indexed by plain variables whose outputs would fill fewer than
+// GpuModel::min_blocks blocks (a GPU target), or that has at most CpuModel::split_max_outputs outputs with
+// at least split_min_points reduction points each (the CPU, with two threads or more: its threads split
+// output loops, and these have none worth splitting), is split along its longest reduction variable r
+// into S slices of L consecutive values (r = least + L*s + q, 0 <= q < L; S = the threads on the CPU): a
 // contraction of partial sums O_slices[s, outputs...] and the sum of the slices into O (which keeps its
-// default). Other targets and statements are left as they are. With `verify`,
+// default). Other statements are left as they are. With `verify`,
 // isl proves each split contraction's slices hold the original's valid points, each once, reading the
 // same elements (poly::verify_rewrite).
 Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify = false);
