@@ -37,6 +37,7 @@ int main() {
     if (nest.microkernel)
       std::cout << nest.name << ": " << nest.microkernel->rows << " rows x " << nest.microkernel->chunks << " vectors of "
                 << nest.microkernel->lanes << " lanes" << (nest.epilogue ? ", computing " + nest.epilogue->output : "") << "\n";
+  for (const auto& out : layer.outputs) std::cout << out << ": " << compiled->types().tensors.at(out).str() << "\n";
   std::cout << "LLVM IR: " << compiled->llvm_ir().size() << " bytes; compile stages (s): passes "
             << compiled->times().passes << ", schedule " << compiled->times().schedule << ", JIT "
             << compiled->times().optimize_and_jit << "\n";
