@@ -4,8 +4,8 @@ outputs, after a warm-up that compiles), so that bench/run_bench.py --frameworks
 the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
 each is used where it imports (build/python-venv/bin/pip install jax).
 
-The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes, max pool 2x2 on 8x112x112x64 and softmax
-on 4096x1000, with the same flop and byte counts); a polytile case with no spec here is reported, never
+The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes, max pool 2x2 on 8x112x112x64, softmax on
+4096x1000 and the bias gradient of 64x28x28x32, with the same flop and byte counts); a polytile case with no spec here is reported, never
 silently dropped.
 """
 import statistics
@@ -21,6 +21,7 @@ CONVS = {
     "conv2x2_s3_d2_seed": (8, 57, 57, 64, 64, 2, 2, 3, 2, 0),
 }
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
+BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
 
 
@@ -42,6 +43,8 @@ def parse(case):
     if parts[0] == "sgemm" and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
         n = int(parts[1])
         return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
+    if case == "bias_grad":
+        return "bias_grad", (), BIAS_BYTES, "GB/s"
     if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
         base = POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES
         return parts[0], (parts[1],), base * (2 if parts[1] == "bwd" else 1), "GB/s"
@@ -83,6 +86,10 @@ def jax_step(kind, args):
         wrt = 0 if direction == "bwd_data" else 1
         f = jax.jit(lambda x, k, dy: jax.vjp(conv, x, k)[1](dy)[wrt])
         return lambda: f(x, k, dy)
+    if kind == "bias_grad":
+        d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
+        f = jax.jit(lambda d: jnp.sum(d, axis=(0, 1, 2)))
+        return lambda: f(d)
     if kind == "sgemm":
         (n,) = args
         a = jax.random.normal(key, (n, n), jnp.float32)
@@ -126,6 +133,10 @@ def torch_step(kind, args):
         dy = torch.randn(F.conv2d(x, k, stride=s, padding=p, dilation=d).shape, generator=g).to(memory_format=cl)
         wrt = x if direction == "bwd_data" else k
         return lambda: torch.autograd.grad(F.conv2d(x, k, stride=s, padding=p, dilation=d), wrt, dy)[0]
+    if kind == "bias_grad":
+        n, h, w, c = BIAS_SHAPE
+        d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
+        return lambda: d.sum(dim=(0, 2, 3))
     if kind == "sgemm":
         (n,) = args
         a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)

@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--frameworks", action="store_true", help="also time JAX and PyTorch on the same cases")
     ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, "results.json")
     r = subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
                         "--benchmark_out=" + out, "--benchmark_out_format=json", *args.rest])
@@ -98,10 +99,13 @@ def main():
     if paired:
         fig, ax = plt.subplots(figsize=(10, 0.3 * len(paired) + 1.5))
         labels = [f"{c} vs {p}" for c, p, *_ in paired]
-        ax.barh(labels, [r[5] for r in paired])
+        # Ratios on a log scale, clipped to [1/20, 20] (a clipped bar ends at the edge; the table has the value).
+        ax.barh(labels, [min(max(r[5], 0.05), 20) for r in paired])
+        ax.set_xscale("log")
+        ax.set_xlim(0.05, 20)
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.axvline(0.5, color="red", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("polytile / peer (higher is better; dashed: 0.5x target)")
+        ax.set_xlabel("polytile / peer, log scale (higher is better; dashed: 0.5x)")
         fig.tight_layout()
         fig.savefig(os.path.join(args.out, "ratios.png"), dpi=100)
         print("plot: " + os.path.join(args.out, "ratios.png"))
