@@ -62,11 +62,7 @@ void expect_same(const Program& p, const TensorMap& in, const std::string& what,
   }
 }
 
-std::map<std::string, TensorType> types_of(const TensorMap& in) {
-  std::map<std::string, TensorType> types;
-  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
-  return types;
-}
+using testing::types_of;
 
 // Register-blocked paths wherever they apply, however small the nest, for a given vector width.
 CompileOptions microkernels_forced(int vector_bits) {
@@ -133,6 +129,7 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   forced.target.threads = 3;
   forced.target.cpu.split_max_outputs = int64_t{1} << 40;
   forced.target.cpu.split_min_points = 1;
+  forced.verify = true;  // as expect_same compiles: the program inspected below is the one it ran
   const uint64_t seed = 424242;
   std::mt19937_64 rng(seed);
   int split = 0;
@@ -150,6 +147,7 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   Program bias = parse_program("function (D[N, H, W, C]) -> (B) { B[c : C] = +(D[n, y, x, c]); }");
   TensorMap d = inputs_for({{"D", {64, 28, 28, 32}}}, DType::f32, 5);
   CompileOptions two, one;
+  two.verify = true;
   two.target.threads = 2;
   one.target.threads = 1;
   expect_same(bias, d, "bias gradient", two);

@@ -16,6 +16,7 @@
 #include "polytile/interpreter.h"
 #include "polytile/kernel_cache.h"
 #include "polytile/parser.h"
+#include "test_util.h"
 
 namespace polytile {
 namespace {
@@ -107,12 +108,6 @@ TEST(I64Test, BuffersHoldEveryValueAndWrap) {
   EXPECT_TRUE(difference(b, b).within(0));
 }
 
-TensorMap run_both(const std::string& text, const TensorMap& in, TensorMap& interpreted, const cpu::CompileOptions& options = {}) {
-  Program p = parse_program(text);
-  interpreted = interpret(p, in);
-  return cpu::run(p, in, options);
-}
-
 // Bit-for-bit agreement (NaNs agree as NaNs), or within `tolerance` relatively for floats.
 void expect_agree(const Buffer& got, const Buffer& want, const std::string& what, double tolerance = 0) {
   ASSERT_EQ(got.dtype(), want.dtype()) << what;
@@ -135,6 +130,17 @@ std::vector<std::pair<std::string, cpu::CompileOptions>> backends() {
   native.verify = true;
   gpu.target = sched::gpu_target("sm_90");
   return {{"cpu", native}, {"gpu semantics", gpu}};
+}
+
+// The interpreter's `output` of the program `text`, once the CPU backend (every proof on) and GPU semantics
+// have computed the same: bit for bit, or within `tolerance` relatively.
+Buffer interpreted_and_compiled(const std::string& text, const TensorMap& in, const std::string& output = "O",
+                                double tolerance = 0) {
+  Program p = parse_program(text);
+  Buffer want = interpret(p, in).at(output);
+  for (const auto& [what, options] : backends())
+    expect_agree(cpu::run(p, in, options).at(output), want, text + " on " + what, tolerance);
+  return want;
 }
 
 TEST(I64Test, ArithmeticIsExactAndWrapsLikeUint64) {
@@ -173,15 +179,9 @@ TEST(I64Test, ArithmeticIsExactAndWrapsLikeUint64) {
       {"cast(A > B, i64) * 3", [&](int64_t x, int64_t y) { return x > y ? 3 : 0; }},
   };
   for (const auto& [expr, want] : cases) {
-    const std::string text = std::string("function (A[N], B[N]) -> (O) { O = ") + expr + "; }";
-    for (const auto& [what, options] : backends()) {
-      TensorMap interpreted;
-      TensorMap got = run_both(text, in, interpreted, options);
-      const Buffer& o = interpreted.at("O");
-      ASSERT_EQ(o.dtype(), std::string(expr).rfind("cast(A, i32)", 0) == 0 ? DType::i32 : DType::i64) << expr;
-      for (int64_t i = 0; i < 8; ++i) ASSERT_EQ(o.get_int(i), want(a[i], b[i])) << expr << " at " << i;
-      expect_agree(got.at("O"), o, std::string(expr) + " on " + what);
-    }
+    const Buffer o = interpreted_and_compiled(std::string("function (A[N], B[N]) -> (O) { O = ") + expr + "; }", in);
+    ASSERT_EQ(o.dtype(), std::string(expr).rfind("cast(A, i32)", 0) == 0 ? DType::i32 : DType::i64) << expr;
+    for (int64_t i = 0; i < 8; ++i) ASSERT_EQ(o.get_int(i), want(a[i], b[i])) << expr << " at " << i;
   }
   // Contractions: a wrapping sum, max, min and product of values beyond 2^53.
   for (const char* agg : {"+", ">", "<", "*"}) {
@@ -196,22 +196,13 @@ TEST(I64Test, ArithmeticIsExactAndWrapsLikeUint64) {
       lo = std::min(lo, t);
     }
     const int64_t want = agg[0] == '+' ? wrap(sum) : agg[0] == '*' ? wrap(prod) : agg[0] == '>' ? hi : lo;
-    for (const auto& [what, options] : backends()) {
-      TensorMap interpreted;
-      TensorMap got = run_both(text, in, interpreted, options);
-      EXPECT_EQ(interpreted.at("O").get_int(0), want) << agg;
-      expect_agree(got.at("O"), interpreted.at("O"), text + " on " + what);
-    }
+    EXPECT_EQ(interpreted_and_compiled(text, in).get_int(0), want) << agg;
   }
   // Casts from floats beyond 2^63 wrap modulo 2^64; NaN and infinity give 0.
   Buffer F = Buffer::from_values(DType::f64, {6}, {0x1p64 + 0x1p13, -0x1p63, 0x1p63 + 0x1p11, kNaN, -kInf, -2.75});
-  for (const auto& [what, options] : backends()) {
-    TensorMap interpreted;
-    TensorMap got = run_both("function (F[N]) -> (O) { O = cast(F, i64); }", {{"F", F}}, interpreted, options);
-    const std::vector<int64_t> want = {8192, m, m + 2048, 0, 0, -2};
-    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(interpreted.at("O").get_int(i), want[i]) << i;
-    expect_agree(got.at("O"), interpreted.at("O"), "cast(F, i64) on " + what);
-  }
+  const Buffer cast = interpreted_and_compiled("function (F[N]) -> (O) { O = cast(F, i64); }", {{"F", F}});
+  const std::vector<int64_t> want = {8192, m, m + 2048, 0, 0, -2};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(cast.get_int(i), want[i]) << i;
 }
 
 TEST(HalfTest, ElementwiseOperationsAreIeeeHalfArithmetic) {
@@ -243,34 +234,24 @@ TEST(HalfTest, ElementwiseOperationsAreIeeeHalfArithmetic) {
       {"cast(X > Y, f16) + X", [&](double x, double y) { return h((x > y ? 1.0 : 0.0) + x); }},
   };
   for (const auto& [expr, want] : cases) {
-    const std::string text = std::string("function (X[N], Y[N]) -> (O) { O = ") + expr + "; }";
-    for (const auto& [what, options] : backends()) {
-      TensorMap interpreted;
-      TensorMap got = run_both(text, in, interpreted, options);
-      const Buffer& o = interpreted.at("O");
-      ASSERT_EQ(o.dtype(), DType::f16) << expr;
-      for (int64_t i = 0; i < 64; ++i) {
-        const double w = want(X.get(i), Y.get(i));
-        if (std::isnan(w)) {
-          ASSERT_TRUE(std::isnan(o.get(i))) << expr << " at " << i;
-        } else {
-          ASSERT_EQ(o.get(i), w) << expr << " at " << i << ": X=" << X.get(i) << " Y=" << Y.get(i);
-        }
+    const Buffer o = interpreted_and_compiled(std::string("function (X[N], Y[N]) -> (O) { O = ") + expr + "; }", in);
+    ASSERT_EQ(o.dtype(), DType::f16) << expr;
+    for (int64_t i = 0; i < 64; ++i) {
+      const double w = want(X.get(i), Y.get(i));
+      if (std::isnan(w)) {
+        ASSERT_TRUE(std::isnan(o.get(i))) << expr << " at " << i;
+      } else {
+        ASSERT_EQ(o.get(i), w) << expr << " at " << i << ": X=" << X.get(i) << " Y=" << Y.get(i);
       }
-      expect_agree(got.at("O"), o, std::string(expr) + " on " + what);
     }
   }
   // f64 -> f16 rounds once: 1 + 2^-11 + 2^-40 is above the midpoint of 1 and 1 + 2^-10, though rounding
   // it to f32 first would land on the midpoint and then on 1 (ties to even).
   Buffer D = Buffer::from_values(DType::f64, {3}, {1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-11, -(1 + 0x1p-11 + 0x1p-40)});
-  for (const auto& [what, options] : backends()) {
-    TensorMap interpreted;
-    TensorMap got = run_both("function (D[N]) -> (O) { O = cast(D, f16); }", {{"D", D}}, interpreted, options);
-    EXPECT_EQ(interpreted.at("O").get(0), 1 + 0x1p-10);
-    EXPECT_EQ(interpreted.at("O").get(1), 1.0);
-    EXPECT_EQ(interpreted.at("O").get(2), -(1 + 0x1p-10));
-    expect_agree(got.at("O"), interpreted.at("O"), "cast(D, f16) on " + what);
-  }
+  const Buffer rounded = interpreted_and_compiled("function (D[N]) -> (O) { O = cast(D, f16); }", {{"D", D}});
+  EXPECT_EQ(rounded.get(0), 1 + 0x1p-10);
+  EXPECT_EQ(rounded.get(1), 1.0);
+  EXPECT_EQ(rounded.get(2), -(1 + 0x1p-10));
 }
 
 TEST(HalfTest, ContractionsAccumulateInF32AndRoundOnce) {
@@ -279,37 +260,22 @@ TEST(HalfTest, ContractionsAccumulateInF32AndRoundOnce) {
   Buffer A(DType::f16, {1025});
   A.set(0, 1);
   for (int64_t i = 1; i < 1025; ++i) A.set(i, 0x1p-12);
-  for (const auto& [what, options] : backends()) {
-    TensorMap interpreted;
-    TensorMap got = run_both("function (A[N]) -> (O) { O[] = +(A[i]); }", {{"A", A}}, interpreted, options);
-    EXPECT_EQ(interpreted.at("O").get(0), 1.25);
-    EXPECT_EQ(got.at("O").get(0), 1.25) << what;
-  }
+  // Both backends agree with the interpreter bit for bit, so they give 1.25 too.
+  EXPECT_EQ(interpreted_and_compiled("function (A[N]) -> (O) { O[] = +(A[i]); }", {{"A", A}}).get(0), 1.25);
   // A matmul: within the f32 accumulation's error of the interpreter's (double) sum, rounded to half.
   std::mt19937_64 rng(12);
   Buffer M(DType::f16, {33, 70}), N(DType::f16, {70, 17});
   for (Buffer* b : {&M, &N})
     for (int64_t i = 0; i < b->size(); ++i) b->set(i, static_cast<double>(rng() >> 11) * 0x1p-53 * 2 - 1);
   const std::string mm = "function (A[I, K], B[K, J]) -> (C) { C[i, j : I, J] = +(A[i, k] * B[k, j]); }";
-  for (const auto& [what, options] : backends()) {
-    TensorMap interpreted;
-    TensorMap got = run_both(mm, {{"A", M}, {"B", N}}, interpreted, options);
-    ASSERT_EQ(interpreted.at("C").dtype(), DType::f16);
-    expect_agree(got.at("C"), interpreted.at("C"), "f16 matmul on " + what, 0x1p-10);
-  }
+  EXPECT_EQ(interpreted_and_compiled(mm, {{"A", M}, {"B", N}}, "C", 0x1p-10).dtype(), DType::f16);
   // Mixed: an i32 and an f16 operand promote to f16 (computed in f32); max stays in half.
   Buffer I = Buffer::from_values(DType::i32, {4}, {1, -2, 3, 70000});
   Buffer H = Buffer::from_values(DType::f16, {4}, {0.5, 0.25, -1, 1});
   for (const char* text : {"function (I[N], H[N]) -> (O) { O[] = +(I[i] * H[i]); }",
                            "function (I[N], H[N]) -> (O) { O[] = >(I[i] * H[i]); }",
-                           "function (I[N], H[N]) -> (O) { O[i : N] = >(H[i]); }"}) {
-    for (const auto& [what, options] : backends()) {
-      TensorMap interpreted;
-      TensorMap got = run_both(text, {{"I", I}, {"H", H}}, interpreted, options);
-      ASSERT_EQ(interpreted.at("O").dtype(), DType::f16) << text;
-      expect_agree(got.at("O"), interpreted.at("O"), std::string(text) + " on " + what);
-    }
-  }
+                           "function (I[N], H[N]) -> (O) { O[i : N] = >(H[i]); }"})
+    EXPECT_EQ(interpreted_and_compiled(text, {{"I", I}, {"H", H}}).dtype(), DType::f16) << text;
 }
 
 // Ahead-of-time export and the kernel cache run what the JIT runs: the header declares int64_t and
@@ -322,8 +288,7 @@ TEST(DTypeTest, ExportedObjectsRunBothDtypes) {
     H.set(i, 0.3 * static_cast<double>(i) - 0.5);
   }
   const TensorMap in{{"A", A}, {"H", H}};
-  const std::map<std::string, TensorType> types{{"A", {DType::i64, {5}}}, {"H", {DType::f16, {5}}}};
-  cpu::ExportedObject exported = cpu::export_object(p, types, "dtypes");
+  cpu::ExportedObject exported = cpu::export_object(p, testing::types_of(in), "dtypes");
   EXPECT_NE(exported.header.find("const int64_t* A"), std::string::npos) << exported.header;
   EXPECT_NE(exported.header.find("const uint16_t* H"), std::string::npos) << exported.header;
   EXPECT_NE(exported.header.find("IEEE binary16"), std::string::npos) << exported.header;

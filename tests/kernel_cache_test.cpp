@@ -26,11 +26,7 @@ std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-std::map<std::string, TensorType> types_of(const TensorMap& in) {
-  std::map<std::string, TensorType> t;
-  for (const auto& [name, b] : in) t[name] = {b.dtype(), b.shape()};
-  return t;
-}
+using testing::types_of;
 
 TensorMap inputs_for(const testing::Shapes& shapes, DType dtype, uint64_t seed) {
   TensorMap in;

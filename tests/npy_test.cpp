@@ -12,7 +12,7 @@ namespace polytile {
 namespace {
 
 TEST(NpyTest, RoundTripsEveryDtypeAndRank) {
-  for (DType t : {DType::f16, DType::f32, DType::f64, DType::i32, DType::i64, DType::boolean}) {
+  for (DType t : kDTypes) {
     for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {3}, {2, 3}, {1, 2, 3}}) {
       Buffer b(t, shape);
       for (int64_t i = 0; i < b.size(); ++i) b.set(i, (i % 3) - 1.25 * is_float(t));

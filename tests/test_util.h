@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "polytile/buffer.h"
+#include "polytile/interpreter.h"
+#include "polytile/shapes.h"
 
 namespace polytile::testing {
 
@@ -26,6 +28,13 @@ inline Buffer random_buffer(std::vector<int64_t> shape, uint64_t seed, DType dty
     b.set(i, is_integer(dtype) ? static_cast<double>(static_cast<int64_t>(rng() % 11) - 5) : 2 * u - 1);
   }
   return b;
+}
+
+// The types of a set of buffers, as compile() and infer_types() take them.
+inline std::map<std::string, TensorType> types_of(const TensorMap& in) {
+  std::map<std::string, TensorType> types;
+  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
+  return types;
 }
 
 // Row-major flat offset of a multi-index.

@@ -41,11 +41,7 @@ TensorMap conv_inputs(uint64_t seed) {
           {"B", testing::random_buffer({8}, seed + 2, DType::f32)}};
 }
 
-std::map<std::string, TensorType> types_of(const TensorMap& in) {
-  std::map<std::string, TensorType> types;
-  for (const auto& [name, b] : in) types[name] = TensorType{b.dtype(), b.shape()};
-  return types;
-}
+using testing::types_of;
 
 bool close(const Buffer& got, const Buffer& want) {
   return got.shape() == want.shape() && difference(got, want).within(1e-5);

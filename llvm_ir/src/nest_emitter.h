@@ -96,7 +96,6 @@ class NestEmitter {
   llvm::Type* value_type(DType t) {
     return widen(t == DType::boolean ? b_.getInt1Ty() : t == DType::f16 ? b_.getFloatTy() : storage_type(t));
   }
-  Value* i32(int32_t v) { return llvm::ConstantInt::get(widen(b_.getInt32Ty()), static_cast<uint64_t>(static_cast<int64_t>(v)), true); }
   Value* integer(int64_t v, DType t) { return llvm::ConstantInt::get(value_type(t), static_cast<uint64_t>(v), true); }
   Value* buffer(const std::string& tensor) { return ptrs_.at(tensor); }
   // tensor[idx]. In a GPU kernel (on the device, and as the host runs it) the address is one GEP per

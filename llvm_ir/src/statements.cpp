@@ -48,11 +48,11 @@ Typed NestEmitter::identity(AggregationOp op, DType t) {
     case AggregationOp::assign: return constant(0, t);
     case AggregationOp::product: return constant(1, t);
     case AggregationOp::max:
-      if (t == DType::i32) return constant(std::numeric_limits<int32_t>::min(), t);
+      if (t == DType::i32) return {integer(std::numeric_limits<int32_t>::min(), t), t};
       if (t == DType::i64) return {integer(std::numeric_limits<int64_t>::min(), t), t};
       return constant(t == DType::boolean ? 0 : -inf, t);
     case AggregationOp::min:
-      if (t == DType::i32) return constant(std::numeric_limits<int32_t>::max(), t);
+      if (t == DType::i32) return {integer(std::numeric_limits<int32_t>::max(), t), t};
       if (t == DType::i64) return {integer(std::numeric_limits<int64_t>::max(), t), t};
       return constant(t == DType::boolean ? 1 : inf, t);
   }
@@ -172,7 +172,7 @@ void NestEmitter::statement(const sched::LoopNode& n) {
     case CombinationOp::mul:
     case CombinationOp::add: {
       DType t = promote(promote(in[0].t, in[1].t), DType::i32);
-      if (t == DType::f16) t = DType::f32;  // f16 contractions combine in f32 (ir.h)
+      POLYTILE_CHECK(t != DType::f16, "contraction ", c.output, " multiplies or adds halves: half widening (lower.h) makes such contractions f32");
       value = arith(c.combination == CombinationOp::mul ? BinaryOp::mul : BinaryOp::add, in[0], in[1], t);
       // In a GPU kernel (on the device, and as the host runs it) a product summed into the accumulator
       // may become one fused multiply-add (the accumulation is contractible too): half the instructions

@@ -94,8 +94,10 @@ Value* NestEmitter::convert(Typed x, DType to) {
       if (x.t == DType::boolean) return b_.CreateZExt(x.v, value_type(to));
       if (x.t == DType::i32) return b_.CreateSExt(x.v, value_type(to));
       {
-        // As for i32 below, modulo 2^64: r lies in [-2^63, 2^63] and is exact (at and above 2^64 a float is
-        // a multiple of 2^11); 2^63 wraps to -2^63 before the conversion, which would not take it.
+        // trunc, then wrap modulo 2^64: r = t - 2^64 * round(t / 2^64) lies in [-2^63, 2^63] and is exact in
+        // floating point (below 2^63 nothing changes; at and above 2^64 a float is a multiple of 2^11, so r
+        // fits the significand); 2^63 wraps to -2^63 before the conversion, which would not take it; inf
+        // and NaN give 0.
         llvm::Type* fty = x.v->getType();
         Value* t = intrinsic(llvm::Intrinsic::trunc, {x.v});
         Value* q = intrinsic(llvm::Intrinsic::round, {b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-64))});
@@ -105,22 +107,9 @@ Value* NestEmitter::convert(Typed x, DType to) {
         r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
         return b_.CreateFPToSI(r, value_type(to));
       }
-    case DType::i32:
-      if (x.t == DType::boolean) return b_.CreateZExt(x.v, widen(b_.getInt32Ty()));
-      if (x.t == DType::i64) return b_.CreateTrunc(x.v, widen(b_.getInt32Ty()));
-      {
-        // trunc, then wrap modulo 2^32: r = t - 2^32 * round(t / 2^32) lies in [-2^31, 2^31] and is exact
-        // in floating point (below 2^31 nothing changes; above, t is a multiple of 2^8 in f32, so r fits
-        // the significand), so it converts exactly and truncating to i32 wraps; inf and NaN give 0.
-        llvm::Type* fty = x.v->getType();
-        Value* t = intrinsic(llvm::Intrinsic::trunc, {x.v});
-        Value* q = intrinsic(llvm::Intrinsic::round, {b_.CreateFMul(t, llvm::ConstantFP::get(fty, 0x1p-32))});
-        Value* r = b_.CreateFSub(t, b_.CreateFMul(q, llvm::ConstantFP::get(fty, 0x1p32)));
-        Value* finite = b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, {x.v}),
-                                         llvm::ConstantFP::getInfinity(fty));
-        r = b_.CreateSelect(finite, r, llvm::Constant::getNullValue(fty));
-        return b_.CreateTrunc(b_.CreateFPToSI(r, widen(b_.getInt64Ty())), widen(b_.getInt32Ty()));
-      }
+    case DType::i32:  // wrapping modulo 2^64, then to 32 bits, wraps modulo 2^32
+      if (x.t == DType::boolean) return b_.CreateZExt(x.v, value_type(to));
+      return b_.CreateTrunc(x.t == DType::i64 ? x.v : convert(x, DType::i64), value_type(to));
     case DType::boolean:
       if (is_float(x.t)) return b_.CreateFCmpUNE(x.v, llvm::ConstantFP::get(x.v->getType(), 0.0));
       return b_.CreateICmpNE(x.v, llvm::ConstantInt::get(x.v->getType(), 0));
@@ -133,7 +122,7 @@ Typed NestEmitter::constant(double v, DType t) {
     case DType::f16:
     case DType::f32:
     case DType::f64: return {llvm::ConstantFP::get(value_type(t), round_to(t, v)), t};
-    case DType::i32: return {i32(static_cast<int32_t>(round_to(t, v))), t};
+    case DType::i32:
     case DType::i64: return {integer(static_cast<int64_t>(round_to(t, v)), t), t};
     case DType::boolean: return {llvm::ConstantInt::get(value_type(t), v != 0 ? 1 : 0), t};
   }

@@ -31,7 +31,8 @@ struct Candidate {
   int64_t outputs = 1, reduction = 1, widest = 0;
 };
 
-std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types) {
+// A sum with more than `max_outputs` output elements is none: that is decided before the isl analysis.
+std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types, int64_t max_outputs) {
   if (c.aggregation != AggregationOp::sum) return std::nullopt;
   // Outputs indexed by plain variables (a weight gradient, a matmul, a total): the slices' kernels stay
   // as simple for isl as the original. (A defracted data gradient's lattice of outputs, with the slice
@@ -40,7 +41,7 @@ std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& typ
     if (p.index_terms().size() != 1 || p != Polynomial::index(p.index_terms().begin()->first)) return std::nullopt;
   Candidate k;
   for (int64_t d : types.tensors.at(c.output).shape) k.outputs *= d;
-  if (k.outputs == 0) return std::nullopt;
+  if (k.outputs == 0 || k.outputs > max_outputs) return std::nullopt;
   const poly::ContractionAnalysis a = poly::analyze(c, types);
   if (a.empty) return std::nullopt;
   std::set<std::string> in_output;
@@ -73,11 +74,11 @@ std::optional<Split> sliced(Candidate k, int64_t slices) {
 // and enough reduction points per output element left in each slice.
 std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const GpuModel& gpu) {
   if (gpu.min_blocks <= 1) return std::nullopt;
-  std::optional<Candidate> k = candidate(c, types);
-  if (!k) return std::nullopt;
+  // Outputs filling fewer than min_blocks blocks: at most (min_blocks - 1) blocks' worth.
   const int64_t per_block = int64_t{gpu.threads_per_block} * gpu.tile_rows * gpu.tile_cols;
+  std::optional<Candidate> k = candidate(c, types, (gpu.min_blocks - 1) * per_block);
+  if (!k) return std::nullopt;
   const int64_t blocks = std::max<int64_t>(1, (k->outputs + per_block - 1) / per_block);
-  if (blocks >= gpu.min_blocks) return std::nullopt;
   // As many slices as the blocks wanted, each with at least min_slice points.
   const int64_t slices = std::min((gpu.min_blocks + blocks - 1) / blocks, std::max<int64_t>(1, k->reduction / std::max<int64_t>(1, gpu.min_slice)));
   std::optional<Split> s = sliced(*k, slices);
@@ -90,8 +91,8 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
 // reductions (CpuModel::split_max_outputs, split_min_points).
 std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const Target& target) {
   if (target.threads < 2) return std::nullopt;
-  std::optional<Candidate> k = candidate(c, types);
-  if (!k || k->outputs > target.cpu.split_max_outputs || k->reduction < target.cpu.split_min_points) return std::nullopt;
+  std::optional<Candidate> k = candidate(c, types, target.cpu.split_max_outputs);
+  if (!k || k->reduction < target.cpu.split_min_points) return std::nullopt;
   return sliced(*k, target.threads);
 }
 

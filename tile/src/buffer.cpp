@@ -49,21 +49,16 @@ double round_to(DType dtype, double v) {
     case DType::f32: return static_cast<double>(static_cast<float>(v));
     case DType::f16: return half_to_double(half_from_double(v));
     case DType::boolean: return v != 0 ? 1.0 : 0.0;
+    case DType::i32:
     case DType::i64: {
       if (!std::isfinite(v)) return 0;
-      // fmod is exact; m in (-2^64, 2^64) moves into [-2^63, 2^63) exactly (within a factor of two of 2^64).
-      double m = std::fmod(std::trunc(v), 18446744073709551616.0);
-      if (m >= 9223372036854775808.0) m -= 18446744073709551616.0;
-      if (m < -9223372036854775808.0) m += 18446744073709551616.0;
-      return m;
-    }
-    case DType::i32: {
-      if (!std::isfinite(v)) return 0;
-      double t = std::trunc(v);
-      double m = std::fmod(t, 4294967296.0);  // wrap modulo 2^32 into (-2^31, 2^31]
-      if (m < 0) m += 4294967296.0;
-      if (m >= 2147483648.0) m -= 4294967296.0;
-      return m;
+      // fmod is exact; m in (-2^64, 2^64) moves into [-2^63, 2^63) exactly (within a factor of two of 2^64),
+      // and wrapping that modulo 2^32 wraps v.
+      double m = std::fmod(std::trunc(v), 0x1p64);
+      if (m >= 0x1p63) m -= 0x1p64;
+      if (m < -0x1p63) m += 0x1p64;
+      if (dtype == DType::i64) return m;
+      return static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(m)));
     }
   }
   POLYTILE_CHECK(false, "bad dtype");
@@ -165,14 +160,13 @@ std::string Buffer::type_str() const {
 Difference difference(const Buffer& got, const Buffer& want) {
   POLYTILE_CHECK(got.size() == want.size(), "difference of ", got.type_str(), " and ", want.type_str());
   Difference d;
+  if (!is_float(got.dtype()) && !is_float(want.dtype())) {  // integers compare exactly (i64 beyond 2^53 too)
+    for (int64_t i = 0; i < want.size() && d.relative == 0; ++i) d.relative = got.get_int(i) != want.get_int(i);
+    return d;
+  }
   const bool exact = !is_float(got.dtype());
   double diff = 0, norm = 0;
   for (int64_t i = 0; i < want.size(); ++i) {
-    if (exact && !is_float(want.dtype())) {  // integers compare exactly (i64 beyond 2^53 too)
-      diff += got.get_int(i) != want.get_int(i);
-      norm += 1;
-      continue;
-    }
     const double g = got.get(i), w = want.get(i);
     if (std::isnan(w)) continue;
     if (std::isnan(g)) {

@@ -249,9 +249,6 @@ bool eliminate_bounds(const std::vector<Row>& rows, size_t target, const std::st
 static_assert(std::numeric_limits<long double>::digits >= 64, "the interpreter holds i64 values in a long double");
 using Num = long double;
 
-constexpr Num kTwo63 = 9223372036854775808.0L;
-constexpr Num kTwo64 = 18446744073709551616.0L;
-
 int64_t wrap(DType t, int64_t v) { return t == DType::i32 ? static_cast<int32_t>(static_cast<uint32_t>(v)) : v; }
 
 // buffer.h's round_to, exactly for every dtype.
@@ -263,14 +260,11 @@ Num round_num(DType t, Num v) {
     case DType::boolean: return v != 0 ? 1 : 0;
     case DType::i32:
     case DType::i64: {
-      if (!std::isfinite(v)) return 0;
-      Num m = std::trunc(v);
-      if (m >= kTwo63 || m < -kTwo63) {  // wrap modulo 2^64 first (fmodl is exact)
-        m = std::fmod(m, kTwo64);
-        if (m >= kTwo63) m -= kTwo64;
-        if (m < -kTwo63) m += kTwo64;
-      }
-      return static_cast<Num>(wrap(t, static_cast<int64_t>(m)));
+      // In int64's range the conversion is exact; beyond it a value is a double (integer arithmetic stays
+      // in range), which buffer.h's round_to wraps modulo 2^64 (and inf and NaN make 0).
+      const Num m = std::trunc(v);
+      if (m >= -0x1p63L && m < 0x1p63L) return static_cast<Num>(wrap(t, static_cast<int64_t>(m)));
+      return round_to(t, static_cast<double>(v));
     }
   }
   return 0;

@@ -27,16 +27,16 @@ std::string to_string(DType t) {
 }
 
 std::optional<DType> parse_dtype(const std::string& s) {
-  if (s == "f16") return DType::f16;
-  if (s == "f32") return DType::f32;
-  if (s == "f64") return DType::f64;
-  if (s == "i32") return DType::i32;
-  if (s == "i64") return DType::i64;
-  if (s == "bool") return DType::boolean;
+  for (DType t : kDTypes)
+    if (s == to_string(t)) return t;
   return std::nullopt;
 }
 
-std::string dtype_list() { return "f16, f32, f64, i32, i64, bool"; }
+std::string dtype_list() {
+  std::string names;
+  for (DType t : kDTypes) names += (names.empty() ? "" : ", ") + to_string(t);
+  return names;
+}
 
 static int dtype_rank(DType t) {
   switch (t) {

@@ -70,7 +70,7 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
   if (fortran.find("True") != std::string::npos)
     user_error(what, ": Fortran-ordered arrays are not supported; save with numpy.ascontiguousarray");
   std::optional<DType> dtype;
-  for (DType t : {DType::f16, DType::f32, DType::f64, DType::i32, DType::i64, DType::boolean})
+  for (DType t : kDTypes)
     if (descr == npy_descr(t)) dtype = t;
   if (!dtype)
     user_error(what, ": unsupported dtype '", descr,

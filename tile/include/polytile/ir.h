@@ -54,6 +54,7 @@
 namespace polytile {
 
 enum class DType { f16, f32, f64, i32, i64, boolean };
+inline constexpr DType kDTypes[] = {DType::f16, DType::f32, DType::f64, DType::i32, DType::i64, DType::boolean};
 std::string to_string(DType t);
 // Parses "f16", "f32", "f64", "i32", "i64", "bool"; nullopt otherwise.
 std::optional<DType> parse_dtype(const std::string& s);
