@@ -4,7 +4,8 @@
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
 // 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s), compile time per stage, and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, and conv + bias
-// + relu with the consumer fused into the conv against the same layer unfused.
+// + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
+// itself without split reductions ("unsplit") and softmax against itself without row groups ("alone").
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
 // bench/run_bench.py pairs "<case>/polytile" with "<case>/<peer>" and prints the ratios.
 #include <benchmark/benchmark.h>
@@ -234,7 +235,10 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 
 // ---------------------------------------------------------------------------------------------- pooling, softmax
 
-void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, bool split) {
+// The "unsplit" and "alone" peers: the same program without split reductions, or without row groups.
+enum class Variant { as_is, unsplit, alone };
+
+void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, Variant variant) {
   Program p = parse_program(text);
   if (gradient) {
     ProgramTypes t = infer_types(p, types_of(in));
@@ -243,7 +247,8 @@ void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in,
     p = g;
   }
   cpu::CompileOptions o = options();
-  if (!split) o.target.cpu.split_max_outputs = 0;  // no split reductions: the "unsplit" peer
+  if (variant == Variant::unsplit) o.target.cpu.split_max_outputs = 0;
+  if (variant == Variant::alone) o.target.cpu.row_groups = false;
   auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
   for (auto _ : state) {
@@ -328,16 +333,18 @@ void register_all() {
   }
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
   double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
-  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap bias_in{{"D", random_f32({64, 28, 28, 32}, 7)}};
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
-  benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
   double sm_bytes = 4.0 * 4096 * 1000 * 2;
-  benchmark::RegisterBenchmark("softmax/fwd/polytile", BM_Polytile, kSoftmax, sm_in, false, sm_bytes, true)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("softmax/bwd/polytile", BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}}) {
+    benchmark::RegisterBenchmark((std::string("softmax/fwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, false, sm_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd", BM_CompileConvForwardAndBackward)->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 

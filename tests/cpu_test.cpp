@@ -19,6 +19,8 @@
 #include "polytile/autodiff.h"
 #include "polytile/cpu.h"
 #include "polytile/error.h"
+#include "polytile/kernel_cache.h"
+#include "polytile/lower.h"
 #include "polytile/parser.h"
 #include "test_util.h"
 
@@ -156,6 +158,64 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   Program rows = parse_program("function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }");
   TensorMap x = inputs_for({{"X", {4096, 100}}}, DType::f32, 6);
   EXPECT_EQ(print(compile(rows, types_of(x), two)->program()).find("_slices"), std::string::npos);
+}
+
+// Row groups (sched::NestGroup): a softmax and its gradient run as one group of row-local nests, chunk by
+// chunk, on the JIT's runtime and through an exported object's entry point; a nest that reads another row
+// of what an earlier nest wrote starts a new group. Small chunks (a tiny L2) make every boundary count:
+// grouping the shifted read wrongly would read rows the chunk has not computed yet.
+TEST(CpuTest, RowGroupsMatchTheInterpreter) {
+  CompileOptions small;
+  small.target.cpu.l2_bytes = 4096;
+  small.target.threads = 2;
+  small.threads = 2;
+  const Program softmax = parse_program(
+      "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
+      "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n");
+  const Program backward = ad::vjp(softmax).program;
+  TensorMap in = inputs_for({{"X", {37, 50}}, {"DO", {37, 50}}}, DType::f32, 3);
+  for (const auto& [what, p] : {std::pair{"softmax", softmax}, std::pair{"softmax gradient", backward}}) {
+    TensorMap used = in;
+    if (p.inputs.size() == 1) used.erase("DO");
+    expect_same(p, used, what, small);
+    CompileOptions verified = small;
+    verified.verify = true;  // the program expect_same ran
+    auto compiled = compile(p, types_of(used), verified);
+    const auto& groups = compiled->schedule().groups;
+    ASSERT_EQ(groups.size(), 1u) << what << "\n" << sched::print_loops(compiled->schedule());
+    EXPECT_EQ(groups[0].first, 0u) << what;
+    EXPECT_EQ(groups[0].last, compiled->schedule().nests.size() - 1) << what;
+    EXPECT_LT(groups[0].rows, 8) << what;
+    // The exported entry point runs the group the same way.
+    const TensorMap jit = compiled->run(used);
+    const TensorMap loaded = load(export_object(p, types_of(used), "grouped", verified))->run(used, 2);
+    for (const auto& o : p.outputs) EXPECT_EQ(loaded.at(o).to_doubles(), jit.at(o).to_doubles()) << what;
+    CompileOptions alone = verified;
+    alone.target.cpu.row_groups = false;
+    EXPECT_TRUE(compile(p, types_of(used), alone)->schedule().groups.empty());
+  }
+  // B's row i reads row N - 1 - i of A: B's update starts a new group (with O), after A's and B's init.
+  const Program shifted = parse_program(
+      "function (X[N, C]) -> (O) {\n  A = exp(X);\n  B[i, j : N, C] = +(A[N - 1 - i, j]);\n  O = B * 2;\n}\n");
+  TensorMap x = inputs_for({{"X", {29, 40}}}, DType::f32, 4);
+  expect_same(shifted, x, "shifted rows", small);
+  CompileOptions verified = small;
+  verified.verify = true;
+  auto compiled = compile(shifted, types_of(x), verified);
+  const auto& nests = compiled->schedule().nests;
+  auto index = [&](const std::string& name) {
+    for (size_t k = 0; k < nests.size(); ++k)
+      if (nests[k].name == name) return k;
+    ADD_FAILURE() << "no nest " << name;
+    return size_t{0};
+  };
+  const size_t a = index("A.elementwise"), b = index("B.update");
+  for (const auto& g : compiled->schedule().groups) EXPECT_FALSE(g.first <= a && b <= g.last) << sched::print_loops(compiled->schedule());
+  ASSERT_EQ(compiled->schedule().groups.size(), 2u) << sched::print_loops(compiled->schedule());
+  EXPECT_EQ(compiled->schedule().groups[1].first, b);
+  EXPECT_EQ(compiled->schedule().groups[1].last, index("O.elementwise"));
+  const TensorMap loaded = load(export_object(shifted, types_of(x), "shifted", verified))->run(x, 2);
+  EXPECT_EQ(loaded.at("O").to_doubles(), compiled->run(x).at("O").to_doubles());
 }
 
 TEST(CpuTest, EveryExampleUnderGpuSemantics) {
@@ -839,7 +899,7 @@ TEST(CpuTest, TuningKeepsTheFastestCandidate) {
   o.tune = true;
   auto tuned = compile(conv, types, o);
   const auto& report = tuned->tuning().candidates;
-  ASSERT_EQ(report.size(), 5u);
+  ASSERT_EQ(report.size(), 6u);
   // The program kept is the fastest candidate's: micro-kernels unless "loop nests only" won.
   bool microkernel = false;
   for (const auto& nest : tuned->schedule().nests) microkernel |= nest.microkernel.has_value();

@@ -139,6 +139,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
+         (m.row_groups ? "groups/" : "alone/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
   if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels
@@ -236,6 +237,9 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   t = base;
   t.cpu.microkernel_min_points = INT64_MAX;
   variants.emplace_back("loop nests only", t);
+  t = base;
+  t.cpu.row_groups = false;
+  variants.emplace_back("no row groups", t);
   TensorMap data;
   uint64_t state = 0x9e3779b97f4a7c15ULL;
   for (const auto& [name, type] : inputs) {
@@ -381,9 +385,25 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     ptrs[i] = static_cast<char*>(kept->second.data());
   }
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(m.threads));
+  auto group = m.schedule.groups.begin();
   for (size_t k = 0; k < m.nests.size(); ++k) {
     const sched::Nest& nest = m.schedule.nests[k];
     NestFn fn = m.nests[k];
+    if (group != m.schedule.groups.end() && group->first == k) {  // a row group: every nest on a chunk, chunk after chunk
+      const sched::NestGroup& g = *group++;
+      auto chunks = [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; c += g.rows)
+          for (size_t j = g.first; j <= g.last; ++j) m.nests[j](ptrs.data(), c, std::min(end, c + g.rows));
+      };
+      if (m.threads <= 1) {
+        chunks(nest.outer_lo, nest.outer_hi + 1);
+      } else {
+        tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1, static_cast<size_t>(g.rows)),
+                          [&](const tbb::blocked_range<int64_t>& r) { chunks(r.begin(), r.end()); }, tbb::simple_partitioner());
+      }
+      k = g.last;
+      continue;
+    }
     if (nest.kernel && nest.kernel->blocks() > 1 && m.threads > 1) {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, nest.kernel->blocks()),
                         [&](const tbb::blocked_range<int64_t>& r) { fn(ptrs.data(), r.begin(), r.end()); });

@@ -112,6 +112,37 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
   return p;
 }
 
+// A row group's task, void NAME(ptr buffers, i64 lo, i64 hi): for each chunk of `rows` outer iterations
+// in [lo, hi), every nest of the group on it (sched::NestGroup).
+llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched::NestGroup& group,
+                           const std::vector<llvm::Function*>& nests) {
+  llvm::LLVMContext& ctx = m.getContext();
+  llvm::IRBuilder<> b(ctx);
+  llvm::Type* i64 = b.getInt64Ty();
+  auto* fn = llvm::Function::Create(nests[group.first]->getFunctionType(), llvm::Function::InternalLinkage, name, m);
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  llvm::Value *table = fn->getArg(0), *lo = fn->getArg(1), *hi = fn->getArg(2);
+  auto* start = llvm::BasicBlock::Create(ctx, "entry", fn);
+  auto* loop = llvm::BasicBlock::Create(ctx, "chunk", fn);
+  auto* body = llvm::BasicBlock::Create(ctx, "nests", fn);
+  auto* done = llvm::BasicBlock::Create(ctx, "done", fn);
+  b.SetInsertPoint(start);
+  b.CreateBr(loop);
+  b.SetInsertPoint(loop);
+  llvm::PHINode* c = b.CreatePHI(i64, 2, "c");
+  c->addIncoming(lo, start);
+  b.CreateCondBr(b.CreateICmpSLT(c, hi), body, done);
+  b.SetInsertPoint(body);
+  llvm::Value* next = b.CreateAdd(c, llvm::ConstantInt::get(i64, group.rows), "next");
+  llvm::Value* end = b.CreateSelect(b.CreateICmpSLT(next, hi), next, hi, "end");
+  for (size_t j = group.first; j <= group.last; ++j) b.CreateCall(nests[j], {table, c, end});
+  c->addIncoming(next, body);
+  b.CreateBr(loop);
+  b.SetInsertPoint(done);
+  b.CreateRetVoid();
+  return fn;
+}
+
 // The entry point: int ENTRY(ptr args..., ptr workspace, ptr parallel_for, ptr user).
 void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram::Impl& impl, const Plan& plan,
                 const std::vector<llvm::Function*>& nests) {
@@ -163,13 +194,21 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     else if (plan.slot_offset[s] >= 0) value = b.CreateGEP(b.getInt8Ty(), workspace, b.getInt64(plan.slot_offset[s]));
     b.CreateStore(value, b.CreateConstGEP2_64(table->getAllocatedType(), table, 0, s));
   }
-  // The nests in order; a parallel outer loop's [lo, hi] goes to the caller's parallel_for, when it gave one.
+  // The nests in order; a parallel outer loop's [lo, hi] goes to the caller's parallel_for, when it gave one
+  // (a row group's, to the function that runs the group's nests chunk by chunk).
   auto* task_type = llvm::FunctionType::get(b.getVoidTy(), {ptr, i64, i64, ptr, ptr}, false);
+  auto group = impl.schedule.groups.begin();
   for (size_t k = 0; k < nests.size(); ++k) {
     const sched::Nest& nest = impl.schedule.nests[k];
     llvm::Value* whole[] = {table, b.getInt64(INT64_MIN), b.getInt64(INT64_MAX)};
-    if (!splits_outer_loop(nest)) {
-      b.CreateCall(nests[k], whole);
+    llvm::Function* task = nests[k];
+    if (group != impl.schedule.groups.end() && group->first == k) {
+      task = emit_group(m, "group_" + std::to_string(k), *group++, nests);
+      k = std::prev(group)->last;
+      whole[1] = b.getInt64(nest.outer_lo);
+      whole[2] = b.getInt64(nest.outer_hi + 1);
+    } else if (!splits_outer_loop(nest)) {
+      b.CreateCall(task, whole);
       continue;
     }
     auto* split = llvm::BasicBlock::Create(ctx, "nest_" + std::to_string(k) + "_parallel", fn);
@@ -177,10 +216,10 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     auto* next = llvm::BasicBlock::Create(ctx, "nest_" + std::to_string(k) + "_done", fn);
     b.CreateCondBr(b.CreateIsNull(parallel_for), serial, split);
     b.SetInsertPoint(split);
-    b.CreateCall(task_type, parallel_for, {user, b.getInt64(nest.outer_lo), b.getInt64(nest.outer_hi + 1), nests[k], table});
+    b.CreateCall(task_type, parallel_for, {user, b.getInt64(nest.outer_lo), b.getInt64(nest.outer_hi + 1), task, table});
     b.CreateBr(next);
     b.SetInsertPoint(serial);
-    b.CreateCall(nests[k], whole);
+    b.CreateCall(task, whole);
     b.CreateBr(next);
     b.SetInsertPoint(next);
   }

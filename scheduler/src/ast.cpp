@@ -388,6 +388,7 @@ std::string BlockStep::str() const {
 
 void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockStep* step, const KernelStatements* added) {
   nest.tree = text(sched);
+  last_tree = sched;
   int depth = 0;  // schedule dimensions: the deepest band's depth plus its members
   sched.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
     if (node.isa<isl::schedule_node_band>())

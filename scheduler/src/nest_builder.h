@@ -87,6 +87,9 @@ struct NestFacts {
   std::vector<Read> reads;
   // GPU update nests: the output access over S (domain -> element), for the accumulators.
   std::optional<isl::map> write = std::nullopt;
+  // Update nests that reduce, every input indexed by every output variable: no two outputs read the same
+  // input element (a row sum, a comparison count), so cache tiles have nothing to keep for reuse.
+  bool private_reads = false;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
@@ -187,6 +190,7 @@ struct NestBuilder {
   // The one translator: the AST of a marked tree into the nest. Loops may run in parallel where the tree
   // says so: coincident members of bands under a "parallel" mark.
   void generate(Nest& nest, const isl::schedule& tree, const BlockStep* step = nullptr, const KernelStatements* added = nullptr);
+  std::optional<isl::schedule> last_tree;  // the tree generate() translated last
   // The runtime splits the outer loop's range: the root must be a parallel loop with constant bounds, or
   // a block of such loops (isl splits the outermost dimension when statements cover different parts).
   static void finish_parallel(Nest& nest);
@@ -205,5 +209,21 @@ struct NestBuilder {
                              const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
                              const std::vector<isl::map>& reads, const MicrokernelChoices& choices);
 };
+
+// A nest's accesses as functions of its outer loop (its first schedule dimension): { [c] -> T[element] }
+// for the elements iteration c writes and reads (nest_groups.cpp).
+struct RowAccess {
+  isl::union_map writes, reads;
+};
+
+// The outer loop of a plain nest's tree, { S[vars] -> [c] }; nullopt for a tree of several statements or
+// no loop.
+std::optional<isl::map> outer_loop(const isl::schedule& tree);
+
+// The row groups of a CPU schedule (NestGroup): runs of consecutive nests with accesses, the same parallel
+// outer range, no micro-kernel, and every dependence between one and the nests before it in the run
+// relating equal outer iterations.
+std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::vector<std::optional<RowAccess>>& rows,
+                                   const ProgramTypes& types, const Target& target);
 
 }  // namespace polytile::sched::internal

@@ -119,7 +119,14 @@ const char* kind_name(Nest::Kind k) {
 
 std::string print_loops(const Schedule& schedule) {
   std::string out;
-  for (const auto& nest : schedule.nests) {
+  auto group = schedule.groups.begin();
+  for (size_t k = 0; k < schedule.nests.size(); ++k) {
+    const Nest& nest = schedule.nests[k];
+    if (group != schedule.groups.end() && group->first == k) {
+      out += "row group of nests " + schedule.nests[group->first].name + " .. " + schedule.nests[group->last].name + ": " +
+             std::to_string(group->rows) + " outer iterations at a time, every nest in turn\n";
+      ++group;
+    }
     std::string vars;
     for (size_t k = 0; k < nest.variables.size(); ++k) vars += (k ? ", " : "") + nest.variables[k];
     out += "nest " + nest.name + " (" + kind_name(nest.kind) + " of " + nest.tensor + "; S(" + vars + ")";

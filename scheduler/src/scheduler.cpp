@@ -22,6 +22,7 @@ namespace polytile::sched {
 using internal::NestBuilder;
 using internal::NestFacts;
 using internal::box_text;
+using internal::join;
 
 namespace {
 
@@ -100,6 +101,19 @@ BandOrder gpu_band_order(const Contraction& c, const std::vector<std::string>& v
   return band;
 }
 
+// A reduction in which every input is indexed by every output variable: no two output elements read the
+// same input element (a row sum, a comparison count).
+bool private_reads(const Contraction& c) {
+  auto uses = [](const std::vector<Polynomial>& idx, const std::string& v) {
+    return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
+  };
+  std::vector<std::string> outputs, reductions;
+  for (const auto& v : c.index_variables()) (uses(c.output_indices, v) ? outputs : reductions).push_back(v);
+  return !reductions.empty() && std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) {
+    return std::all_of(outputs.begin(), outputs.end(), [&](const std::string& v) { return uses(in.indices, v); });
+  });
+}
+
 // An empty nest of `kind` writing `tensor`, named after both.
 Nest new_nest(Nest::Kind kind, const std::string& tensor, const char* suffix) {
   Nest n;
@@ -132,6 +146,7 @@ class ProgramScheduler {
         contraction(index, std::get<Contraction>(st));
       }
     }
+    if (!target_.gpu && target_.cpu.row_groups) out_.groups = internal::group_nests(out_.nests, rows_, types_, target_);
     return std::move(out_);
   }
 
@@ -140,6 +155,56 @@ class ProgramScheduler {
     return isl::set(builder_.ctx.get(), box_text("S", vars, shape));
   }
 
+  // Row groups: what each nest of out_.nests reads and writes by outer iteration (rows_[k] for nest k),
+  // where it can join a group.
+  void add(Nest nest, std::optional<internal::RowAccess> rows, std::optional<size_t> at = std::nullopt) {
+    const size_t k = at.value_or(out_.nests.size());
+    out_.nests.insert(out_.nests.begin() + static_cast<long>(k), std::move(nest));
+    rows_.insert(rows_.begin() + static_cast<long>(k), std::move(rows));
+  }
+
+  // The accesses of `nest`, whose tree generate() translated last, by outer iteration: `writes` and
+  // `reads` are over S, `outer` maps S to the outer loop (read from the tree when not given). Nothing for
+  // a nest that cannot join a row group.
+  std::optional<internal::RowAccess> row_access(const Nest& nest, const isl::union_map& writes, const isl::union_map& reads,
+                                                std::optional<isl::map> outer = std::nullopt) {
+    if (target_.gpu || !target_.cpu.row_groups || !nest.parallel_outer || nest.microkernel) return std::nullopt;
+    if (!outer) outer = internal::outer_loop(*builder_.last_tree);
+    if (!outer) return std::nullopt;
+    const isl::union_map by_row(*outer);
+    return internal::RowAccess{writes.apply_domain(by_row), reads.apply_domain(by_row)};
+  }
+
+  // { from[i...] -> tensor[...] }: how an elementwise expression over elements of `shape` reads `tensor`
+  // (numpy broadcasting: right-aligned, dims of extent 1 at 0).
+  isl::map broadcast_read(const std::string& tensor, const std::vector<int64_t>& shape, const isl::id& from) {
+    const std::vector<int64_t>& source = types_.tensors.at(tensor).shape;
+    const std::vector<std::string> vars = element_variables(TensorType{DType::f32, shape});
+    std::vector<std::string> at;
+    for (size_t k = 0; k < source.size(); ++k) at.push_back(source[k] == 1 ? "0" : vars[shape.size() - source.size() + k]);
+    return isl::map(builder_.ctx.get(), "{ A[" + join(vars) + "] -> B[" + join(at) + "] }")
+        .set_domain_tuple(from)
+        .set_range_tuple(isl::id(builder_.ctx.get(), tensor));
+  }
+
+  isl::union_map expression_reads(const Expr& e, const std::vector<int64_t>& shape, const isl::id& from) {
+    std::vector<std::string> leaves;
+    e.collect_tensors(leaves);
+    isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
+    for (const auto& l : leaves) reads = reads.unite(broadcast_read(l, shape, from));
+    return reads;
+  }
+
+  // { S[i...] -> tensor[i...] } over `domain`: a nest over output elements writing them.
+  isl::union_map element_writes(const std::string& tensor, const isl::set& domain) {
+    const std::vector<std::string> vars = element_variables(types_.tensors.at(tensor));
+    return isl::union_map(isl::map(builder_.ctx.get(), "{ S[" + join(vars) + "] -> B[" + join(vars) + "] }")
+                              .set_range_tuple(isl::id(builder_.ctx.get(), tensor))
+                              .intersect_domain(domain));
+  }
+
+  const isl::id& statement_id() const { return builder_.statements.id(LoopNode::Statement::plain); }
+
   // An elementwise statement over `domain` (a part of its output's box).
   void elementwise(const Elementwise& e, const isl::set& domain) {
     const TensorType& t = types_.tensors.at(e.output);
@@ -147,7 +212,8 @@ class ProgramScheduler {
     nest.elementwise = e;
     nest.variables = element_variables(t);
     build_over_elements(nest, domain, t);
-    out_.nests.push_back(std::move(nest));
+    auto rows = row_access(nest, element_writes(e.output, domain), expression_reads(e.expr, t.shape, statement_id()).intersect_domain(domain));
+    add(std::move(nest), std::move(rows));
   }
 
   // A nest over output elements (elementwise, init, finalize): one band over them in order, the first
@@ -185,7 +251,10 @@ class ProgramScheduler {
     if (init_domain) {
       Nest init = element_nest(c, Nest::Kind::init, ".init");
       build_over_elements(init, *init_domain, t);
-      out_.nests.insert(out_.nests.begin() + static_cast<long>(init_index), std::move(init));
+      isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
+      if (c.init) reads = expression_reads(Expr::tensor(*c.init), t.shape, statement_id()).intersect_domain(*init_domain);
+      auto rows = row_access(init, element_writes(c.output, *init_domain), reads);
+      add(std::move(init), std::move(rows), init_index);
     }
     if (microkernel) return;  // a micro-kernel sums: no finalize
     const bool needs_finalize = !c.init && (c.aggregation == AggregationOp::product || c.aggregation == AggregationOp::max ||
@@ -196,7 +265,8 @@ class ProgramScheduler {
     if (!empty && unwritten.is_empty()) return;
     Nest finalize = element_nest(c, Nest::Kind::finalize, ".finalize");
     build_over_elements(finalize, unwritten, t, /*coincident=*/false);
-    out_.nests.push_back(std::move(finalize));
+    auto rows = row_access(finalize, element_writes(c.output, unwritten), isl::union_map::empty(builder_.ctx.get()));
+    add(std::move(finalize), std::move(rows));
   }
 
   // The update nest: a micro-kernel or a row reduction when the CPU strategy takes it, else a plain nest.
@@ -220,8 +290,13 @@ class ProgramScheduler {
     for (int64_t d : t.shape) out_bytes *= d;
     if (!target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
       return true;
-    if (target_.gpu || !builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel)) {
+    std::optional<isl::map> outer;  // a row reduction's outer loop: its first output variable
+    if (!target_.gpu && builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel)) {
+      if (!update.reduction->outputs.empty())
+        outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" + positional[update.reduction->outputs[0]] + "] }");
+    } else {
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
+      facts.private_reads = private_reads(c);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)
@@ -230,7 +305,15 @@ class ProgramScheduler {
       }
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0, facts);
     }
-    out_.nests.push_back(std::move(update));
+    isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
+    for (size_t k = 0; k < c.inputs.size(); ++k) {
+      isl::union_map read(analysis.reads[k].set_domain_tuple(statement_id()));
+      if (auto in = update.inlined.find(c.inputs[k].tensor); in != update.inlined.end())
+        read = read.apply_range(expression_reads(in->second.expr, types_.tensors.at(in->first).shape, isl::id(builder_.ctx.get(), in->first)));
+      reads = reads.unite(read);
+    }
+    auto rows = row_access(update, isl::union_map(analysis.write.set_domain_tuple(statement_id())), reads, outer);
+    add(std::move(update), std::move(rows));
     return false;
   }
 
@@ -251,7 +334,7 @@ class ProgramScheduler {
       init_domain.reset();
       if (!uncovered.is_empty()) init_domain = uncovered;
     }
-    out_.nests.push_back(std::move(update));
+    add(std::move(update), std::nullopt);
     if (epilogue) {
       inside_other_nests_.insert(consumer->second);
       if (!uncovered.is_empty()) elementwise(*epilogue, uncovered);
@@ -266,6 +349,7 @@ class ProgramScheduler {
   internal::NestFusion fusion_;
   std::set<size_t> inside_other_nests_;  // statements computed in another statement's nest
   Schedule out_;
+  std::vector<std::optional<internal::RowAccess>> rows_;  // one per nest of out_
 };
 
 }  // namespace

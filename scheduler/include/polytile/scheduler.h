@@ -33,6 +33,9 @@ struct CpuModel {
   // of its longest reduction variable per thread, and the slices' partial sums added.
   int64_t split_max_outputs = 1024;
   int64_t split_min_points = 16384;
+  // Row groups (NestGroup): consecutive row-local nests run chunk by chunk together; false runs every
+  // nest over its whole range before the next.
+  bool row_groups = true;
 };
 
 // The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
@@ -227,8 +230,22 @@ struct Nest {
   std::string ast;                    // isl's C rendering of the loops
 };
 
+// Nests that run together, a few rows at a time (the CPU): consecutive nests first..last, each with a
+// parallel outer loop over the same range, where isl proves that iteration c of every nest reads and writes
+// only elements that the group's earlier nests write in their own iteration c, or that no nest of the group
+// writes -- and that no later nest writes an element an earlier one reads in another iteration. The runtime
+// then runs, for each chunk of `rows` consecutive outer iterations, every nest of the group on that chunk
+// before the next chunk (chunks on different threads at once), so that what one nest writes is still in
+// cache when the next reads it: a softmax and its gradient pass over memory a few times instead of
+// fifteen. `rows` keeps the group's data per chunk within half the L2 cache.
+struct NestGroup {
+  size_t first = 0, last = 0;  // indices into Schedule::nests, inclusive
+  int64_t rows = 1;
+};
+
 struct Schedule {
   std::vector<Nest> nests;  // in execution order
+  std::vector<NestGroup> groups;  // disjoint, in nest order; a nest in no group runs alone
   std::string tree() const;
   std::string ast() const;
 };

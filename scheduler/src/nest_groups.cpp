@@ -1,0 +1,88 @@
+// Row groups (NestGroup in scheduler.h): which consecutive nests may run chunk by chunk together, proven
+// with isl on each nest's accesses as functions of its outer loop, and how many rows a chunk takes.
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "nest_builder.h"
+
+namespace polytile::sched::internal {
+
+std::optional<isl::map> outer_loop(const isl::schedule& tree) {
+  const isl::union_map all = tree.get_map();
+  if (!all.isa_map()) return std::nullopt;  // more than one statement: not a plain nest
+  isl::map full = all.as_map();
+  const unsigned n = static_cast<unsigned>(isl_map_dim(full.get(), isl_dim_out));
+  if (n == 0) return std::nullopt;
+  return isl::manage(isl_map_project_out(full.release(), isl_dim_out, 1, n - 1));
+}
+
+namespace {
+
+// Whether iteration b of the nest whose accesses are (writes, reads) depends only on iteration b of the
+// group before it (`group`), and no iteration of it overwrites what another iteration of the group reads:
+// every dependence between them relates equal iterations.
+bool row_local(const RowAccess& group, const RowAccess& next) {
+  const isl::union_map touched = next.writes.unite(next.reads);
+  const isl::union_map flow = group.writes.apply_range(touched.reverse());      // [a] -> [b]: b touches what a wrote
+  const isl::union_map anti = group.reads.apply_range(next.writes.reverse());   // [a] -> [b]: b writes what a read
+  const isl::union_set same(group.writes.ctx(), "{ [0] }");
+  return flow.unite(anti).deltas().is_subset(same);
+}
+
+// Rows per chunk: the group's tensors, each spread evenly over the outer range, within half of L2; at
+// least four chunks per thread.
+int64_t chunk_rows(const RowAccess& group, int64_t extent, const ProgramTypes& types, const Target& target) {
+  std::set<std::string> tensors;
+  group.writes.unite(group.reads).range().foreach_set([&](const isl::set& s) { tensors.insert(isl_set_get_tuple_name(s.get())); });
+  double bytes = 0;
+  for (const auto& t : tensors) {
+    const TensorType& type = types.tensors.at(t);
+    double size = static_cast<double>(dtype_bytes(type.dtype));
+    for (int64_t d : type.shape) size *= static_cast<double>(d);
+    bytes += size / static_cast<double>(extent);
+  }
+  const int64_t fit = static_cast<int64_t>(static_cast<double>(target.cpu.l2_bytes) / 2 / std::max(bytes, 1.0));
+  const int64_t balanced = std::max<int64_t>(1, extent / (4 * std::max(1, target.threads)));
+  return std::clamp<int64_t>(fit, 1, balanced);
+}
+
+}  // namespace
+
+std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::vector<std::optional<RowAccess>>& rows,
+                                   const ProgramTypes& types, const Target& target) {
+  constexpr size_t kMaxNests = 64;  // bounds the union maps the proofs grow
+  std::vector<NestGroup> groups;
+  std::optional<RowAccess> group;
+  NestGroup current;
+  auto close = [&] {
+    if (group && current.last > current.first) {
+      current.rows = chunk_rows(*group, nests[current.first].outer_hi - nests[current.first].outer_lo + 1, types, target);
+      groups.push_back(current);
+    }
+    group.reset();
+  };
+  for (size_t k = 0; k < nests.size(); ++k) {
+    const Nest& n = nests[k];
+    const bool joins_any = rows[k] && n.parallel_outer && n.outer_hi > n.outer_lo && !n.kernel && !n.microkernel;
+    if (!joins_any) {
+      close();
+      continue;
+    }
+    const Nest& first = nests[current.first];
+    if (group && n.outer_lo == first.outer_lo && n.outer_hi == first.outer_hi && k - current.first < kMaxNests &&
+        row_local(*group, *rows[k])) {
+      group->writes = group->writes.unite(rows[k]->writes);
+      group->reads = group->reads.unite(rows[k]->reads);
+      current.last = k;
+      continue;
+    }
+    close();
+    group = rows[k];
+    current = NestGroup{k, k, 1};
+  }
+  close();
+  return groups;
+}
+
+}  // namespace polytile::sched::internal
