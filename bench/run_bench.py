@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Runs build/polytile_bench, writes bench/results.json, prints polytile/peer ratios as a table, and plots
-them to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
+"""Runs build/polytile_bench, writes bench/results.json, prints polytile/peer ratios and each rate as a fraction
+of the machine's limits measured in the same run (peak/fma, peak/triad) as a table, and plots the ratios and
+the absolute rates with those limits as lines to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
 Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [--frameworks]
                           [-- BENCH ARGS]
@@ -80,10 +81,23 @@ def main():
         rows = [r for r in rows if r[1] != "-" or not any(o[0] == r[0] and o[1] != "-" for o in rows)]
         with open(os.path.join(args.out, "frameworks.json"), "w") as f:
             json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
-    print("| case | peer | polytile | peer | unit | polytile/peer |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    # The machine's limits, measured in the same run (bench/machine_bench.cpp): each rate as a fraction.
+    limits = {}
+    if "peak/fma" in by_name:
+        limits["GFLOP/s"] = by_name["peak/fma"]["GFLOP/s"]
+    if "peak/triad" in by_name:
+        limits["GB/s"] = by_name["peak/triad"]["GB/s"]
+    if limits:
+        print("machine limits in this run: " + ", ".join(f"{v:.1f} {k}" for k, v in sorted(limits.items())) +
+              " (GFLOP/s: f32 FMA peak on the bench threads; GB/s: STREAM triad on 16 MiB arrays)\n")
+
+    def of_limit(rate_, unit):
+        return f"{rate_ / limits[unit]:.2f}" if unit in limits else "-"
+
+    print("| case | peer | polytile | peer | unit | polytile/peer | polytile/limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for case, peer, mine, theirs, unit, ratio in rows:
-        print(f"| {case} | {peer} | {mine:.1f} | {theirs:.1f} | {unit} | {ratio:.2f} |")
+        print(f"| {case} | {peer} | {mine:.1f} | {theirs:.1f} | {unit} | {ratio:.2f} | {of_limit(mine, unit)} |")
     for b in benches:
         if b["name"].startswith("compile/"):
             stages = {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}
@@ -96,16 +110,36 @@ def main():
         print("matplotlib is missing (apt-get install python3-matplotlib): no plot", file=sys.stderr)
         return status
     paired = [row for row in rows if row[1] != "-"]
-    if paired:
-        fig, ax = plt.subplots(figsize=(10, 0.3 * len(paired) + 1.5))
-        labels = [f"{c} vs {p}" for c, p, *_ in paired]
-        # Ratios on a log scale, clipped to [1/20, 20] (a clipped bar ends at the edge; the table has the value).
-        ax.barh(labels, [min(max(r[5], 0.05), 20) for r in paired])
-        ax.set_xscale("log")
-        ax.set_xlim(0.05, 20)
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.axvline(0.5, color="red", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("polytile / peer, log scale (higher is better; dashed: 0.5x)")
+    # Absolute rates per unit: polytile's bar, each peer a dot, the machine's limit a dashed line.
+    units = [u for u in ("GFLOP/s", "GB/s") if any(r[4] == u for r in rows)]
+    panels = ([("ratios", paired)] if paired else []) + [(u, [r for r in rows if r[4] == u]) for u in units]
+    if panels:
+        heights = [0.3 * len({(r[0], r[1]) if name == "ratios" else r[0] for r in part}) + 1.2 for name, part in panels]
+        fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights)), gridspec_kw={"height_ratios": heights},
+                                 squeeze=False)
+        for ax, (name, part) in zip(axes[:, 0], panels):
+            if name == "ratios":
+                labels = [f"{c} vs {p}" for c, p, *_ in part]
+                # Ratios on a log scale, clipped to [1/20, 20] (a clipped bar ends at the edge; the table has the value).
+                ax.barh(labels, [min(max(r[5], 0.05), 20) for r in part])
+                ax.set_xscale("log")
+                ax.set_xlim(0.05, 20)
+                ax.axvline(1.0, color="black", linewidth=0.8)
+                ax.axvline(0.5, color="red", linewidth=0.8, linestyle="--")
+                ax.set_xlabel("polytile / peer, log scale (higher is better; dashed: 0.5x)")
+                continue
+            cases = sorted({r[0] for r in part})
+            ax.barh(cases, [next(r[2] for r in part if r[0] == c) for c in cases], label="polytile")
+            peers = sorted({r[1] for r in part if r[1] != "-"})
+            for k, peer in enumerate(peers):
+                got = [(r[3], r[0]) for r in part if r[1] == peer]
+                ax.scatter([g[0] for g in got], [g[1] for g in got], s=14, zorder=3, label=peer,
+                           marker="osD^v<>"[k % 7])
+            if name in limits:
+                what = "f32 FMA peak" if name == "GFLOP/s" else "triad bandwidth"
+                ax.axvline(limits[name], color="red", linewidth=0.8, linestyle="--", label=f"{what} {limits[name]:.0f}")
+            ax.set_xlabel(name + " (higher is better)")
+            ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         fig.savefig(os.path.join(args.out, "ratios.png"), dpi=100)
         print("plot: " + os.path.join(args.out, "ratios.png"))

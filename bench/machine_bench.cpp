@@ -1,0 +1,103 @@
+// The machine's own limits, measured in the same run as the kernels so that every rate can be read as a
+// fraction of them (bench/run_bench.py does): "peak/fma" -- the f32 FMA throughput of independent
+// register-resident FMA chains on every bench thread, with the widest vectors the CPU has (AVX-512, else
+// AVX2 + FMA, chosen when the program runs) -- and "peak/triad" -- STREAM's triad a[i] = b[i] + s * c[i] over
+// arrays of 16 MiB (the size of the softmax and max pool tensors), split across the bench threads, counted
+// as STREAM counts it (two reads and one write per element).
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int bench_threads() {
+  const char* t = std::getenv("POLYTILE_BENCH_THREADS");
+  return t ? std::atoi(t) : 2;
+}
+
+constexpr int kChains = 16;  // independent accumulators: enough to cover the FMA latency on two ports
+constexpr int64_t kSteps = 1 << 22;
+
+// Each returns the number of lanes of one FMA; `sink` keeps the results alive.
+__attribute__((target("avx512f"))) int fma_chains_avx512(float* sink) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c) * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  for (int64_t s = 0; s < kSteps; ++s)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], m, a);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  _mm512_storeu_ps(sink, total);
+  return 16;
+}
+
+__attribute__((target("avx2,fma"))) int fma_chains_avx2(float* sink) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  for (int64_t s = 0; s < kSteps; ++s)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
+  __m256 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[c]);
+  _mm256_storeu_ps(sink, total);
+  return 8;
+}
+
+int fma_chains_scalar(float* sink) {
+  float acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = static_cast<float>(c) * 1e-3f;
+  for (int64_t s = 0; s < kSteps; ++s)
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * 0.999999f + 1e-7f;
+  float total = 0;
+  for (int c = 0; c < kChains; ++c) total += acc[c];
+  sink[0] = total;
+  return 1;
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  __builtin_cpu_init();
+  auto kernel = __builtin_cpu_supports("avx512f")                                   ? fma_chains_avx512
+                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
+                                                                                   : fma_chains_scalar;
+  const int threads = bench_threads();
+  std::vector<std::vector<float>> sinks(static_cast<size_t>(threads), std::vector<float>(16));
+  int lanes = 1;
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back([&, t] { kernel(sinks[static_cast<size_t>(t)].data()); });
+    lanes = kernel(sinks[0].data());
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sinks);
+  }
+  const double flops = 2.0 * lanes * kChains * static_cast<double>(kSteps) * threads;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["lanes"] = lanes;
+}
+
+void BM_Triad(benchmark::State& state) {
+  const int64_t n = int64_t{4} << 20;  // 16 MiB of f32 per array
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f), c(static_cast<size_t>(n), 2.0f);
+  const int threads = bench_threads();
+  auto part = [&](int t) {
+    const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+    float *pa = a.data(), *pb = b.data(), *pc = c.data();
+    for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+  };
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(part, t);
+    part(0);
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(3.0 * 4.0 * static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_FmaPeak)->Name("peak/fma")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Triad)->Name("peak/triad")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
