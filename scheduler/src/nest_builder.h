@@ -219,6 +219,8 @@ struct RowAccess {
 // The outer loop of a plain nest's tree, { S[vars] -> [c] }; nullopt for a tree of several statements or
 // no loop.
 std::optional<isl::map> outer_loop(const isl::schedule& tree);
+// Whether the values of `outer` ({ S[vars] -> [c] }) run from lo to hi.
+bool spans(const isl::map& outer, int64_t lo, int64_t hi);
 
 // The row groups of a CPU schedule (NestGroup): runs of consecutive nests with accesses, the same parallel
 // outer range, no micro-kernel, and every dependence between one and the nests before it in the run

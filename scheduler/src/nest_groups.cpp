@@ -17,6 +17,12 @@ std::optional<isl::map> outer_loop(const isl::schedule& tree) {
   return isl::manage(isl_map_project_out(full.release(), isl_dim_out, 1, n - 1));
 }
 
+bool spans(const isl::map& outer, int64_t lo, int64_t hi) {
+  const isl::set values = outer.range();
+  const isl::val min = values.dim_min_val(0), max = values.dim_max_val(0);
+  return min.is_int() && max.is_int() && min.get_num_si() == lo && max.get_num_si() == hi;
+}
+
 namespace {
 
 // Whether iteration b of the nest whose accesses are (writes, reads) depends only on iteration b of the

@@ -170,8 +170,11 @@ class ProgramScheduler {
                                                 std::optional<isl::map> outer = std::nullopt) {
     if (target_.gpu || !target_.cpu.row_groups || !nest.parallel_outer || nest.microkernel) return std::nullopt;
     if (!outer) outer = internal::outer_loop(*builder_.last_tree);
-    if (!outer) return std::nullopt;
-    const isl::union_map by_row(*outer);
+    if (!outer || writes.is_empty()) return std::nullopt;
+    const isl::union_map by_row = isl::union_map(*outer).intersect_domain(writes.domain());
+    // The map must be the loop the runtime splits: isl emits no loop for a dimension of one value (a tile
+    // loop with one tile), and the outermost emitted loop is then a later dimension.
+    if (!by_row.isa_map() || !internal::spans(by_row.as_map(), nest.outer_lo, nest.outer_hi)) return std::nullopt;
     return internal::RowAccess{writes.apply_domain(by_row), reads.apply_domain(by_row)};
   }
 
