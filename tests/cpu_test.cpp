@@ -194,7 +194,8 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     alone.target.cpu.row_groups = false;
     EXPECT_TRUE(compile(p, types_of(used), alone)->schedule().groups.empty());
   }
-  // B's row i reads row N - 1 - i of A: B's update starts a new group (with O), after A's and B's init.
+  // B's row i reads row N - 1 - i of A: B's update starts a new group, with O. (Each element of B has one
+  // term: B's update stores it, and B has no init nest.)
   const Program shifted = parse_program(
       "function (X[N, C]) -> (O) {\n  A = exp(X);\n  B[i, j : N, C] = +(A[N - 1 - i, j]);\n  O = B * 2;\n}\n");
   TensorMap x = inputs_for({{"X", {29, 40}}}, DType::f32, 4);
@@ -211,11 +212,47 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   };
   const size_t a = index("A.elementwise"), b = index("B.update");
   for (const auto& g : compiled->schedule().groups) EXPECT_FALSE(g.first <= a && b <= g.last) << sched::print_loops(compiled->schedule());
-  ASSERT_EQ(compiled->schedule().groups.size(), 2u) << sched::print_loops(compiled->schedule());
-  EXPECT_EQ(compiled->schedule().groups[1].first, b);
-  EXPECT_EQ(compiled->schedule().groups[1].last, index("O.elementwise"));
+  ASSERT_EQ(compiled->schedule().groups.size(), 1u) << sched::print_loops(compiled->schedule());
+  EXPECT_EQ(compiled->schedule().groups[0].first, b);
+  EXPECT_EQ(compiled->schedule().groups[0].last, index("O.elementwise"));
+  EXPECT_TRUE(nests[b].stores);
   const TensorMap loaded = load(export_object(shifted, types_of(x), "shifted", verified))->run(x, 2);
   EXPECT_EQ(loaded.at("O").to_doubles(), compiled->run(x).at("O").to_doubles());
+}
+
+// A sum whose elements each get one term at most (isl: the write is injective) stores 0 + term without
+// reading the element, and only the elements no term writes get an init nest: a strided scatter leaves the
+// odd elements to it; -0.0 terms still sum to +0.0, as the interpreter's 0 + (-0.0) does; a max pool's
+// gradient scatters this way.
+TEST(CpuTest, SumsWithOneTermPerElementStoreIt) {
+  const Program scatter = parse_program("function (X[N]) -> (O) { O[2*i : 2*N + 1] = +(X[i]); }");
+  TensorMap in{{"X", Buffer::from_values(DType::f32, {4}, {-0.0, 1.5, -0.0, -2.0})}};
+  auto compiled = compile(scatter, types_of(in));
+  const auto& nests = compiled->schedule().nests;
+  ASSERT_EQ(nests.size(), 2u) << sched::print_loops(compiled->schedule());
+  EXPECT_EQ(nests[0].kind, sched::Nest::Kind::init);
+  EXPECT_TRUE(nests[1].stores);
+  // Into an output holding 7s: every element is written, the odd ones by the init nest.
+  TensorMap got{{"O", Buffer::from_values(DType::f32, {9}, std::vector<double>(9, 7.0))}};
+  const TensorMap want = interpret(scatter, in);
+  for (int round = 0; round < 2; ++round) {
+    compiled->run(in, got);
+    ASSERT_EQ(got.at("O").size(), 9);
+    for (int64_t e = 0; e < 9; ++e) {
+      EXPECT_EQ(got.at("O").get(e), want.at("O").get(e)) << e;
+      EXPECT_EQ(std::signbit(got.at("O").get(e)), std::signbit(want.at("O").get(e))) << e;
+    }
+  }
+  const Program pool = parse_program(
+      "function (I[N, H, W, C]) -> (O) { O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2; }");
+  const Program gradient = ad::vjp(pool).program;
+  TensorMap pool_in = inputs_for({{"I", {2, 6, 8, 3}}, {"DO", {2, 3, 4, 3}}}, DType::f32, 8);
+  expect_same(gradient, pool_in, "max pool gradient");
+  CompileOptions verified;
+  verified.verify = true;
+  bool stores = false;
+  for (const auto& nest : compile(gradient, types_of(pool_in), verified)->schedule().nests) stores |= nest.tensor == "DI" && nest.stores;
+  EXPECT_TRUE(stores);
 }
 
 TEST(CpuTest, EveryExampleUnderGpuSemantics) {

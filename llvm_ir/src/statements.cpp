@@ -203,7 +203,8 @@ void NestEmitter::statement(const sched::LoopNode& n) {
   }
   Value* v = convert(value, out.dtype);
   if (c.aggregation != AggregationOp::assign) {
-    Typed acc = load_address(out.dtype, out_addr);
+    // A point that alone writes its element (Nest::stores) adds its term to the identity, not the element.
+    Typed acc = nest_.stores ? identity(c.aggregation, out.dtype) : load_address(out.dtype, out_addr);
     v = accumulate(c.aggregation, acc.v, v, out.dtype);
   }
   store_address(out.dtype, out_addr, {v, out.dtype});

@@ -135,6 +135,7 @@ std::string print_loops(const Schedule& schedule) {
     if (nest.microkernel)
       out += "; micro-kernel " + std::to_string(nest.microkernel->rows) + "x" + std::to_string(nest.microkernel->chunks) + "x" +
              std::to_string(nest.microkernel->lanes);
+    if (nest.stores) out += "; each point stores its element";
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
     if (nest.kernel) {

@@ -6,6 +6,7 @@
 #include "polytile/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,7 +39,7 @@ struct BandOrder {
 };
 
 BandOrder band_order(const Contraction& c, const std::vector<std::string>& variables,
-                     const std::vector<poly::VariableBounds>& bounds, int threads) {
+                     const std::vector<poly::VariableBounds>& bounds, const std::vector<int64_t>& out_shape, int threads) {
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
@@ -70,6 +71,18 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
   std::vector<size_t>& order = band.order;
   for (size_t k = 0; k < variables.size(); ++k)
     if (in_output.count(variables[k]) && variables[k] != innermost) order.push_back(k);
+  // Output variables in the order of their distance in memory, farthest first: the output is walked
+  // forward, also where one index holds several (a pooling gradient's v_0 + 2*v_1 is v_1's rows, then v_0's).
+  auto stride = [&](size_t k) {
+    double at = 0, inner = 1;
+    for (size_t d = c.output_indices.size(); d-- > 0;) {
+      const Rational coeff = c.output_indices[d].coefficient(variables[k]);
+      at += std::fabs(static_cast<double>(coeff.num()) / static_cast<double>(coeff.den())) * inner;
+      inner *= d < out_shape.size() ? static_cast<double>(out_shape[d]) : 1.0;
+    }
+    return at;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return stride(x) > stride(y); });
   if (!order.empty()) {
     auto widest = std::max_element(order.begin(), order.end(),
                                    [&](size_t x, size_t y) { return extent(variables[x]) < extent(variables[y]); });
@@ -283,7 +296,7 @@ class ProgramScheduler {
     if (auto in = fusion_.inlined_into.find(index); in != fusion_.inlined_into.end())
       for (const auto& [tensor, producer] : in->second) update.inlined[tensor] = std::get<Elementwise>(program_.statements[producer]);
     const BandOrder band = target_.gpu ? gpu_band_order(c, update.variables)
-                                       : band_order(c, update.variables, analysis.summary.bounds, target_.threads);
+                                       : band_order(c, update.variables, analysis.summary.bounds, t.shape, target_.threads);
     const bool parallel = band.outputs > 0 && poly::internal::writes_each_output_once(c, types_, analysis);
     const isl::set domain = isl_support::set_tuple_id(analysis.domain, builder_.statements.id(LoopNode::Statement::plain));
     // Band maps name dims positionally (isl may print fixed dims as "n = 0" in the tuple).
@@ -298,6 +311,13 @@ class ProgramScheduler {
       if (!update.reduction->outputs.empty())
         outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" + positional[update.reduction->outputs[0]] + "] }");
     } else {
+      if (!target_.gpu && !c.init && c.aggregation == AggregationOp::sum && analysis.write.is_injective()) {
+        update.stores = true;
+        const isl::set written = isl_support::set_tuple_id(analysis.write.range(), statement_id());
+        const isl::set unwritten = elements.subtract(written).coalesce();
+        init_domain.reset();
+        if (!unwritten.is_empty()) init_domain = unwritten;
+      }
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
       facts.private_reads = private_reads(c);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion

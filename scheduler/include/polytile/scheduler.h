@@ -217,6 +217,10 @@ struct Nest {
   // run concurrently; the runtime splits [outer_lo, outer_hi] (inclusive) across threads.
   bool parallel_outer = false;
   int64_t outer_lo = 0, outer_hi = 0;
+  // Update nests of a sum in which isl proves every element is written by one point at most (a pooling
+  // gradient's scatter, a strided copy): each point stores 0 + its term, without reading the element, and
+  // the init nest covers only the elements no point writes.
+  bool stores = false;
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
