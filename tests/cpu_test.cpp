@@ -126,6 +126,41 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
 // longest reduction variable, computed in parallel, and the slices' sum. With the thresholds at their
 // least, every generated sum that can be split is (three slices, from three target threads), each split
 // proven by isl (expect_same compiles with verify) and computed as the interpreter does.
+// With caches of a few hundred bytes every CPU decision that depends on them flips at test sizes: leading
+// variables fused into one outer loop, row groups of one row per chunk, tiles where reuse is "far". Each
+// generated contraction gets two elementwise consumers, so that row groups form.
+TEST(CpuTest, TinyCachesMatchTheInterpreter) {
+  CompileOptions tiny;
+  tiny.target.cpu.l1_bytes = 256;
+  tiny.target.cpu.l2_bytes = 512;
+  tiny.target.threads = 2;
+  tiny.threads = 2;
+  const uint64_t seed = 616161;
+  std::mt19937_64 rng(seed);
+  int fused = 0, grouped = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    testing::generators::Case cs = testing::generators::any_case(rng);
+    // Two elementwise consumers of the output, both outputs themselves: nests over one box, one reading
+    // the other (a row group where their outer loops are split alike).
+    std::string text = cs.text;
+    const size_t arrow = text.find("-> ("), close = text.find(')', arrow);
+    const std::string out = text.substr(arrow + 4, close - arrow - 4);
+    ASSERT_EQ(out.find(','), std::string::npos) << text;
+    text.replace(arrow, close - arrow + 1, "-> (" + out + ", R1, R2)");
+    text.insert(text.rfind('}'), "  R1 = " + out + " * 3;\n  R2 = R1 + " + out + ";\n");
+    Program p = parse_program(text);
+    TensorMap in = inputs_for(cs.shapes, DType::f64, seed + iter);
+    expect_same(p, in, "seed " + std::to_string(seed) + " iteration " + std::to_string(iter) + " (" + cs.kind + ")", tiny);
+    CompileOptions verified = tiny;
+    verified.verify = true;
+    auto compiled = compile(p, types_of(in), verified);
+    for (const auto& nest : compiled->schedule().nests) fused += nest.tree.find("i0 + i1)") != std::string::npos;
+    grouped += !compiled->schedule().groups.empty();
+  }
+  EXPECT_GE(fused, 10);
+  EXPECT_GE(grouped, 10);
+}
+
 TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   CompileOptions forced;
   forced.target.threads = 3;
@@ -193,6 +228,24 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     CompileOptions alone = verified;
     alone.target.cpu.row_groups = false;
     EXPECT_TRUE(compile(p, types_of(used), alone)->schedule().groups.empty());
+  }
+  // A max pool's gradient at batch 3: one image per chunk is more than a quarter of L2, so every nest's
+  // outer loop runs over (image, row) pairs, and the whole gradient is one group.
+  {
+    CompileOptions pool_options = small;
+    pool_options.target.cpu.l2_bytes = 1024;
+    const Program pool = parse_program(
+        "function (I[N, H, W, C]) -> (O) { O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2; }");
+    const Program gradient = ad::vjp(pool).program;
+    TensorMap pool_in = inputs_for({{"I", {3, 8, 12, 5}}, {"DO", {3, 4, 6, 5}}}, DType::f32, 9);
+    expect_same(gradient, pool_in, "max pool gradient", pool_options);
+    pool_options.verify = true;
+    auto compiled = compile(gradient, types_of(pool_in), pool_options);
+    const auto& schedule = compiled->schedule();
+    ASSERT_EQ(schedule.groups.size(), 1u) << sched::print_loops(schedule);
+    EXPECT_EQ(schedule.groups[0].first, 0u);
+    EXPECT_EQ(schedule.groups[0].last, schedule.nests.size() - 1) << sched::print_loops(schedule);
+    EXPECT_EQ(schedule.nests[0].outer_hi - schedule.nests[0].outer_lo + 1, 3 * 4) << sched::print_loops(schedule);
   }
   // B's row i reads row N - 1 - i of A: B's update starts a new group, with O. (Each element of B has one
   // term: B's update stores it, and B has no init nest.)

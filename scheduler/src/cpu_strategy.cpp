@@ -37,8 +37,8 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
 }  // namespace
 
 isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                          const std::vector<size_t>& order, const NestFacts& facts) {
-  std::optional<NeutralBand> band = read_band(neutral, vars, order);
+                                          const std::vector<std::string>& members, const NestFacts& facts) {
+  std::optional<NeutralBand> band = read_band(neutral, members);
   if (!band) return neutral;
   isl::schedule_node root = neutral.root().child(0);
   const size_t parallel = band->parallel;
@@ -47,10 +47,10 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
   const std::vector<int64_t>& lows = band->lows;
   int64_t points = 1;
   for (int64_t e : extents) points = points > (int64_t{1} << 40) / std::max<int64_t>(e, 1) ? points : points * e;
-  // Tiles keep input blocks in cache while the outputs that share them are computed: none when no outputs
-  // share inputs and the nest reduces (a transpose, without reductions, still gains from tiles: both
-  // tensors are walked a cache line at a time).
-  const bool tile = facts.update && !facts.private_reads && parallel > 0 && perm.size() >= 2 && points > 64 * 64 * 64;
+  // Tiles keep input blocks in cache while the outputs that share them are computed: none when the nest
+  // reduces and its outputs share inputs only with outputs computed soon after (a transpose, without
+  // reductions, still gains from tiles: both tensors are walked a cache line at a time).
+  const bool tile = facts.update && !facts.near_reuse_only && parallel > 0 && perm.size() >= 2 && points > 64 * 64 * 64;
   if (tile) {
     // The output block is small next to the inputs (a weight gradient): split the leading output variable
     // across the threads, and inside a split run the reductions outermost so each input element is read

@@ -49,7 +49,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
                                           KernelStatements& added) {
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
-  std::optional<NeutralBand> band = read_band(neutral, vars, order);
+  std::optional<NeutralBand> band = read_band(neutral, ordered(vars, order));
   if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
   const size_t parallel = band->parallel;
   const std::vector<std::string>& perm = band->members;

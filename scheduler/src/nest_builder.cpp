@@ -15,20 +15,23 @@ std::string box_text(const std::string& tuple, const std::vector<std::string>& v
   return s + " }";
 }
 
-// The target-neutral tree of a plain nest: its domain scheduled by one band over the variables in `order`,
-// permutable (distinct points write distinct elements, or aggregate associatively), the first `coincident`
-// members proven free of dependences (distinct values write distinct elements).
+// The target-neutral tree of a plain nest: its domain scheduled by one band of `members` (isl expressions
+// of vars; the variables in band order, or a fused leading pair), permutable (distinct points write
+// distinct elements, or aggregate associatively), the first `coincident` members proven free of
+// dependences (distinct values write distinct elements).
 isl::schedule NestBuilder::neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
-                                        const std::vector<size_t>& order, size_t coincident) {
+                                        const std::vector<std::string>& members, size_t coincident) {
   isl::schedule tree = isl::schedule::from_domain(isl::union_set(domain));
   if (vars.empty()) return tree;
-  std::vector<std::string> perm;
   std::vector<bool> flags;
-  for (size_t k : order) {
-    perm.push_back(vars[k]);
-    flags.push_back(flags.size() < coincident);
-  }
-  return insert_band(tree.root().child(0), vars, perm, flags).schedule();
+  for (size_t k = 0; k < members.size(); ++k) flags.push_back(k < coincident);
+  return insert_band(tree.root().child(0), vars, members, flags).schedule();
+}
+
+std::vector<std::string> ordered(const std::vector<std::string>& vars, const std::vector<size_t>& order) {
+  std::vector<std::string> out;
+  for (size_t k : order) out.push_back(vars[k]);
+  return out;
 }
 
 isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const std::vector<std::string>& vars,
@@ -49,14 +52,13 @@ isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const 
   return band;
 }
 
-std::optional<NeutralBand> NestBuilder::read_band(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                                  const std::vector<size_t>& order) {
+std::optional<NeutralBand> NestBuilder::read_band(const isl::schedule& neutral, const std::vector<std::string>& members) {
   isl::schedule_node root = neutral.root().child(0);
   if (!root.isa<isl::schedule_node_band>()) return std::nullopt;
   isl::schedule_node_band band = root.as<isl::schedule_node_band>();
   NeutralBand out;
   while (out.parallel < band.n_member() && band.member_get_coincident(static_cast<int>(out.parallel))) ++out.parallel;
-  for (size_t k : order) out.members.push_back(vars[k]);
+  out.members = members;
   isl::set box = neutral.get_domain().apply(isl::union_map::from(band.partial_schedule()))
                      .extract_set(isl_support::set_space(ctx.get(), static_cast<unsigned>(out.members.size())));
   for (size_t k = 0; k < out.members.size(); ++k) {
@@ -69,9 +71,36 @@ std::optional<NeutralBand> NestBuilder::read_band(const isl::schedule& neutral, 
   return out;
 }
 
+// The CPU splits a nest's outer loop into chunks (threads, row groups): when the leading variable has too
+// few values for the threads, or one value covers more than a quarter of L2 of the output (a batch of a few
+// large images), the leading two coincident variables become one member, e1 * v0 + v1 (v1's extent e1:
+// distinct pairs, distinct values), so a chunk is a few rows of one image.
+std::optional<std::vector<std::string>> NestBuilder::fuse_leading(const isl::set& domain, const std::vector<std::string>& vars,
+                                                                  const std::vector<size_t>& order, size_t coincident,
+                                                                  int64_t output_bytes) {
+  if (target.gpu || coincident < 2) return std::nullopt;
+  auto extent = [&](size_t k) -> std::optional<std::pair<int64_t, int64_t>> {
+    isl::val lo = domain.dim_min_val(static_cast<int>(k)), hi = domain.dim_max_val(static_cast<int>(k));
+    if (!lo.is_int() || !hi.is_int()) return std::nullopt;
+    return std::pair{lo.get_num_si(), hi.get_num_si() - lo.get_num_si() + 1};
+  };
+  const auto first = extent(order[0]), second = extent(order[1]);
+  if (!first || !second || first->second < 1 || second->second < 2) return std::nullopt;
+  if (first->second >= 4 * target.threads && output_bytes / first->second <= target.cpu.l2_bytes / 4) return std::nullopt;
+  std::vector<std::string> members = ordered(vars, order);
+  members[0] = "(" + std::to_string(second->second) + "*" + vars[order[0]] + " + " + vars[order[1]] + ")";
+  members.erase(members.begin() + 1);
+  return members;
+}
+
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
-  const isl::schedule neutral = neutral_tree(domain, vars, order, coincident);
+  std::vector<std::string> members = ordered(vars, order);
+  if (auto fused = fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
+    members = *fused;
+    --coincident;
+  }
+  const isl::schedule neutral = neutral_tree(domain, vars, members, coincident);
   if (target.gpu) {
     nest.kernel.emplace();
     KernelStatements added;
@@ -88,7 +117,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     return;
   }
   nest.parallel_outer = !vars.empty() && coincident > 0;
-  generate(nest, cpu_plain_nest(neutral, vars, order, facts));
+  generate(nest, cpu_plain_nest(neutral, vars, members, facts));
 }
 
 }  // namespace polytile::sched::internal

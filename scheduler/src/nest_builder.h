@@ -87,9 +87,9 @@ struct NestFacts {
   std::vector<Read> reads;
   // GPU update nests: the output access over S (domain -> element), for the accumulators.
   std::optional<isl::map> write = std::nullopt;
-  // Update nests that reduce, every input indexed by every output variable: no two outputs read the same
-  // input element (a row sum, a comparison count), so cache tiles have nothing to keep for reuse.
-  bool private_reads = false;
+  // Update nests that reduce, whose inputs' elements are read again by other outputs soon if at all (a row
+  // sum, a pooling gradient; see near_reuse_only in scheduler.cpp): cache tiles have nothing to keep.
+  bool near_reuse_only = false;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
@@ -122,6 +122,9 @@ struct BlockStep {
   std::string str() const;      // C-like text of a step, for `lower --emit ast`
 };
 
+// vars[order[0]], vars[order[1]], ...
+std::vector<std::string> ordered(const std::vector<std::string>& vars, const std::vector<size_t>& order);
+
 // The band of a target-neutral tree, as the strategies read it.
 struct NeutralBand {
   size_t parallel = 0;                 // the leading coincident members (output variables writing distinct elements)
@@ -141,12 +144,15 @@ struct NestBuilder {
   void build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars, const std::vector<size_t>& order,
              size_t coincident, const NestFacts& facts);
   isl::schedule neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
-                             const std::vector<size_t>& order, size_t coincident);
-  // The band under the neutral tree's domain; nullopt when there is none (a nest without variables).
-  std::optional<NeutralBand> read_band(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                       const std::vector<size_t>& order);
+                             const std::vector<std::string>& members, size_t coincident);
+  std::optional<std::vector<std::string>> fuse_leading(const isl::set& domain, const std::vector<std::string>& vars,
+                                                       const std::vector<size_t>& order, size_t coincident,
+                                                       int64_t output_bytes);
+  // The band under the neutral tree's domain, whose members are `members`; nullopt when there is none (a
+  // nest without variables).
+  std::optional<NeutralBand> read_band(const isl::schedule& neutral, const std::vector<std::string>& members);
   isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                               const std::vector<size_t>& order, const NestFacts& facts);
+                               const std::vector<std::string>& members, const NestFacts& facts);
   // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
   // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
   // can be mapped). An update whose inputs are reused across the block's threads gets a band of

@@ -83,10 +83,13 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
     return at;
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return stride(x) > stride(y); });
+  // Too few outer iterations for the threads even with the first two fused (NestBuilder::fuse_leading):
+  // the widest variable goes first.
   if (!order.empty()) {
     auto widest = std::max_element(order.begin(), order.end(),
                                    [&](size_t x, size_t y) { return extent(variables[x]) < extent(variables[y]); });
-    if (extent(variables[order.front()]) < 4 * threads) std::rotate(order.begin(), widest, widest + 1);
+    const int64_t leading = extent(variables[order[0]]) * (order.size() > 1 ? extent(variables[order[1]]) : 1);
+    if (leading < 4 * threads) std::rotate(order.begin(), widest, widest + 1);
   }
   band.outputs = order.size();
   for (size_t k = 0; k < variables.size(); ++k)
@@ -114,16 +117,32 @@ BandOrder gpu_band_order(const Contraction& c, const std::vector<std::string>& v
   return band;
 }
 
-// A reduction in which every input is indexed by every output variable: no two output elements read the
-// same input element (a row sum, a comparison count).
-bool private_reads(const Contraction& c) {
+// A reduction in which an input element that other output elements read again is read again soon: within
+// `near` bytes of output walked (times the reduction points of each output element). No input lacks an
+// output variable (a row sum, a comparison count), or only variables close in the output (a pooling
+// gradient's v_0 in v_0 + 2*v_1, with one reduction point).
+bool near_reuse_only(const Contraction& c, const std::vector<poly::VariableBounds>& bounds, const TensorType& out,
+                     double near) {
   auto uses = [](const std::vector<Polynomial>& idx, const std::string& v) {
     return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
   };
   std::vector<std::string> outputs, reductions;
   for (const auto& v : c.index_variables()) (uses(c.output_indices, v) ? outputs : reductions).push_back(v);
-  return !reductions.empty() && std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) {
-    return std::all_of(outputs.begin(), outputs.end(), [&](const std::string& v) { return uses(in.indices, v); });
+  if (reductions.empty()) return false;
+  double points = 1;
+  for (const auto& b : bounds)
+    if (std::find(reductions.begin(), reductions.end(), b.name) != reductions.end()) points *= static_cast<double>(b.max - b.min + 1);
+  auto distance = [&](const std::string& v) {  // bytes of output between outputs one apart in v
+    double at = 0, inner = 1;
+    for (size_t d = c.output_indices.size(); d-- > 0;) {
+      const Rational coeff = c.output_indices[d].coefficient(v);
+      at += std::fabs(static_cast<double>(coeff.num()) / static_cast<double>(coeff.den())) * inner;
+      inner *= d < out.shape.size() ? static_cast<double>(out.shape[d]) : 1.0;
+    }
+    return at * static_cast<double>(dtype_bytes(out.dtype)) * points;
+  };
+  return std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) {
+    return std::all_of(outputs.begin(), outputs.end(), [&](const std::string& v) { return uses(in.indices, v) || distance(v) <= near; });
   });
 }
 
@@ -237,10 +256,13 @@ class ProgramScheduler {
   void build_over_elements(Nest& nest, const isl::set& domain, const TensorType& t, bool coincident = true) {
     std::vector<size_t> identity(nest.variables.size());
     for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
-    // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first.
-    const size_t members = target_.gpu ? identity.size() : 1;
+    // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first (or
+    // the first two fused, NestBuilder::fuse_leading).
+    const size_t members = target_.gpu ? identity.size() : std::min<size_t>(2, identity.size());
+    int64_t bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
+    for (int64_t d : t.shape) bytes *= d;
     builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0,
-                   {dtype_bytes(t.dtype), false, false, 0, {}});
+                   {dtype_bytes(t.dtype), false, false, bytes, {}});
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
@@ -319,7 +341,7 @@ class ProgramScheduler {
         if (!unwritten.is_empty()) init_domain = unwritten;
       }
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
-      facts.private_reads = private_reads(c);
+      facts.near_reuse_only = near_reuse_only(c, analysis.summary.bounds, t, static_cast<double>(target_.cpu.l2_bytes) / 2);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)
