@@ -1,7 +1,7 @@
 // Compiling to native code: the schedule (isl schedule tree and loops; here a register-blocked
 // micro-kernel with the bias + relu consumer fused into it), the layout pass, the LLVM IR, and runs on
 // the CPU -- into preallocated outputs and into the caller's own memory -- checked against the reference
-// interpreter; then an object file for this CPU and a tuned compile.
+// interpreter; then an object file for this CPU, a softmax's row group and a tuned compile.
 #include <polytile/cpu.h>
 #include <polytile/interpreter.h>
 #include <polytile/lower.h>
@@ -67,11 +67,20 @@ int main() {
   std::cout << "layer.o: " << aot.object.size() << " bytes of machine code for " << aot.cpu << ", workspace "
             << aot.workspace_bytes << " bytes\n" << aot.header.substr(0, aot.header.find('\n', aot.header.find("int layer("))) << "\n";
 
+  // Row groups: a softmax's nests (row maxima, exp, row sums, division) run together, a few rows at a time.
+  Program softmax = parse_program(
+      "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }");
+  auto grouped = cpu::compile(softmax, {{"X", {DType::f32, {512, 1000}}}}, options);
+  for (const auto& g : grouped->schedule().groups)
+    std::cout << "row group " << grouped->schedule().nests[g.first].name << " .. " << grouped->schedule().nests[g.last].name
+              << ": " << g.rows << " rows at a time\n";
+
   // Tuning: a few target variants timed on this machine; the fastest is kept (and cached).
   options.tune = true;
   auto tuned = cpu::compile(layer, types, options);
   for (const auto& [variant, seconds] : tuned->tuning().candidates) std::cout << variant << ": " << seconds * 1e3 << " ms\n";
   return worst < 1e-4 && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() &&
+                 !grouped->schedule().groups.empty() &&
                  aot.object.compare(0, 4, "\x7f" "ELF") == 0
              ? 0
              : 1;
