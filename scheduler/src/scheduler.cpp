@@ -193,14 +193,16 @@ class ProgramScheduler {
     rows_.insert(rows_.begin() + static_cast<long>(k), std::move(rows));
   }
 
-  // The accesses of `nest`, whose tree generate() translated last, by outer iteration: `writes` and
-  // `reads` are over S, `outer` maps S to the outer loop (read from the tree when not given). Nothing for
-  // a nest that cannot join a row group.
-  std::optional<internal::RowAccess> row_access(const Nest& nest, const isl::union_map& writes, const isl::union_map& reads,
-                                                std::optional<isl::map> outer = std::nullopt) {
+  // The accesses of `nest`, whose tree generate() translated last, by outer iteration: `accesses()` gives
+  // the writes and reads over S (only called for a nest that may join a group), `outer` maps S to the outer
+  // loop (read from the tree when not given). Nothing for a nest that cannot join a row group.
+  template <typename Accesses>
+  std::optional<internal::RowAccess> row_access(const Nest& nest, Accesses accesses, std::optional<isl::map> outer = std::nullopt) {
     if (target_.gpu || !target_.cpu.row_groups || !nest.parallel_outer || nest.microkernel) return std::nullopt;
     if (!outer) outer = internal::outer_loop(*builder_.last_tree);
-    if (!outer || writes.is_empty()) return std::nullopt;
+    if (!outer) return std::nullopt;
+    const auto [writes, reads] = accesses();
+    if (writes.is_empty()) return std::nullopt;
     const isl::union_map by_row = isl::union_map(*outer).intersect_domain(writes.domain());
     // The map must be the loop the runtime splits: isl emits no loop for a dimension of one value (a tile
     // loop with one tile), and the outermost emitted loop is then a later dimension.
@@ -245,7 +247,9 @@ class ProgramScheduler {
     nest.elementwise = e;
     nest.variables = element_variables(t);
     build_over_elements(nest, domain, t);
-    auto rows = row_access(nest, element_writes(e.output, domain), expression_reads(e.expr, t.shape, statement_id()).intersect_domain(domain));
+    auto rows = row_access(nest, [&] {
+      return std::pair{element_writes(e.output, domain), expression_reads(e.expr, t.shape, statement_id()).intersect_domain(domain)};
+    });
     add(std::move(nest), std::move(rows));
   }
 
@@ -287,9 +291,11 @@ class ProgramScheduler {
     if (init_domain) {
       Nest init = element_nest(c, Nest::Kind::init, ".init");
       build_over_elements(init, *init_domain, t);
-      isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
-      if (c.init) reads = expression_reads(Expr::tensor(*c.init), t.shape, statement_id()).intersect_domain(*init_domain);
-      auto rows = row_access(init, element_writes(c.output, *init_domain), reads);
+      auto rows = row_access(init, [&] {
+        isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
+        if (c.init) reads = expression_reads(Expr::tensor(*c.init), t.shape, statement_id()).intersect_domain(*init_domain);
+        return std::pair{element_writes(c.output, *init_domain), reads};
+      });
       add(std::move(init), std::move(rows), init_index);
     }
     if (microkernel) return;  // a micro-kernel sums: no finalize
@@ -301,7 +307,7 @@ class ProgramScheduler {
     if (!empty && unwritten.is_empty()) return;
     Nest finalize = element_nest(c, Nest::Kind::finalize, ".finalize");
     build_over_elements(finalize, unwritten, t, /*coincident=*/false);
-    auto rows = row_access(finalize, element_writes(c.output, unwritten), isl::union_map::empty(builder_.ctx.get()));
+    auto rows = row_access(finalize, [&] { return std::pair{element_writes(c.output, unwritten), isl::union_map::empty(builder_.ctx.get())}; });
     add(std::move(finalize), std::move(rows));
   }
 
@@ -348,14 +354,16 @@ class ProgramScheduler {
       }
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0, facts);
     }
-    isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
-    for (size_t k = 0; k < c.inputs.size(); ++k) {
-      isl::union_map read(analysis.reads[k].set_domain_tuple(statement_id()));
-      if (auto in = update.inlined.find(c.inputs[k].tensor); in != update.inlined.end())
-        read = read.apply_range(expression_reads(in->second.expr, types_.tensors.at(in->first).shape, isl::id(builder_.ctx.get(), in->first)));
-      reads = reads.unite(read);
-    }
-    auto rows = row_access(update, isl::union_map(analysis.write.set_domain_tuple(statement_id())), reads, outer);
+    auto rows = row_access(update, [&] {
+      isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
+      for (size_t k = 0; k < c.inputs.size(); ++k) {
+        isl::union_map read(analysis.reads[k].set_domain_tuple(statement_id()));
+        if (auto in = update.inlined.find(c.inputs[k].tensor); in != update.inlined.end())
+          read = read.apply_range(expression_reads(in->second.expr, types_.tensors.at(in->first).shape, isl::id(builder_.ctx.get(), in->first)));
+        reads = reads.unite(read);
+      }
+      return std::pair{isl::union_map(analysis.write.set_domain_tuple(statement_id())), reads};
+    }, outer);
     add(std::move(update), std::move(rows));
     return false;
   }
