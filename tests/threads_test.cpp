@@ -24,6 +24,10 @@
 // Races between the callers' threads in polytile's own code (caches, scratch pools, compilation) have
 // neither on their stacks and are reported: a counter incremented without a lock in cpu::compile is.
 extern "C" const char* __tsan_default_suppressions() { return "race:libtbb.so\nrace:llvm_regexec\n"; }
+// The suppressions match only stacks ThreadSanitizer can restore. With the default history, a long LLVM
+// compilation on a TBB thread overwrites the record of the earlier write ("failed to restore the stack"),
+// and the report then shows no library at all; the largest history keeps those stacks.
+extern "C" const char* __tsan_default_options() { return "history_size=7"; }
 
 namespace polytile {
 namespace {
