@@ -18,6 +18,7 @@
 #include <iostream>
 #include <random>
 
+#include "bench_threads.h"
 #include "polytile/autodiff.h"
 #include "polytile/cpu.h"
 #include "polytile/parser.h"
@@ -27,11 +28,6 @@ namespace {
 
 using namespace polytile;
 using dnnl::memory;
-
-int threads() {
-  const char* t = std::getenv("POLYTILE_BENCH_THREADS");
-  return t ? std::atoi(t) : 2;
-}
 
 Buffer random_f32(std::vector<int64_t> shape, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -49,7 +45,7 @@ std::map<std::string, TensorType> types_of(const TensorMap& in) {
 
 cpu::CompileOptions options() {
   cpu::CompileOptions o;
-  o.threads = threads();
+  o.threads = bench_threads();
   return o;
 }
 
@@ -227,7 +223,7 @@ void BM_PolytileSgemm(benchmark::State& state) {
 
 void BM_OpenBlasSgemm(benchmark::State& state) {
   int64_t n = state.range(0);
-  openblas_set_num_threads(threads());
+  openblas_set_num_threads(bench_threads());
   Buffer a = random_f32({n, n}, 1), b = random_f32({n, n}, 2), c(DType::f32, {n, n});
   for (auto _ : state)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n), static_cast<int>(n), 1.0f,
@@ -361,7 +357,7 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
     execv("/proc/self/exe", argv);
   }
-  std::cerr << "OpenBLAS core type: " << std::getenv("OPENBLAS_CORETYPE") << ", threads: " << threads() << "\n";
+  std::cerr << "OpenBLAS core type: " << std::getenv("OPENBLAS_CORETYPE") << ", threads: " << bench_threads() << "\n";
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -7,16 +7,12 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
-namespace {
+#include "bench_threads.h"
 
-int bench_threads() {
-  const char* t = std::getenv("POLYTILE_BENCH_THREADS");
-  return t ? std::atoi(t) : 2;
-}
+namespace {
 
 constexpr int kChains = 16;  // independent accumulators: enough to cover the FMA latency on two ports
 constexpr int64_t kSteps = 1 << 22;

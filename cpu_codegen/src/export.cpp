@@ -203,8 +203,9 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     llvm::Value* whole[] = {table, b.getInt64(INT64_MIN), b.getInt64(INT64_MAX)};
     llvm::Function* task = nests[k];
     if (group != impl.schedule.groups.end() && group->first == k) {
-      task = emit_group(m, "group_" + std::to_string(k), *group++, nests);
-      k = std::prev(group)->last;
+      const sched::NestGroup& g = *group++;
+      task = emit_group(m, "group_" + std::to_string(k), g, nests);
+      k = g.last;
       whole[1] = b.getInt64(nest.outer_lo);
       whole[2] = b.getInt64(nest.outer_hi + 1);
     } else if (!splits_outer_loop(nest)) {

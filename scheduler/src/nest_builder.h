@@ -228,8 +228,9 @@ std::optional<isl::map> outer_loop(const isl::schedule& tree);
 // Whether the values of `outer` ({ S[vars] -> [c] }) run from lo to hi.
 bool spans(const isl::map& outer, int64_t lo, int64_t hi);
 
-// The row groups of a CPU schedule (NestGroup): runs of consecutive nests with accesses, the same parallel
-// outer range, no micro-kernel, and every dependence between one and the nests before it in the run
+// The row groups of a CPU schedule (NestGroup): runs of consecutive nests with accesses (rows[k]: the
+// scheduler gives them only to nests whose outer loop the runtime splits, never to a micro-kernel or a GPU
+// kernel), the same outer range, and every dependence between one and the nests before it in the run
 // relating equal outer iterations.
 std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::vector<std::optional<RowAccess>>& rows,
                                    const ProgramTypes& types, const Target& target);

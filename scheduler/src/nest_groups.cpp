@@ -70,8 +70,7 @@ std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::ve
   };
   for (size_t k = 0; k < nests.size(); ++k) {
     const Nest& n = nests[k];
-    const bool joins_any = rows[k] && n.parallel_outer && n.outer_hi > n.outer_lo && !n.kernel && !n.microkernel;
-    if (!joins_any) {
+    if (!rows[k]) {  // no split outer loop, a micro-kernel, a GPU kernel (the scheduler gave it no accesses)
       close();
       continue;
     }

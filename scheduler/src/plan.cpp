@@ -9,15 +9,16 @@
 #include <set>
 
 namespace polytile::sched {
+
+bool uses(const std::vector<Polynomial>& idx, const std::string& v) {
+  return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
+}
+
 namespace {
 
 bool integral(const Polynomial& p) {
   if (p.constant().den() != 1) return false;
   return std::all_of(p.index_terms().begin(), p.index_terms().end(), [](const auto& t) { return t.second.den() == 1; });
-}
-
-bool uses(const std::vector<Polynomial>& idx, const std::string& v) {
-  return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
 }
 
 // v only in the last index, with coefficient 1: consecutive v read consecutive elements.

@@ -19,6 +19,9 @@ struct MicroPlan {
   int transpose_input = -1;   // input to read from a copy with the vector variable's dim last
 };
 
+// Whether some index of `idx` depends on variable v.
+bool uses(const std::vector<Polynomial>& idx, const std::string& v);
+
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 

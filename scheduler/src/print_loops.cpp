@@ -128,7 +128,7 @@ std::string print_loops(const Schedule& schedule) {
       ++group;
     }
     std::string vars;
-    for (size_t k = 0; k < nest.variables.size(); ++k) vars += (k ? ", " : "") + nest.variables[k];
+    for (size_t v = 0; v < nest.variables.size(); ++v) vars += (v ? ", " : "") + nest.variables[v];
     out += "nest " + nest.name + " (" + kind_name(nest.kind) + " of " + nest.tensor + "; S(" + vars + ")";
     if (nest.parallel_outer)
       out += "; threads split " + std::to_string(nest.outer_lo) + ".." + std::to_string(nest.outer_hi);

@@ -17,6 +17,7 @@
 #include "polytile/polyhedral.h"
 #include "nest_builder.h"
 #include "nest_fusion.h"
+#include "plan.h"
 
 namespace polytile::sched {
 
@@ -127,9 +128,6 @@ BandOrder gpu_band_order(const Contraction& c, const std::vector<std::string>& v
 // gradient's v_0 in v_0 + 2*v_1, with one reduction point).
 bool near_reuse_only(const Contraction& c, const std::vector<poly::VariableBounds>& bounds, const TensorType& out,
                      double near) {
-  auto uses = [](const std::vector<Polynomial>& idx, const std::string& v) {
-    return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
-  };
   std::vector<std::string> outputs, reductions;
   for (const auto& v : c.index_variables()) (uses(c.output_indices, v) ? outputs : reductions).push_back(v);
   if (reductions.empty()) return false;
@@ -198,7 +196,8 @@ class ProgramScheduler {
   // loop (read from the tree when not given). Nothing for a nest that cannot join a row group.
   template <typename Accesses>
   std::optional<internal::RowAccess> row_access(const Nest& nest, Accesses accesses, std::optional<isl::map> outer = std::nullopt) {
-    if (target_.gpu || !target_.cpu.row_groups || !nest.parallel_outer || nest.microkernel) return std::nullopt;
+    const bool split = nest.parallel_outer && nest.outer_hi > nest.outer_lo;  // as the runtime splits it
+    if (target_.gpu || !target_.cpu.row_groups || !split || nest.microkernel) return std::nullopt;
     if (!outer) outer = internal::outer_loop(*builder_.last_tree);
     if (!outer) return std::nullopt;
     const auto [writes, reads] = accesses();
@@ -230,12 +229,18 @@ class ProgramScheduler {
     return reads;
   }
 
-  // { S[i...] -> tensor[i...] } over `domain`: a nest over output elements writing them.
+  // { S[i...] -> tensor[i...] } over `domain`: a nest over output elements writing them (the tensor read
+  // at its own shape).
   isl::union_map element_writes(const std::string& tensor, const isl::set& domain) {
-    const std::vector<std::string> vars = element_variables(types_.tensors.at(tensor));
-    return isl::union_map(isl::map(builder_.ctx.get(), "{ S[" + join(vars) + "] -> B[" + join(vars) + "] }")
-                              .set_range_tuple(isl::id(builder_.ctx.get(), tensor))
-                              .intersect_domain(domain));
+    return isl::union_map(broadcast_read(tensor, types_.tensors.at(tensor).shape, statement_id()).intersect_domain(domain));
+  }
+
+  // Where the init nest of a contraction without default runs: the output elements no point of the update
+  // nest writes (`covered` by it), or nowhere.
+  static void init_outside(std::optional<isl::set>& init_domain, const isl::set& elements, const isl::set& covered) {
+    const isl::set rest = elements.subtract(covered).coalesce();
+    init_domain.reset();
+    if (!rest.is_empty()) init_domain = rest;
   }
 
   const isl::id& statement_id() const { return builder_.statements.id(LoopNode::Statement::plain); }
@@ -287,7 +292,7 @@ class ProgramScheduler {
     std::optional<isl::set> init_domain;
     if (!(c.aggregation == AggregationOp::assign && !c.init && !empty && elements.is_subset(written))) init_domain = elements;
     const size_t init_index = out_.nests.size();
-    const bool microkernel = !empty && update(index, c, analysis, elements, init_domain);
+    const bool microkernel = !empty && update(index, c, analysis, elements, written, init_domain);
     if (init_domain) {
       Nest init = element_nest(c, Nest::Kind::init, ".init");
       build_over_elements(init, *init_domain, t);
@@ -314,7 +319,7 @@ class ProgramScheduler {
   // The update nest: a micro-kernel or a row reduction when the CPU strategy takes it, else a plain nest.
   // True when it ran as a micro-kernel.
   bool update(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, const isl::set& elements,
-              std::optional<isl::set>& init_domain) {
+              const isl::set& written, std::optional<isl::set>& init_domain) {
     const TensorType& t = types_.tensors.at(c.output);
     Nest update = new_nest(Nest::Kind::update, c.output, ".update");
     update.contraction = c;
@@ -339,10 +344,7 @@ class ProgramScheduler {
     } else {
       if (!target_.gpu && !c.init && c.aggregation == AggregationOp::sum && analysis.write.is_injective()) {
         update.stores = true;
-        const isl::set written = isl_support::set_tuple_id(analysis.write.range(), statement_id());
-        const isl::set unwritten = elements.subtract(written).coalesce();
-        init_domain.reset();
-        if (!unwritten.is_empty()) init_domain = unwritten;
+        init_outside(init_domain, elements, written);
       }
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
       facts.near_reuse_only = near_reuse_only(c, analysis.summary.bounds, t, static_cast<double>(target_.cpu.l2_bytes) / 2);
@@ -379,16 +381,11 @@ class ProgramScheduler {
     isl::set stored;
     if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &stored, epilogue))
       return false;
-    isl::set uncovered;
-    if (!c.init) {
-      uncovered = elements.subtract(stored).coalesce();
-      init_domain.reset();
-      if (!uncovered.is_empty()) init_domain = uncovered;
-    }
+    if (!c.init) init_outside(init_domain, elements, stored);
     add(std::move(update), std::nullopt);
     if (epilogue) {
       inside_other_nests_.insert(consumer->second);
-      if (!uncovered.is_empty()) elementwise(*epilogue, uncovered);
+      if (init_domain) elementwise(*epilogue, *init_domain);  // the elements no block stores
     }
     return true;
   }
