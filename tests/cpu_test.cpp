@@ -862,6 +862,10 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
       {"function (X[B, N, C]) -> (O) { O[b, c : B, C] = +(X[b, n, c]); }", {{"X", {2, 40, 70}}}},
       // every value below -1: a lane past the row's end must add the identity (-inf), not 0
       {"function (X[N, C]) -> (M) { Y = -abs(X) - 1; M[i : N] = >(Y[i, j]); }", {{"X", {4, 37}}}},
+      // rows of a whole number of steps at every width (no masked step) and, at 512 bits, of one
+      // unmasked step followed by a masked one
+      {"function (X[N, C]) -> (M, S) { M[i : N] = >(X[i, j]); S[i : N] = +(X[i, j]); }", {{"X", {3, 128}}}},
+      {"function (X[N, C]) -> (M, S) { M[i : N] = >(X[i, j]); S[i : N] = +(X[i, j]); }", {{"X", {2, 100}}}},
   };
   int reductions = 0;
   for (int bits : {512, 256, 128}) {
@@ -883,8 +887,8 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
     }
   }
   // softmax: 2, matvec, dot, min, max, negative max: 1 each; the sum over a middle axis reads n with a
-  // stride: 0.
-  EXPECT_EQ(reductions, 3 * 2 * 7);
+  // stride: 0; the two max-and-sum cases: 2 each.
+  EXPECT_EQ(reductions, 3 * 2 * 11);
 }
 
 // Compiles of different programs may run at once (each has its own isl and LLVM contexts; the cache is

@@ -1,5 +1,5 @@
 // NestEmitter (nest_emitter.h): the statements of a vectorized row reduction (see RowReduction in
-// scheduler.h): identity accumulators, masked vector steps, the horizontal reduction into the element.
+// scheduler.h): identity accumulators, unmasked vector steps and a masked last one, the horizontal reduction.
 #include "nest_emitter.h"
 
 namespace polytile::llvm_ir::internal {
@@ -26,33 +26,54 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
     case St::fma: {
       for (size_t k = 0; k < rd.others.size(); ++k) vars[names[rd.others[k]]] = vals[rd.outputs.size() + k];
       Value* first = b_.CreateAdd(b_.getInt64(rd.lo), b_.CreateMul(vals.back(), b_.getInt64(int64_t{rd.accumulators} * rd.lanes)));
-      std::vector<llvm::Constant*> iota;
-      for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-      for (int a = 0; a < rd.accumulators; ++a) {
-        Value* base = b_.CreateAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
-        vars[names[rd.vector]] = base;
-        Value* mask = b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
-                                       b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)));
-        std::vector<Value*> x;
-        for (const auto& in : c.inputs) {
-          std::vector<Value*> at;
-          for (const auto& p : in.indices) at.push_back(poly(p, vars));
-          bool along = !in.indices.empty() && in.indices.back().coefficient(names[rd.vector]) != Rational(0);
-          if (along) {
-            width_ = lanes;
-            mask_ = mask;
-            x.push_back(convert(input(in.tensor, at), t));
-            width_ = 0;
-            mask_ = nullptr;
-          } else {
-            x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), t)));
+      // Steps whose lanes are all in r's range (every step but the last, when the range is no multiple
+      // of the step) load and accumulate unmasked; the last one masks its lanes past the range.
+      auto steps = [&](bool masked) {
+        std::vector<llvm::Constant*> iota;
+        for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+        for (int a = 0; a < rd.accumulators; ++a) {
+          Value* base = b_.CreateAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
+          vars[names[rd.vector]] = base;
+          Value* mask = masked ? b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
+                                                  b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)))
+                               : nullptr;
+          std::vector<Value*> x;
+          for (const auto& in : c.inputs) {
+            std::vector<Value*> at;
+            for (const auto& p : in.indices) at.push_back(poly(p, vars));
+            bool along = !in.indices.empty() && in.indices.back().coefficient(names[rd.vector]) != Rational(0);
+            if (along) {
+              width_ = lanes;
+              mask_ = mask;
+              x.push_back(convert(input(in.tensor, at), t));
+              width_ = 0;
+              mask_ = nullptr;
+            } else {
+              x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), t)));
+            }
           }
+          Value* value = c.combination == CombinationOp::mul ? b_.CreateFMul(x[0], x[1]) : x[0];
+          if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes past r's range add nothing
+          Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
+          b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
         }
-        Value* value = c.combination == CombinationOp::mul ? b_.CreateFMul(x[0], x[1]) : x[0];
-        value = b_.CreateSelect(mask, value, identity_vector);  // lanes past r's range add nothing
-        Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
-        b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
+      };
+      const int64_t group = int64_t{rd.accumulators} * rd.lanes;
+      if ((rd.hi - rd.lo + 1) % group == 0) {
+        steps(false);
+        return;
       }
+      auto* full_bb = llvm::BasicBlock::Create(ctx_, "reduction.full", fn_);
+      auto* last_bb = llvm::BasicBlock::Create(ctx_, "reduction.last", fn_);
+      auto* next_bb = llvm::BasicBlock::Create(ctx_, "reduction.next", fn_);
+      b_.CreateCondBr(b_.CreateICmpSLE(b_.CreateAdd(first, b_.getInt64(group - 1)), b_.getInt64(rd.hi)), full_bb, last_bb);
+      b_.SetInsertPoint(full_bb);
+      steps(false);
+      b_.CreateBr(next_bb);
+      b_.SetInsertPoint(last_bb);
+      steps(true);
+      b_.CreateBr(next_bb);
+      b_.SetInsertPoint(next_bb);
       return;
     }
     case St::store: {
