@@ -31,7 +31,9 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
         case BinaryOp::mul: return i == 0 ? b : a;
         case BinaryOp::div:
           if (i == 0) return bin(BinaryOp::div, lit(1), b);
-          return un(UnaryOp::neg, bin(BinaryOp::div, a, mul(b, b)));
+          // -a * (1 / b^2) rather than -a / b^2: one division either way, and where b is constant along a
+          // loop (a softmax's row sum, broadcast) the division leaves the loop and a multiply remains.
+          return un(UnaryOp::neg, mul(a, bin(BinaryOp::div, lit(1), mul(b, b))));
         case BinaryOp::mod: {  // fmod(a, b) = a - b * trunc(a / b)
           if (i == 0) return lit(1);
           Expr q = bin(BinaryOp::div, a, b);
