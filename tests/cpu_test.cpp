@@ -122,10 +122,6 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   return out;
 }
 
-// Split reductions on the CPU: a sum with few outputs and long reductions gets one slice per thread of its
-// longest reduction variable, computed in parallel, and the slices' sum. With the thresholds at their
-// least, every generated sum that can be split is (three slices, from three target threads), each split
-// proven by isl (expect_same compiles with verify) and computed as the interpreter does.
 // With caches of a few hundred bytes every CPU decision that depends on them flips at test sizes: leading
 // variables fused into one outer loop, row groups of one row per chunk, tiles where reuse is "far". Each
 // generated contraction gets two elementwise consumers, so that row groups form.
@@ -161,6 +157,10 @@ TEST(CpuTest, TinyCachesMatchTheInterpreter) {
   EXPECT_GE(grouped, 10);
 }
 
+// Split reductions on the CPU: a sum with few outputs and long reductions gets one slice per thread of its
+// longest reduction variable, computed in parallel, and the slices' sum. With the thresholds at their
+// least, every generated sum that can be split is (three slices, from three target threads), each split
+// proven by isl (expect_same compiles with verify) and computed as the interpreter does.
 TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   CompileOptions forced;
   forced.target.threads = 3;

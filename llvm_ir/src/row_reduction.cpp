@@ -25,12 +25,13 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       return;
     case St::fma: {
       for (size_t k = 0; k < rd.others.size(); ++k) vars[names[rd.others[k]]] = vals[rd.outputs.size() + k];
-      Value* first = b_.CreateAdd(b_.getInt64(rd.lo), b_.CreateMul(vals.back(), b_.getInt64(int64_t{rd.accumulators} * rd.lanes)));
+      const int64_t group = int64_t{rd.accumulators} * rd.lanes;  // r's values per step
+      Value* first = b_.CreateAdd(b_.getInt64(rd.lo), b_.CreateMul(vals.back(), b_.getInt64(group)));
+      std::vector<llvm::Constant*> iota;
+      for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
       // Steps whose lanes are all in r's range (every step but the last, when the range is no multiple
       // of the step) load and accumulate unmasked; the last one masks its lanes past the range.
       auto steps = [&](bool masked) {
-        std::vector<llvm::Constant*> iota;
-        for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
         for (int a = 0; a < rd.accumulators; ++a) {
           Value* base = b_.CreateAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
           vars[names[rd.vector]] = base;
@@ -58,7 +59,6 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
           b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
         }
       };
-      const int64_t group = int64_t{rd.accumulators} * rd.lanes;
       if ((rd.hi - rd.lo + 1) % group == 0) {
         steps(false);
         return;

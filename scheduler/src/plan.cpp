@@ -5,6 +5,7 @@
 #include "polytile/verify.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -12,6 +13,16 @@ namespace polytile::sched {
 
 bool uses(const std::vector<Polynomial>& idx, const std::string& v) {
   return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
+}
+
+double output_stride(const std::vector<Polynomial>& idx, const std::string& v, const std::vector<int64_t>& shape) {
+  double at = 0, inner = 1;
+  for (size_t d = idx.size(); d-- > 0;) {
+    const Rational coeff = idx[d].coefficient(v);
+    at += std::fabs(static_cast<double>(coeff.num()) / static_cast<double>(coeff.den())) * inner;
+    inner *= d < shape.size() ? static_cast<double>(shape[d]) : 1.0;
+  }
+  return at;
 }
 
 namespace {
@@ -224,13 +235,8 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     const int64_t e = extent[b];
     const bool border = coupled(b);
     // Distance between consecutive rows of the output.
-    int64_t stride = 0, inner = 1;
-    const auto& shape = types.tensors.at(c.output).shape;
-    for (size_t k = out.size(); k-- > 0;) {
-      stride += std::abs(out[k].coefficient(b).num()) * inner;
-      inner *= shape[k];
-    }
-    const bool far = stride * element_bytes > target.cpu.l1_bytes;
+    const double stride = output_stride(out, b, types.tensors.at(c.output).shape);
+    const bool far = stride * static_cast<double>(element_bytes) > static_cast<double>(target.cpu.l1_bytes);
     for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
       int64_t blocks = (e + rows - 1) / rows;
       int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));

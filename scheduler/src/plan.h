@@ -22,6 +22,10 @@ struct MicroPlan {
 // Whether some index of `idx` depends on variable v.
 bool uses(const std::vector<Polynomial>& idx, const std::string& v);
 
+// The elements of a row-major tensor of `shape` between the elements that `idx` addresses at two points
+// one apart in v (the other variables equal).
+double output_stride(const std::vector<Polynomial>& idx, const std::string& v, const std::vector<int64_t>& shape);
+
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 

@@ -6,7 +6,6 @@
 #include "polytile/scheduler.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -27,17 +26,6 @@ using internal::box_text;
 using internal::join;
 
 namespace {
-
-// The elements of the output between two points one apart in v (row-major `shape`).
-double output_stride(const Contraction& c, const std::string& v, const std::vector<int64_t>& shape) {
-  double at = 0, inner = 1;
-  for (size_t d = c.output_indices.size(); d-- > 0;) {
-    const Rational coeff = c.output_indices[d].coefficient(v);
-    at += std::fabs(static_cast<double>(coeff.num()) / static_cast<double>(coeff.den())) * inner;
-    inner *= d < shape.size() ? static_cast<double>(shape[d]) : 1.0;
-  }
-  return at;
-}
 
 // The variables of an update in band order: output variables outermost (parallel when distinct values
 // write distinct elements), the one with the most values first when the first has too few for the
@@ -86,7 +74,7 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
   // Output variables in the order of their distance in memory, farthest first: the output is walked
   // forward, also where one index holds several (a pooling gradient's v_0 + 2*v_1 is v_1's rows, then v_0's).
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return output_stride(c, variables[x], out_shape) > output_stride(c, variables[y], out_shape);
+    return output_stride(c.output_indices, variables[x], out_shape) > output_stride(c.output_indices, variables[y], out_shape);
   });
   // Too few outer iterations for the threads even with the first two fused (NestBuilder::fuse_leading):
   // the widest variable goes first.
@@ -135,7 +123,7 @@ bool near_reuse_only(const Contraction& c, const std::vector<poly::VariableBound
   for (const auto& b : bounds)
     if (std::find(reductions.begin(), reductions.end(), b.name) != reductions.end()) points *= static_cast<double>(b.max - b.min + 1);
   auto distance = [&](const std::string& v) {  // bytes of output between outputs one apart in v
-    return output_stride(c, v, out.shape) * static_cast<double>(dtype_bytes(out.dtype)) * points;
+    return output_stride(c.output_indices, v, out.shape) * static_cast<double>(dtype_bytes(out.dtype)) * points;
   };
   return std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) {
     return std::all_of(outputs.begin(), outputs.end(), [&](const std::string& v) { return uses(in.indices, v) || distance(v) <= near; });
