@@ -667,6 +667,42 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   }
 }
 
+// A weight gradient whose output fits half a thread's L2 and whose reduction is long (a weight-mode
+// micro-kernel) runs as one slice of the reduction per thread, the slices summed after: each thread then
+// reads its part of the data and of the output gradient, and the blocks of 8 channels do not split unevenly.
+// The micro-kernel's threads split the slices. Three threads slice the batch (6 images: the variable they
+// share evenly), two the output rows (32 of them, the widest that splits evenly); one thread does not split.
+TEST(CpuTest, WeightGradientsSplitTheirReductionsAcrossThreads) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  ad::Options ad_options;
+  ad_options.wrt = {"K"};
+  Program grad = ad::vjp(conv, ad_options).program;
+  TensorMap in = inputs_for({{"I", {6, 34, 34, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {6, 32, 32, 8}}}, DType::f64, 21);
+  const std::pair<int, const char*> cases[] = {{3, "DK_slices[n_slice, "}, {2, "DK_slices[y_slice, "}, {1, nullptr}};
+  for (const auto& [threads, slices] : cases) {
+    CompileOptions o;
+    o.threads = threads;
+    o.target.threads = threads;
+    o.verify = true;
+    auto compiled = compile(grad, types_of(in), o);
+    const std::string lowered = print(compiled->program());
+    const std::string what = std::to_string(threads) + " threads";
+    if (!slices) {
+      EXPECT_EQ(lowered.find("_slices"), std::string::npos) << what << "\n" << lowered;
+    } else {
+      EXPECT_NE(lowered.find(slices), std::string::npos) << what << "\n" << lowered;
+      const sched::Nest& partial = compiled->schedule().nests.front();
+      ASSERT_TRUE(partial.microkernel.has_value()) << what;
+      // The weight-mode band splits the slice variable (the first of the micro-kernel's dims) over the threads.
+      EXPECT_NE(partial.tree.find("mark: \"tile_split\", child: { schedule: \"[{ Step[d0, "), std::string::npos) << partial.tree;
+      EXPECT_NE(partial.tree.find("] -> [(d0)] }]\""), std::string::npos) << partial.tree;
+    }
+    expect_same(grad, in, what, o);
+  }
+}
+
 // Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
 // widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
 // and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd

@@ -68,11 +68,11 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
   int64_t reduction_points = 1;
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
-  bool weight_mode = out_bytes * 2 <= target.cpu.l2_bytes && reduction_points >= 2048;
+  const bool weights = weight_mode(out_bytes, reduction_points, target);
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
   MicrokernelChoices choices;
-  choices.weight_mode = weight_mode;
+  choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.columns_only = columns_only;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
@@ -277,16 +277,24 @@ class MicrokernelNest {
     int64_t tile_points = 1;
     for (int64_t t : tile_) tile_points *= t;
     if (weight_mode) {
-      // A small output: split its widest block dimension across the threads; every thread then runs the
-      // reduction tiles outermost over all of its blocks.
+      // A small output: split a block dimension across the threads, the first whose values the threads
+      // share evenly (a split reduction's slices come first), else the one that leaves the fewest threads
+      // idle at the end (3x3x64x64 weights: 11 blocks of 6 channels go 6 + 5, one thread idle for a block);
+      // every thread then runs the reduction tiles outermost over all of its blocks.
       std::vector<int64_t> counts;
       for (size_t k : mk_.others) counts.push_back(range_[k].second - range_[k].first + 1);
       counts.push_back(n_bb_);
       counts.push_back(n_bv_);
-      size_t widest = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
-      int64_t chunk = (counts[widest] + nb_.target.threads - 1) / std::max(1, nb_.target.threads);
-      int64_t lo = widest < mk_.others.size() ? range_[mk_.others[widest]].first : 0;
-      outer_.push_back("floor(" + shifted(block_dims_[widest], lo) + "/" + s(chunk) + ")");
+      const int64_t threads = std::max(1, nb_.target.threads);
+      auto waste = [threads](int64_t count) {  // work of the busiest thread, times threads, over count
+        return static_cast<double>((count + threads - 1) / threads * threads) / static_cast<double>(count);
+      };
+      size_t split = 0;
+      for (size_t k = 1; k < counts.size(); ++k)
+        if (waste(counts[k]) < waste(counts[split]) - 1e-9 && waste(counts[split]) > 1.0) split = k;
+      int64_t chunk = (counts[split] + threads - 1) / threads;
+      int64_t lo = split < mk_.others.size() ? range_[mk_.others[split]].first : 0;
+      outer_.push_back("floor(" + shifted(block_dims_[split], lo) + "/" + s(chunk) + ")");
       inner_ = cat(others_, {"bv", "bb"});
       return;
     }

@@ -139,6 +139,10 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
 
 }  // namespace
 
+bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target) {
+  return out_bytes * 2 <= target.cpu.l2_bytes * std::max(1, target.threads) && reduction_points >= 2048;
+}
+
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
   int64_t points = 1;
   for (const auto& b : bounds) {

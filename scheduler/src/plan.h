@@ -26,6 +26,11 @@ bool uses(const std::vector<Polynomial>& idx, const std::string& v);
 // one apart in v (the other variables equal).
 double output_stride(const std::vector<Polynomial>& idx, const std::string& v, const std::vector<int64_t>& shape);
 
+// Whether a micro-kernel with an output of `out_bytes` and `reduction_points` reduction points per output
+// element runs in weight mode (a weight gradient: the reduction tiles outside the blocks, the blocks split
+// across the threads; see block_bands): each thread's share of the output fits in half its L2.
+bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target);
+
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <set>
 
+#include "plan.h"
 #include "polytile/error.h"
 #include "polytile/polyhedral.h"
 #include "polytile/scheduler.h"
@@ -29,6 +30,8 @@ struct Split {
 struct Candidate {
   Split split;
   int64_t outputs = 1, reduction = 1, widest = 0;
+  std::vector<poly::VariableBounds> bounds;  // every variable's
+  std::vector<size_t> reductions;            // the reduction variables, indices into bounds
 };
 
 // A sum with more than `max_outputs` output elements is none: that is decided before the isl analysis.
@@ -47,8 +50,11 @@ std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& typ
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms()) in_output.insert(v);
-  for (const auto& b : a.bounds) {
+  k.bounds = a.bounds;
+  for (size_t v = 0; v < a.bounds.size(); ++v) {
+    const poly::VariableBounds& b = a.bounds[v];
     if (in_output.count(b.name)) continue;
+    k.reductions.push_back(v);
     const int64_t extent = b.max - b.min + 1;
     k.reduction *= extent;
     if (extent > k.widest) {
@@ -87,13 +93,37 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   return s;
 }
 
-// The split worth making on the CPU, if any: one slice per thread of a sum with few outputs and long
-// reductions (CpuModel::split_max_outputs, split_min_points).
+// The split worth making on the CPU, if any: one slice per thread
+// - of a sum with few outputs and long reductions (CpuModel::split_max_outputs, split_min_points), or
+// - of a weight gradient that runs as a weight-mode micro-kernel (plan.h's weight_mode) and still would
+//   with one output per thread: its blocks would otherwise be split across the threads, each reading all
+//   of the vector operand, and 11 blocks of 64 channels go 6 + 5. The slices then divide the reduction
+//   variable that the threads share most evenly (the widest of those), each thread reads its part of both
+//   operands, and the blocks of a slice split evenly.
 std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const Target& target) {
   if (target.threads < 2) return std::nullopt;
-  std::optional<Candidate> k = candidate(c, types, target.cpu.split_max_outputs);
-  if (!k || k->reduction < target.cpu.split_min_points) return std::nullopt;
-  return sliced(*k, target.threads);
+  const DType t = types.tensors.at(c.output).dtype;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
+  const int64_t weight_outputs = target.cpu.l2_bytes / (2 * element_bytes);  // a thread's slice in half its L2
+  std::optional<Candidate> k = candidate(c, types, std::max(target.cpu.split_max_outputs, weight_outputs));
+  if (!k) return std::nullopt;
+  if (k->outputs <= target.cpu.split_max_outputs && k->reduction >= target.cpu.split_min_points) return sliced(*k, target.threads);
+  if (k->outputs > weight_outputs || !weight_mode(k->outputs * element_bytes * target.threads, k->reduction / target.threads, target) ||
+      box_points(k->bounds) < target.cpu.microkernel_min_points || !plan_microkernel(c, types, k->bounds, target, false))
+    return std::nullopt;
+  const int64_t threads = target.threads;
+  auto share = [threads](int64_t extent) { return (extent + threads - 1) / threads * threads - extent; };  // idle values
+  const poly::VariableBounds* best = nullptr;
+  for (size_t v : k->reductions) {
+    const poly::VariableBounds& b = k->bounds[v];
+    const int64_t e = b.max - b.min + 1;
+    if (!best || share(e) < share(best->max - best->min + 1) ||
+        (share(e) == share(best->max - best->min + 1) && e > best->max - best->min + 1))
+      best = &b;
+  }
+  k->split = Split{best->name, best->min};
+  k->widest = best->max - best->min + 1;
+  return sliced(*k, threads);
 }
 
 struct SplitContraction {
