@@ -782,6 +782,36 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   }
 }
 
+// Panels for vector operands whose rows are wider than a block column (prepare_layouts): a convolution's
+// weights with 16 output channels, read 8 at a time (f64, 128-bit vectors), are packed into panels of 8 for
+// the forward pass, and -- moving the input channels last as they go -- for the data gradient; each packed
+// element serves 1024 points. A weight gradient whose reduction is split across the threads keeps its
+// output gradient unpacked (the split needs the output's plain indices). All of it against the interpreter.
+TEST(CpuTest, WideOperandsArePackedIntoPanels) {
+  Program fwd = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  CompileOptions o = microkernels_forced(128);
+  auto lowered = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), o)->program()); };
+  TensorMap in = inputs_for({{"I", {1, 32, 32, 16}}, {"K", {3, 3, 16, 16}}}, DType::f64, 51);
+  EXPECT_NE(lowered(fwd, in).find("K_P[tb, t0, t1, t2, tl : 2, 3, 3, 16, 8] = =(K[t0, t1, t2, 8*tb + tl])"), std::string::npos)
+      << lowered(fwd, in);
+  expect_same(fwd, in, "forward, packed weights", o);
+  in["DO"] = testing::random_buffer({1, 32, 32, 16}, 52);
+  ad::Options ao;
+  ao.wrt = {"I"};
+  Program data = ad::vjp(fwd, ao).program;
+  EXPECT_NE(lowered(data, in).find("K_P[tb, t0, t1, t3, tl : 2, 3, 3, 16, 8] = =(K[t0, t1, 8*tb + tl, t3])"), std::string::npos)
+      << lowered(data, in);
+  expect_same(data, in, "data gradient, transposed weights packed", o);
+  ao.wrt = {"K"};
+  Program weights = ad::vjp(fwd, ao).program;
+  TensorMap big = inputs_for({{"I", {4, 32, 32, 128}}, {"K", {3, 3, 128, 16}}, {"DO", {4, 32, 32, 16}}}, DType::f64, 53);
+  const std::string split = lowered(weights, big);
+  EXPECT_NE(split.find("DK_slices["), std::string::npos) << split;
+  EXPECT_EQ(split.find("_P["), std::string::npos) << split;
+}
+
 // Elementwise consumers fused into micro-kernel blocks (epilogues): bias + activation after a padded conv
 // (borders: predicated blocks; unstored elements: the remaining nest), broadcasts along and across the
 // vector lanes, libm functions lane by lane, integer and boolean results, and a consumer that must not be

@@ -60,23 +60,43 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
 
 // Packing: when consecutive reduction steps read the vector operand rows a page or more apart (a wide
 // matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace.
-// The operand is then copied into panels of chunks x lanes columns, P[vb, ..., vl] = B[..., VL*vb + vl],
-// and the contraction reads P with v = VL*vb + vl: each block column reads one contiguous panel.
+// When they read rows wider than a block column (128 or 256 output channels of a convolution's weights,
+// 64 at a time), a reduction tile's columns fall into a fraction of L1's sets -- 512-byte rows of which
+// 256 bytes are read use half of them -- and evict each other before the blocks reuse them. That is
+// worth a copy where each element of the operand serves 1024 points or more (a 256x256 matmul's 256 do
+// not pay for it), and not in a weight gradient whose reduction is split across the threads
+// (weight_split): a panel would give its output a split index, and the split needs plain ones.
+// The operand is copied into panels of chunks x lanes columns, P[vb, ..., vl] = B[..., VL*vb + vl] (v's
+// dim moved last for an operand that the micro-kernel would read transposed), and the contraction reads P
+// with v = VL*vb + vl: each block column reads one contiguous panel.
 std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+                                           const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                            std::set<std::string>& names) {
   const int64_t vl_size = int64_t{plan.chunks} * plan.lanes;
   const std::string& v = plan.vector;
-  int vector_input = -1;
-  for (size_t k = 0; k < c.inputs.size(); ++k)
+  int vector_input = plan.transpose_input;
+  for (size_t k = 0; k < c.inputs.size() && vector_input < 0; ++k)
     if (uses(c.inputs[k].indices, v)) vector_input = static_cast<int>(k);
   if (vector_input < 0) return std::nullopt;
   const TensorAccess& access = c.inputs[static_cast<size_t>(vector_input)];
   const TensorType& type = types.tensors.at(access.tensor);
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(type.dtype));
-  std::vector<Polynomial> idx = bound(access.indices, types.dims);
-  if (idx.size() < 2 || idx.back() != Polynomial::index(v) || type.shape.back() % vl_size != 0 ||
-      type.shape.back() < 2 * vl_size)
-    return std::nullopt;
+  // The operand's dims as the micro-kernel reads them: v's dim last (moved there for a transposed input).
+  std::vector<size_t> order;
+  size_t vdim = access.indices.size();
+  for (size_t k = 0; k < access.indices.size(); ++k) {
+    if (access.indices[k].coefficient(v) != Rational(0)) vdim = k;
+    else order.push_back(k);
+  }
+  if (vdim == access.indices.size() || order.empty()) return std::nullopt;
+  order.push_back(vdim);
+  std::vector<Polynomial> idx;
+  std::vector<int64_t> shape;
+  for (size_t k : order) {
+    idx.push_back(access.indices[k].bind_dims(types.dims));
+    shape.push_back(type.shape[k]);
+  }
+  if (idx.back() != Polynomial::index(v) || shape.back() % vl_size != 0 || shape.back() < 2 * vl_size) return std::nullopt;
   // The smallest distance in memory between the rows read by consecutive values of a reduction variable.
   std::vector<std::string> vars = c.index_variables();
   std::vector<Polynomial> out = bound(c.output_indices, types.dims);
@@ -86,30 +106,39 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
     int64_t stride = 0, inner = 1;
     for (size_t k = idx.size(); k-- > 0;) {
       stride += std::abs(idx[k].coefficient(r).num()) * inner;
-      inner *= type.shape[k];
+      inner *= shape[k];
     }
     nearest = std::min(nearest, stride * element_bytes);
   }
-  if (nearest == INT64_MAX || nearest < 2048) return std::nullopt;
+  if (nearest == INT64_MAX || nearest <= vl_size * element_bytes) return std::nullopt;
+  if (nearest < 2048) {  // no page per step: only the sets of L1
+    int64_t out_bytes = element_bytes, reduction_points = 1, elements = 1;
+    for (int64_t d : types.tensors.at(c.output).shape) out_bytes *= d;
+    for (int64_t d : type.shape) elements *= d;
+    for (const auto& b : bounds)
+      if (!uses(out, b.name)) reduction_points *= b.max - b.min + 1;
+    if (weight_split(out_bytes, reduction_points, target) || box_points(bounds) < 1024 * elements) return std::nullopt;
+  }
 
   std::set<std::string> taken(vars.begin(), vars.end());
   const std::string vb = fresh_name(v + "_blk", taken), vl = fresh_name(v + "_lane", taken);
   const std::string panel = fresh_name(access.tensor + "_P", names);
-  // P[tb, t0, ..., tl : S_last / VL, S0, ..., VL] = =(B[t0, ..., VL*tb + tl])
+  // P[tb, t0, ..., tl : S_v / VL, S0, ..., VL] = =(B[t0, ..., VL*tb + tl, ...]), v's dim (t_vdim) in
+  // the source where it is, in the panel split into tb (first) and tl (last), the other dims in order.
   Contraction copy;
   copy.output = panel;
   copy.aggregation = AggregationOp::assign;
   copy.combination = CombinationOp::none;
   TensorAccess source{access.tensor, {}};
+  for (size_t k = 0; k < access.indices.size(); ++k)
+    source.indices.push_back(k == vdim ? Polynomial::index("tb") * Rational(vl_size) + Polynomial::index("tl")
+                                       : Polynomial::index("t" + std::to_string(k)));
   copy.output_indices.push_back(Polynomial::index("tb"));
-  copy.output_shape.push_back(DimExpr(type.shape.back() / vl_size));
-  for (size_t k = 0; k + 1 < idx.size(); ++k) {
-    Polynomial t = Polynomial::index("t" + std::to_string(k));
-    source.indices.push_back(t);
-    copy.output_indices.push_back(t);
-    copy.output_shape.push_back(DimExpr(type.shape[k]));
+  copy.output_shape.push_back(DimExpr(shape.back() / vl_size));
+  for (size_t k = 0; k + 1 < order.size(); ++k) {
+    copy.output_indices.push_back(Polynomial::index("t" + std::to_string(order[k])));
+    copy.output_shape.push_back(DimExpr(shape[k]));
   }
-  source.indices.push_back(Polynomial::index("tb") * Rational(vl_size) + Polynomial::index("tl"));
   copy.output_indices.push_back(Polynomial::index("tl"));
   copy.output_shape.push_back(DimExpr(vl_size));
   copy.inputs.push_back(source);
@@ -126,7 +155,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
       continue;
     }
     std::vector<Polynomial> packed{Polynomial::index(vb)};
-    for (size_t d = 0; d + 1 < in.indices.size(); ++d) packed.push_back(in.indices[d]);
+    for (size_t k = 0; k + 1 < order.size(); ++k) packed.push_back(in.indices[order[k]]);
     packed.push_back(Polynomial::index(vl));
     in.tensor = panel;
     in.indices = packed;
@@ -141,6 +170,11 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
 
 bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target) {
   return out_bytes * 2 <= target.cpu.l2_bytes * std::max(1, target.threads) && reduction_points >= 2048;
+}
+
+bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target) {
+  return target.threads >= 2 && out_bytes * 2 <= target.cpu.l2_bytes &&
+         weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
 }
 
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
@@ -313,12 +347,13 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
     std::optional<MicroPlan> plan;
+    poly::ContractionAnalysis a;
     if (c) {
-      poly::ContractionAnalysis a = poly::analyze(*c, types);
+      a = poly::analyze(*c, types);
       if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
     }
-    if (plan && plan->transpose_input < 0) {
-      if (std::optional<Program> packed = pack_vector_operand(*c, types, *plan, names)) {
+    if (plan) {
+      if (std::optional<Program> packed = pack_vector_operand(*c, types, *plan, a.bounds, target, names)) {
         for (const auto& s : packed->statements) out.statements.push_back(s);
         continue;
       }

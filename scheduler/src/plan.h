@@ -31,6 +31,11 @@ double output_stride(const std::vector<Polynomial>& idx, const std::string& v, c
 // across the threads; see block_bands): each thread's share of the output fits in half its L2.
 bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
+// Whether such a micro-kernel's reduction is split into one slice per thread (split_reductions.cpp):
+// with two threads or more, when a whole copy of the output fits half of a thread's L2 and every slice
+// still runs in weight mode.
+bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target);
+
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 

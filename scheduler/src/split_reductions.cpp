@@ -108,7 +108,7 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   std::optional<Candidate> k = candidate(c, types, std::max(target.cpu.split_max_outputs, weight_outputs));
   if (!k) return std::nullopt;
   if (k->outputs <= target.cpu.split_max_outputs && k->reduction >= target.cpu.split_min_points) return sliced(*k, target.threads);
-  if (k->outputs > weight_outputs || !weight_mode(k->outputs * element_bytes * target.threads, k->reduction / target.threads, target) ||
+  if (!weight_split(k->outputs * element_bytes, k->reduction, target) ||
       box_points(k->bounds) < target.cpu.microkernel_min_points || !plan_microkernel(c, types, k->bounds, target, false))
     return std::nullopt;
   const int64_t threads = target.threads;
