@@ -644,15 +644,20 @@ TEST(CpuTest, MutatedExamplesAgreeWithTheInterpreter) {
   EXPECT_GT(compared, 50);
 }
 
-// A weight gradient: the output block is small next to the reduction, so the scheduler splits an output
-// variable across threads and runs the reductions outside the output loops (the tiled path).
-TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
+// The weight gradient (vjp with respect to K) of an unpadded 3x3 convolution.
+Program conv_weight_gradient() {
   Program conv = parse_program(
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
       "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
   ad::Options o;
   o.wrt = {"K"};
-  Program grad = ad::vjp(conv, o).program;
+  return ad::vjp(conv, o).program;
+}
+
+// A weight gradient: the output block is small next to the reduction, so the scheduler splits an output
+// variable across threads and runs the reductions outside the output loops (the tiled path).
+TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
+  Program grad = conv_weight_gradient();
   TensorMap in = inputs_for({{"I", {2, 32, 32, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {2, 30, 30, 8}}}, DType::f64, 12);
   std::map<std::string, TensorType> types = types_of(in);
   for (bool microkernel : {false, true}) {  // the loop-nest path and the register-blocked one
@@ -673,12 +678,7 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
 // The micro-kernel's threads split the slices. Three threads slice the batch (6 images: the variable they
 // share evenly), two the output rows (32 of them, the widest that splits evenly); one thread does not split.
 TEST(CpuTest, WeightGradientsSplitTheirReductionsAcrossThreads) {
-  Program conv = parse_program(
-      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
-      "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
-  ad::Options ad_options;
-  ad_options.wrt = {"K"};
-  Program grad = ad::vjp(conv, ad_options).program;
+  Program grad = conv_weight_gradient();
   TensorMap in = inputs_for({{"I", {6, 34, 34, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {6, 32, 32, 8}}}, DType::f64, 21);
   const std::pair<int, const char*> cases[] = {{3, "DK_slices[n_slice, "}, {2, "DK_slices[y_slice, "}, {1, nullptr}};
   for (const auto& [threads, slices] : cases) {
