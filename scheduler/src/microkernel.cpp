@@ -286,12 +286,10 @@ class MicrokernelNest {
       counts.push_back(n_bb_);
       counts.push_back(n_bv_);
       const int64_t threads = std::max(1, nb_.target.threads);
-      auto waste = [threads](int64_t count) {  // work of the busiest thread, times threads, over count
-        return static_cast<double>((count + threads - 1) / threads * threads) / static_cast<double>(count);
-      };
-      size_t split = 0;
+      auto idle = [threads](int64_t count) { return idle_values(count, threads); };
+      size_t split = 0;  // until an even one: fewer idle values per value
       for (size_t k = 1; k < counts.size(); ++k)
-        if (waste(counts[k]) < waste(counts[split]) - 1e-9 && waste(counts[split]) > 1.0) split = k;
+        if (idle(counts[split]) > 0 && idle(counts[k]) * counts[split] < idle(counts[split]) * counts[k]) split = k;
       int64_t chunk = (counts[split] + threads - 1) / threads;
       int64_t lo = split < mk_.others.size() ? range_[mk_.others[split]].first : 0;
       outer_.push_back("floor(" + shifted(block_dims_[split], lo) + "/" + s(chunk) + ")");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace polytile::sched {
@@ -52,6 +53,20 @@ bool transposable(const std::vector<Polynomial>& idx, const std::string& v) {
   return dims == 1;
 }
 
+// The dims of an access in the order a micro-kernel reads them: the dim holding v (transposable or
+// contiguous_in: one at most) last, the others in order; empty when no dim holds v.
+std::vector<size_t> vector_dim_last(const std::vector<Polynomial>& idx, const std::string& v) {
+  std::vector<size_t> order;
+  std::optional<size_t> vdim;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (idx[k].coefficient(v) != Rational(0)) vdim = k;
+    else order.push_back(k);
+  }
+  if (!vdim) return {};
+  order.push_back(*vdim);
+  return order;
+}
+
 std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map<std::string, int64_t>& dims) {
   std::vector<Polynomial> out;
   for (const auto& p : idx) out.push_back(p.bind_dims(dims));
@@ -82,14 +97,9 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   const TensorType& type = types.tensors.at(access.tensor);
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(type.dtype));
   // The operand's dims as the micro-kernel reads them: v's dim last (moved there for a transposed input).
-  std::vector<size_t> order;
-  size_t vdim = access.indices.size();
-  for (size_t k = 0; k < access.indices.size(); ++k) {
-    if (access.indices[k].coefficient(v) != Rational(0)) vdim = k;
-    else order.push_back(k);
-  }
-  if (vdim == access.indices.size() || order.empty()) return std::nullopt;
-  order.push_back(vdim);
+  const std::vector<size_t> order = vector_dim_last(access.indices, v);
+  if (order.size() < 2) return std::nullopt;
+  const size_t vdim = order.back();
   std::vector<Polynomial> idx;
   std::vector<int64_t> shape;
   for (size_t k : order) {
@@ -173,8 +183,13 @@ bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& targ
 }
 
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target) {
-  return target.threads >= 2 && out_bytes * 2 <= target.cpu.l2_bytes &&
-         weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
+  // One copy of the output per thread: weight mode's share per thread is then a whole copy.
+  return target.threads >= 2 && weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
+}
+
+int64_t idle_values(int64_t count, int64_t threads) {
+  threads = std::max<int64_t>(1, threads);
+  return (count + threads - 1) / threads * threads - count;
 }
 
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
@@ -366,13 +381,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
     TensorAccess& access = rewritten.inputs[static_cast<size_t>(plan->transpose_input)];
     const TensorType& type = types.tensors.at(access.tensor);
     // The copy's dims: the source's, with the vector variable's dim moved last.
-    std::vector<size_t> order;
-    size_t vdim = 0;
-    for (size_t k = 0; k < access.indices.size(); ++k) {
-      if (access.indices[k].coefficient(plan->vector) != Rational(0)) vdim = k;
-      else order.push_back(k);
-    }
-    order.push_back(vdim);
+    const std::vector<size_t> order = vector_dim_last(access.indices, plan->vector);
     std::string name = fresh_name(access.tensor + "_T", names);
     Contraction copy;
     copy.output = name;

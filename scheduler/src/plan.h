@@ -36,6 +36,10 @@ bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& targ
 // still runs in weight mode.
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
+// The values of a loop of `count` iterations left idle when `threads` threads take equal chunks of it
+// (the busiest thread's chunk times the threads, less count): 0 when the loop splits evenly.
+int64_t idle_values(int64_t count, int64_t threads);
+
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 

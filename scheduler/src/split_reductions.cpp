@@ -9,6 +9,7 @@
 // at 0, which the second sum adds exactly.
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "plan.h"
 #include "polytile/error.h"
@@ -111,19 +112,17 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   if (!weight_split(k->outputs * element_bytes, k->reduction, target) ||
       box_points(k->bounds) < target.cpu.microkernel_min_points || !plan_microkernel(c, types, k->bounds, target, false))
     return std::nullopt;
-  const int64_t threads = target.threads;
-  auto share = [threads](int64_t extent) { return (extent + threads - 1) / threads * threads - extent; };  // idle values
-  const poly::VariableBounds* best = nullptr;
-  for (size_t v : k->reductions) {
-    const poly::VariableBounds& b = k->bounds[v];
-    const int64_t e = b.max - b.min + 1;
-    if (!best || share(e) < share(best->max - best->min + 1) ||
-        (share(e) == share(best->max - best->min + 1) && e > best->max - best->min + 1))
-      best = &b;
-  }
+  // The fewest idle values, then the most values.
+  auto rank = [&target](const poly::VariableBounds& b) {
+    const int64_t extent = b.max - b.min + 1;
+    return std::pair{idle_values(extent, target.threads), -extent};
+  };
+  const poly::VariableBounds* best = &k->bounds[k->reductions.front()];
+  for (size_t v : k->reductions)
+    if (rank(k->bounds[v]) < rank(*best)) best = &k->bounds[v];
   k->split = Split{best->name, best->min};
   k->widest = best->max - best->min + 1;
-  return sliced(*k, threads);
+  return sliced(*k, target.threads);
 }
 
 struct SplitContraction {
