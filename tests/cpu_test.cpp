@@ -812,6 +812,29 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// A long reduction whose output overflows half of each thread's L2 (a large matmul) sizes its reduction
+// tiles for L2 (plan.h long_tiles): each tile reloads the accumulators from beyond L2, so fewer, longer
+// tiles. The same matmul with a short reduction keeps the L1-sized tiles.
+TEST(CpuTest, LongReductionsOverflowingL2TakeL2SizedTiles) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  CompileOptions o = microkernels_forced(256);
+  o.target.cpu.l1_bytes = 4096;
+  o.target.cpu.l2_bytes = 64 * 1024;  // the 96x96 f64 output (72 KiB) overflows half of two threads' L2
+  auto tile_of = [&](int64_t k) {  // the micro-kernel's reduction tile: its Fma loop's extent
+    TensorMap in = inputs_for({{"A", {96, k}}, {"B", {k, 96}}}, DType::f64, 61);
+    auto compiled = compile(mm, types_of(in), o);
+    const sched::Nest& nest = compiled->schedule().nests.back();
+    EXPECT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
+    expect_same(mm, in, "matmul with a reduction of " + std::to_string(k), o);
+    return sched::print_loops(compiled->schedule());
+  };
+  const std::string long_reduction = tile_of(2100), short_reduction = tile_of(1000);
+  // A block (6 rows of A, 16 columns of B in f64: 176 bytes per value of k) over a tile within 3/4 of L1,
+  // 3072 bytes: 17 values of k; within an eighth of L2, 8192 bytes: 46 (both already balanced).
+  EXPECT_NE(long_reduction.find("min(2099, ((46 * c"), std::string::npos) << long_reduction;
+  EXPECT_NE(short_reduction.find("min(999, ((17 * c"), std::string::npos) << short_reduction;
+}
+
 // Elementwise consumers fused into micro-kernel blocks (epilogues): bias + activation after a padded conv
 // (borders: predicated blocks; unstored elements: the remaining nest), broadcasts along and across the
 // vector lanes, libm functions lane by lane, integer and boolean results, and a consumer that must not be

@@ -75,6 +75,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.columns_only = columns_only;
+  choices.long_tiles = long_tiles(out_bytes, reduction_points, target);
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
   return true;
@@ -135,9 +136,10 @@ class MicrokernelNest {
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
   // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
   // bounding box of the image of the tile's points under each access function -- must fit in three
-  // quarters of L1: the vector operand is then reused from L1 by every block row. Filled innermost
-  // reduction variable first, each as large as fits (binary search), then balanced.
-  void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode) {
+  // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles (plan.h),
+  // in an eighth of L2. Filled innermost reduction variable first, each as large as fits (binary search),
+  // then balanced.
+  void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode, bool long_tiles) {
     tile_.assign(reds_.size(), 1);
     red_lo_.assign(reds_.size(), 0);
     isl::set representative = blocks_.lexmin();
@@ -168,7 +170,7 @@ class MicrokernelNest {
       return bytes;
     };
     for (size_t k = 0; k < reds_.size(); ++k) red_lo_[k] = range_[mk_.reductions[k]].first;
-    const int64_t budget = nb_.target.cpu.l1_bytes * 3 / 4;
+    const int64_t budget = long_tiles ? nb_.target.cpu.l2_bytes / 8 : nb_.target.cpu.l1_bytes * 3 / 4;
     for (size_t k = reds_.size(); k-- > 0;) {
       const int64_t e = range_[mk_.reductions[k]].second - red_lo_[k] + 1;
       int64_t lo = 1, hi = e;
@@ -313,6 +315,10 @@ class MicrokernelNest {
       // The other output variables only pick columns of the vector operand (a packed matrix's panels):
       // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
       tb = std::min(tb, (n_bb_ + want - 1) / want);
+      // Tiles of equal size, as many as a multiple of the threads: each thread gets the same rows.
+      const int64_t threads = std::max(1, nb_.target.threads);
+      const int64_t tiles = ((n_bb_ + tb - 1) / tb + threads - 1) / threads * threads;
+      tb = (n_bb_ + tiles - 1) / tiles;
       lead = counts.size() - 1;
       for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
     } else {
@@ -391,7 +397,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
                                         const std::vector<isl::map>& reads, const MicrokernelChoices& choices) {
   MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
   mk.classify_blocks(domain);
-  mk.size_reduction_tiles(reads, choices.weight_mode);
+  mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value());
   mk.block_bands(choices.weight_mode, choices.columns_only);
   nest.parallel_outer = true;

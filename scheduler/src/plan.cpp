@@ -178,13 +178,29 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
 
 }  // namespace
 
+namespace {
+
+// A reduction this long runs as many tiles of an L1-sized footprint per output block.
+constexpr int64_t kLongReduction = 2048;
+
+// Whether each thread's share of an output of `out_bytes` fits in half of its L2.
+bool output_fits_l2(int64_t out_bytes, const Target& target) {
+  return out_bytes * 2 <= target.cpu.l2_bytes * std::max(1, target.threads);
+}
+
+}  // namespace
+
 bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target) {
-  return out_bytes * 2 <= target.cpu.l2_bytes * std::max(1, target.threads) && reduction_points >= 2048;
+  return output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
 }
 
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target) {
   // One copy of the output per thread: weight mode's share per thread is then a whole copy.
   return target.threads >= 2 && weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
+}
+
+bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target) {
+  return !output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
 }
 
 int64_t idle_values(int64_t count, int64_t threads) {

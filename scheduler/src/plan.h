@@ -36,6 +36,14 @@ bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& targ
 // still runs in weight mode.
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
+// Whether a micro-kernel sizes its reduction tiles for L2 instead of L1 (see size_reduction_tiles): the
+// complement of weight mode among long reductions, an output whose share per thread overflows half of L2.
+// Each reduction tile then loads and stores the accumulators from beyond L2, as many times per block as
+// there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's tile, now
+// read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 274 -> 297 GFLOP/s;
+// shorter reductions such as the bench's convs measured slower, 3x3 64->64 fwd 324 -> 271).
+bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
+
 // The values of a loop of `count` iterations left idle when `threads` threads take equal chunks of it
 // (the busiest thread's chunk times the threads, less count): 0 when the loop splits evenly.
 int64_t idle_values(int64_t count, int64_t threads);
