@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nest_builder.h"
+#include "plan.h"
 
 namespace polytile::sched::internal {
 
@@ -28,8 +29,7 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
   int64_t reduction = std::clamp<int64_t>(l2_elems / (4 * std::max<int64_t>(1, inner)), 8, 256);
   for (size_t k = 0; k < n; ++k) {
     int64_t want = std::max<int64_t>(1, k + 1 == n ? inner : k < parallel_members ? outer : reduction);
-    int64_t tiles = (extents[k] + want - 1) / want;
-    sizes[k] = (extents[k] + tiles - 1) / tiles;  // balanced: equal tiles, no sliver at the end
+    sizes[k] = equal_tiles(extents[k], want);
   }
   return sizes;
 }

@@ -179,8 +179,7 @@ class MicrokernelNest {
         if (footprint() <= budget) lo = tile_[k];
         else hi = tile_[k] - 1;
       }
-      int64_t n = (e + lo - 1) / lo;
-      tile_[k] = (e + n - 1) / n;  // balanced: equal tiles
+      tile_[k] = equal_tiles(e, lo);
       if (tile_[k] < e) break;     // the outer reduction variables stay at one value per tile
     }
     for (size_t k = 0; k < reds_.size(); ++k)
@@ -314,11 +313,8 @@ class MicrokernelNest {
     if (columns_only && !others_.empty() && n_bb_ >= want) {
       // The other output variables only pick columns of the vector operand (a packed matrix's panels):
       // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
-      tb = std::min(tb, (n_bb_ + want - 1) / want);
-      // Tiles of equal size, as many as a multiple of the threads: each thread gets the same rows.
-      const int64_t threads = std::max(1, nb_.target.threads);
-      const int64_t tiles = ((n_bb_ + tb - 1) / tb + threads - 1) / threads * threads;
-      tb = (n_bb_ + tiles - 1) / tiles;
+      // Equal tiles, as many as a multiple of the threads: each thread gets the same rows.
+      tb = equal_tiles(n_bb_, std::min(tb, (n_bb_ + want - 1) / want), nb_.target.threads);
       lead = counts.size() - 1;
       for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
     } else {

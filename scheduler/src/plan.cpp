@@ -208,6 +208,14 @@ int64_t idle_values(int64_t count, int64_t threads) {
   return (count + threads - 1) / threads * threads - count;
 }
 
+int64_t equal_tiles(int64_t extent, int64_t most, int64_t multiple) {
+  most = std::max<int64_t>(1, most);
+  multiple = std::max<int64_t>(1, multiple);
+  int64_t tiles = (extent + most - 1) / most;
+  tiles = (tiles + multiple - 1) / multiple * multiple;
+  return (extent + tiles - 1) / tiles;
+}
+
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
   int64_t points = 1;
   for (const auto& b : bounds) {

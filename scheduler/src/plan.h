@@ -40,13 +40,18 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // complement of weight mode among long reductions, an output whose share per thread overflows half of L2.
 // Each reduction tile then loads and stores the accumulators from beyond L2, as many times per block as
 // there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's tile, now
-// read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 274 -> 297 GFLOP/s;
+// read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 257 -> 287 GFLOP/s;
 // shorter reductions such as the bench's convs measured slower, 3x3 64->64 fwd 324 -> 271).
 bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
 // The values of a loop of `count` iterations left idle when `threads` threads take equal chunks of it
 // (the busiest thread's chunk times the threads, less count): 0 when the loop splits evenly.
 int64_t idle_values(int64_t count, int64_t threads);
+
+// The size of equal tiles over `extent` values: as few tiles of at most `most` values as cover it, their
+// count rounded up to a multiple of `multiple` (threads taking equal shares), then spread evenly, so that
+// no tile is a sliver.
+int64_t equal_tiles(int64_t extent, int64_t most, int64_t multiple = 1);
 
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
