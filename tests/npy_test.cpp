@@ -83,6 +83,21 @@ TEST(NpyTest, BadFilesAreUserErrorsNamingTheFile) {
   EXPECT_THROW(write_npy("/nonexistent/dir/out.npy", b), UserError);
 }
 
+// A buffer's data starts on a cache line, whatever its size and dtype, and so does a copy's: the compiled
+// kernels' 64-byte vector loads of a buffer (a packed panel, a row of an output) then never straddle two
+// lines. Values survive the copy.
+TEST(BufferTest, DataIsCacheLineAligned) {
+  for (DType t : kDTypes)
+    for (int64_t n : {1, 3, 17, 1000, 1 << 20}) {
+      Buffer b(t, {n});
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u) << b.type_str();
+      b.set(n - 1, 1);
+      Buffer copy = b;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % 64, 0u) << copy.type_str();
+      EXPECT_EQ(copy.get(n - 1), 1.0) << copy.type_str();
+    }
+}
+
 // difference(): how far a result is from what was expected, as polytile-run-bundle --expect and the GPU
 // benchmark's check read it.
 TEST(BufferTest, DifferenceIsTheRelativeNormAndCountsUnexpectedNan) {

@@ -77,7 +77,7 @@ Buffer::Buffer(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
     user_error("cannot allocate ", byte_size(), " bytes for a buffer of type ", type_str(), ": more than this machine's ",
                static_cast<int64_t>(memory), " bytes of memory");
   try {
-    words_.assign((byte_size() + 7) / 8, 0);
+    lines_.assign((byte_size() + sizeof(Line) - 1) / sizeof(Line), Line{});
   } catch (const std::bad_alloc&) {
     user_error("cannot allocate ", byte_size(), " bytes for a buffer of type ", type_str(), ": out of memory");
   }
@@ -95,7 +95,7 @@ size_t Buffer::element_bytes() const { return dtype_bytes(dtype_); }
 
 double Buffer::get(int64_t i) const {
   POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
-  const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+  const auto* p = reinterpret_cast<const unsigned char*>(lines_.data());
   switch (dtype_) {
     case DType::f64: { double v; std::memcpy(&v, p + 8 * i, 8); return v; }
     case DType::f32: { float v; std::memcpy(&v, p + 4 * i, 4); return v; }
@@ -109,7 +109,7 @@ double Buffer::get(int64_t i) const {
 
 int64_t Buffer::get_int(int64_t i) const {
   POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
-  const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+  const auto* p = reinterpret_cast<const unsigned char*>(lines_.data());
   switch (dtype_) {
     case DType::i64: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
     case DType::i32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
@@ -121,7 +121,7 @@ int64_t Buffer::get_int(int64_t i) const {
 
 void Buffer::set_int(int64_t i, int64_t value) {
   POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
-  auto* p = reinterpret_cast<unsigned char*>(words_.data());
+  auto* p = reinterpret_cast<unsigned char*>(lines_.data());
   switch (dtype_) {
     case DType::i64: std::memcpy(p + 8 * i, &value, 8); return;
     case DType::i32: { auto x = static_cast<int32_t>(static_cast<uint32_t>(value)); std::memcpy(p + 4 * i, &x, 4); return; }
@@ -133,7 +133,7 @@ void Buffer::set_int(int64_t i, int64_t value) {
 
 void Buffer::set(int64_t i, double value) {
   POLYTILE_CHECK(i >= 0 && i < size_, "buffer index ", i, " out of range ", size_);
-  auto* p = reinterpret_cast<unsigned char*>(words_.data());
+  auto* p = reinterpret_cast<unsigned char*>(lines_.data());
   double v = round_to(dtype_, value);
   switch (dtype_) {
     case DType::f64: std::memcpy(p + 8 * i, &v, 8); break;

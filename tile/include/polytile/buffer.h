@@ -32,8 +32,8 @@ class Buffer {
   void set_int(int64_t flat, int64_t value);
   std::vector<double> to_doubles() const;
 
-  void* data() { return words_.data(); }
-  const void* data() const { return words_.data(); }
+  void* data() { return lines_.data(); }
+  const void* data() const { return lines_.data(); }
   size_t byte_size() const { return static_cast<size_t>(size_) * element_bytes(); }
 
   // "f32[2, 3]"
@@ -43,7 +43,13 @@ class Buffer {
   DType dtype_ = DType::f32;
   std::vector<int64_t> shape_;
   int64_t size_ = 1;
-  std::vector<uint64_t> words_;  // 8-byte aligned storage
+  // Storage in whole cache lines, each 64-byte aligned: a vector load of 64 bytes at a multiple of 64
+  // bytes from the start never straddles two lines (a 2048x2048 sgemm's packed panels, read at 16-byte
+  // alignment, ran about 15% slower).
+  struct alignas(64) Line {
+    uint64_t words[8];
+  };
+  std::vector<Line> lines_;
 };
 
 // Converts a double to the value a dtype holds (f16 and f32 rounding, i32 and i64 wrap-around, bool != 0).
