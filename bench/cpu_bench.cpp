@@ -2,7 +2,8 @@
 // conv2d NHWC f32 forward, backward-data and backward-weights against oneDNN 2.6 (layouts left `any`;
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
-// 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s), compile time per stage, and the
+// 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
+// its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage, and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
 // itself without split reductions ("unsplit") and softmax against itself without row groups ("alone").
@@ -17,6 +18,7 @@
 #include <dnnl.hpp>
 #include <iostream>
 #include <random>
+#include <set>
 
 #include "bench_threads.h"
 #include "polytile/autodiff.h"
@@ -237,11 +239,15 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 // The "unsplit" and "alone" peers: the same program without split reductions, or without row groups.
 enum class Variant { as_is, unsplit, alone };
 
-void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, Variant variant) {
+// `stop_gradient`: tensors the gradient treats as constants (ad::Options::stop_gradient).
+void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, Variant variant,
+                 std::set<std::string> stop_gradient) {
   Program p = parse_program(text);
   if (gradient) {
     ProgramTypes t = infer_types(p, types_of(in));
-    Program g = ad::vjp(p).program;
+    ad::Options ao;
+    ao.stop_gradient = std::move(stop_gradient);
+    Program g = ad::vjp(p, ao).program;
     for (const auto& o : p.outputs) in["D" + o] = random_f32(t.tensors.at(o).shape, 9);
     p = g;
   }
@@ -333,18 +339,23 @@ void register_all() {
   }
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
   double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
-  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, Variant::as_is, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, Variant::as_is, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap bias_in{{"D", random_f32({64, 28, 28, 32}, 7)}};
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
-  benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
   double sm_bytes = 4.0 * 4096 * 1000 * 2;
   for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}}) {
-    benchmark::RegisterBenchmark((std::string("softmax/fwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, false, sm_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("softmax/fwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, false, sm_bytes, variant, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, variant, std::set<std::string>{})->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  // The gradient with the row maxima held constant, as jax.nn.softmax's custom JVP and PyTorch's softmax
+  // backward compute it (the maxima's adjoint is zero up to rounding: softmax does not change when a row
+  // is shifted). softmax/bwd above differentiates the program as written, through the maxima too.
+  benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, Variant::as_is,
+                               std::set<std::string>{"M"})->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd", BM_CompileConvForwardAndBackward)->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 

@@ -45,9 +45,12 @@ def parse(case):
         return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
     if case == "bias_grad":
         return "bias_grad", (), BIAS_BYTES, "GB/s"
-    if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
+    # softmax/bwd_stop_max: polytile's gradient with the row maxima held constant; the frameworks' own
+    # softmax gradients are computed that way, so their step is the same as for softmax/bwd.
+    directions = ("fwd", "bwd") if parts[0] == "maxpool" else ("fwd", "bwd", "bwd_stop_max")
+    if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in directions:
         base = POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES
-        return parts[0], (parts[1],), base * (2 if parts[1] == "bwd" else 1), "GB/s"
+        return parts[0], (parts[1],), base * (1 if parts[1] == "fwd" else 2), "GB/s"
     return None
 
 
