@@ -703,6 +703,41 @@ TEST(CpuTest, WeightGradientsSplitTheirReductionsAcrossThreads) {
   }
 }
 
+// A weight-mode micro-kernel whose broadcast operand holds the block variable contiguously (I[n, y + j,
+// x + i, ci], blocks of channels) prefetches it two blocks' rows ahead, rounded up to a cache line, at every
+// reduction step; without the target's prefetch it emits none. The results are the interpreter's either way.
+TEST(CpuTest, WeightGradientMicrokernelsPrefetchTheirBroadcastOperand) {
+  Program grad = conv_weight_gradient();
+  TensorMap in = inputs_for({{"I", {6, 34, 34, 16}}, {"K", {3, 3, 16, 16}}, {"DO", {6, 32, 32, 16}}}, DType::f32, 5);
+  for (bool prefetch : {true, false}) {
+    CompileOptions o;
+    o.threads = 2;
+    o.target.threads = 2;
+    o.target.cpu.prefetch = prefetch;
+    auto compiled = compile(grad, types_of(in), o);
+    const sched::Nest& partial = compiled->schedule().nests.front();
+    ASSERT_TRUE(partial.microkernel.has_value());
+    const sched::Microkernel& mk = *partial.microkernel;
+    const int64_t expected = prefetch ? (2 * mk.rows * 4 + 63) / 64 * 64 : 0;
+    EXPECT_EQ(mk.prefetch_bytes, expected) << mk.rows << " rows";
+    EXPECT_EQ(compiled->llvm_ir().find("@llvm.prefetch") != std::string::npos, prefetch);
+    EXPECT_EQ(sched::print_loops(compiled->schedule()).find(", prefetch +" + std::to_string(expected) + " B") != std::string::npos, prefetch)
+        << sched::print_loops(compiled->schedule());
+    expect_same(grad, in, prefetch ? "prefetching" : "not prefetching", o);
+  }
+  // A forward convolution's micro-kernel (not weight mode) reuses its broadcast operand across column
+  // blocks from cache and prefetches nothing.
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  CompileOptions o;
+  o.threads = 2;
+  auto forward = compile(conv, {{"I", {DType::f32, {2, 34, 34, 16}}}, {"K", {DType::f32, {3, 3, 16, 32}}}}, o);
+  ASSERT_TRUE(forward->schedule().nests.back().microkernel.has_value());
+  EXPECT_EQ(forward->schedule().nests.back().microkernel->prefetch_bytes, 0);
+  EXPECT_EQ(forward->llvm_ir().find("@llvm.prefetch"), std::string::npos);
+}
+
 // Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
 // widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
 // and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd

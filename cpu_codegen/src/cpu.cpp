@@ -166,7 +166,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
-         (m.row_groups ? "groups/" : "alone/") +
+         (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
   if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels

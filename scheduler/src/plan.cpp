@@ -203,6 +203,17 @@ bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& targe
   return !output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
 }
 
+int64_t broadcast_prefetch_bytes(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan) {
+  constexpr int64_t line = 64;
+  int64_t bytes = 0;
+  for (const auto& in : c.inputs) {
+    if (uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
+    if (!contiguous_in(in.indices, plan.block)) return 0;
+    bytes = std::max(bytes, 2 * plan.rows * static_cast<int64_t>(dtype_bytes(types.tensors.at(in.tensor).dtype)));
+  }
+  return (bytes + line - 1) / line * line;
+}
+
 int64_t idle_values(int64_t count, int64_t threads) {
   threads = std::max<int64_t>(1, threads);
   return (count + threads - 1) / threads * threads - count;

@@ -44,6 +44,11 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // shorter reductions such as the bench's convs measured slower, 3x3 64->64 fwd 324 -> 271).
 bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
+// Microkernel::prefetch_bytes for a weight-mode micro-kernel of `plan` over `c`: two blocks' rows of
+// the input ahead, rounded up to whole 64-byte lines, when every broadcast input whose rows differ holds the
+// block variable contiguously (in its last index only, coefficient 1); 0 when none does or one does not.
+int64_t broadcast_prefetch_bytes(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan);
+
 // The values of a loop of `count` iterations left idle when `threads` threads take equal chunks of it
 // (the busiest thread's chunk times the threads, less count): 0 when the loop splits evenly.
 int64_t idle_values(int64_t count, int64_t threads);

@@ -36,6 +36,9 @@ struct CpuModel {
   // Row groups (NestGroup): consecutive row-local nests run chunk by chunk together; false runs every
   // nest over its whole range before the next.
   bool row_groups = true;
+  // Weight-gradient micro-kernels prefetch their broadcast operand a cache line or more ahead
+  // (Microkernel::prefetch_bytes); false emits no prefetches.
+  bool prefetch = true;
 };
 
 // The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
@@ -147,6 +150,13 @@ struct Microkernel {
   std::vector<size_t> others, reductions; // the other output variables, the reduction variables
   int rows = 1, chunks = 1, lanes = 1;
   int64_t block_lo = 0, vector_lo = 0, vector_hi = 0;
+  // When positive, every fma step prefetches the element `prefetch_bytes` past row 0's element of each
+  // broadcast input whose rows differ. Set in weight mode when those inputs hold the block variable
+  // contiguously (a weight gradient's I[n, y, x, ci] with blocks of ci): consecutive blocks then march
+  // along the input's cache lines, each line read by the two or three blocks that share it and never
+  // again, and rows a whole input row apart (1 KiB for 256 channels) defeat the hardware prefetchers, so
+  // the first block to touch a line would wait for it from L3 or memory at every reduction step.
+  int64_t prefetch_bytes = 0;
 };
 
 // A vectorized row reduction: a float sum, max or min over a reduction variable r that every input reads
