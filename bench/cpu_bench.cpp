@@ -4,7 +4,8 @@
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
 // 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
 // its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage, and the
-// defracted backward-data kernel against the same gradient compiled without reduce/defract, and conv + bias
+// defracted backward-data kernel against the same gradient compiled without reduce/defract, weight gradients
+// against themselves without the broadcast operand's prefetch ("no_prefetch"), and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
 // itself without split reductions ("unsplit") and softmax against itself without row groups ("alone").
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
@@ -79,20 +80,19 @@ const char* direction_name(Direction d) {
   return d == Direction::forward ? "fwd" : d == Direction::backward_data ? "bwd_data" : "bwd_weights";
 }
 
-// polytile: forward as written; the gradients through autodiff (vjp w.r.t. one input).
-void BM_PolytileConv(benchmark::State& state, Conv c, Direction d, bool defract) {
+// polytile: forward as written; the gradients through autodiff (vjp w.r.t. one input), reduced and
+// defracted when the options are.
+void BM_PolytileConv(benchmark::State& state, Conv c, Direction d, cpu::CompileOptions o) {
   Program fwd = parse_program(c.tile());
   TensorMap in{{"I", random_f32({c.n, c.h, c.w, c.ci}, 1)}, {"K", random_f32({c.kh, c.kw, c.ci, c.co}, 2)}};
   Program p = fwd;
   if (d != Direction::forward) {
     ad::Options ao;
     ao.wrt = {d == Direction::backward_data ? "I" : "K"};
-    ao.reduce_and_defract = defract;
+    ao.reduce_and_defract = o.reduce_and_defract;
     p = ad::vjp(fwd, ao).program;
     in["DO"] = random_f32({c.n, c.oh(), c.ow(), c.co}, 3);
   }
-  cpu::CompileOptions o = options();
-  o.reduce_and_defract = defract;
   auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
   compiled->run(in, out);  // warm-up: the outputs and scratch tensors are allocated (and faulted in) once
@@ -319,17 +319,25 @@ void BM_CompileConvForwardAndBackward(benchmark::State& state) {
 }
 
 void register_all() {
+  cpu::CompileOptions no_defract = options(), no_prefetch = options();
+  no_defract.reduce_and_defract = false;
+  no_prefetch.target.cpu.prefetch = false;
   for (const Conv& c : kConvs)
     for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
       std::string base = std::string("conv/") + c.name + "/" + direction_name(d);
-      benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnConv, c, d, false)->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, c, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   for (const Conv& c : {kConvs[5], kConvs[4]}) {
     std::string base = std::string("defract/") + c.name + "/bwd_data";
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, true)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, options())->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, no_defract)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (const Conv& c : {kConvs[3], kConvs[2]}) {  // weight gradients with and without the broadcast prefetch
+    std::string base = std::string("prefetch/") + c.name + "/bwd_weights";
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_weights, options())->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/no_prefetch").c_str(), BM_PolytileConv, c, Direction::backward_weights, no_prefetch)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (const Conv& c : {kConvs[0], kConvs[3]}) {
     std::string base = std::string("fusion/") + c.name + "/fwd_bias_relu";

@@ -703,9 +703,10 @@ TEST(CpuTest, WeightGradientsSplitTheirReductionsAcrossThreads) {
   }
 }
 
-// A weight-mode micro-kernel whose broadcast operand holds the block variable contiguously (I[n, y + j,
-// x + i, ci], blocks of channels) prefetches it two blocks' rows ahead, rounded up to a cache line, at every
-// reduction step; without the target's prefetch it emits none. The results are the interpreter's either way.
+// A micro-kernel whose broadcast operand holds the block variable contiguously (a weight gradient's
+// I[n, y + j, x + i, ci], blocks of channels) prefetches it two blocks' rows ahead, rounded up to a cache
+// line, at every reduction step; without the target's prefetch it emits none. The results are the
+// interpreter's either way.
 TEST(CpuTest, WeightGradientMicrokernelsPrefetchTheirBroadcastOperand) {
   Program grad = conv_weight_gradient();
   TensorMap in = inputs_for({{"I", {6, 34, 34, 16}}, {"K", {3, 3, 16, 16}}, {"DO", {6, 32, 32, 16}}}, DType::f32, 5);
@@ -725,8 +726,7 @@ TEST(CpuTest, WeightGradientMicrokernelsPrefetchTheirBroadcastOperand) {
         << sched::print_loops(compiled->schedule());
     expect_same(grad, in, prefetch ? "prefetching" : "not prefetching", o);
   }
-  // A forward convolution's micro-kernel (not weight mode) reuses its broadcast operand across column
-  // blocks from cache and prefetches nothing.
+  // A forward convolution's micro-kernel, whose rows (pixels) are whole input rows apart, prefetches nothing.
   Program conv = parse_program(
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
       "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");

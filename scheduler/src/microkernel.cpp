@@ -69,7 +69,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   int64_t reduction_points = 1;
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
   const bool weights = weight_mode(out_bytes, reduction_points, target);
-  if (weights && target.cpu.prefetch) mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
+  if (target.cpu.prefetch) mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
   MicrokernelChoices choices;

@@ -36,8 +36,8 @@ struct CpuModel {
   // Row groups (NestGroup): consecutive row-local nests run chunk by chunk together; false runs every
   // nest over its whole range before the next.
   bool row_groups = true;
-  // Weight-gradient micro-kernels prefetch their broadcast operand a cache line or more ahead
-  // (Microkernel::prefetch_bytes); false emits no prefetches.
+  // Micro-kernels whose blocks march along their broadcast operand's lines prefetch it a cache line or
+  // more ahead (Microkernel::prefetch_bytes); false emits no prefetches.
   bool prefetch = true;
 };
 
@@ -151,11 +151,12 @@ struct Microkernel {
   int rows = 1, chunks = 1, lanes = 1;
   int64_t block_lo = 0, vector_lo = 0, vector_hi = 0;
   // When positive, every fma step prefetches the element `prefetch_bytes` past row 0's element of each
-  // broadcast input whose rows differ. Set in weight mode when those inputs hold the block variable
-  // contiguously (a weight gradient's I[n, y, x, ci] with blocks of ci): consecutive blocks then march
-  // along the input's cache lines, each line read by the two or three blocks that share it and never
-  // again, and rows a whole input row apart (1 KiB for 256 channels) defeat the hardware prefetchers, so
-  // the first block to touch a line would wait for it from L3 or memory at every reduction step.
+  // broadcast input whose rows differ. Set when those inputs hold the block variable contiguously (a
+  // weight gradient's I[n, y, x, ci] with blocks of ci; not a forward conv's or a matmul's rows, which
+  // are whole input rows apart): the blocks inside a reduction tile then march along the input's cache
+  // lines, each line read by the two or three blocks that share it, and the reduction steps a whole
+  // input row apart (1 KiB for 256 channels) defeat the hardware prefetchers, so the first block to touch
+  // a line would wait for it from L3 or memory at every step.
   int64_t prefetch_bytes = 0;
 };
 
