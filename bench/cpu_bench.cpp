@@ -4,8 +4,8 @@
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
 // 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
 // its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage, and the
-// defracted backward-data kernel against the same gradient compiled without reduce/defract, weight gradients
-// against themselves without the broadcast operand's prefetch ("no_prefetch"), and conv + bias
+// defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
+// and weight gradients against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
 // itself without split reductions ("unsplit") and softmax against itself without row groups ("alone").
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
@@ -334,10 +334,13 @@ void register_all() {
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, options())->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, no_defract)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  for (const Conv& c : {kConvs[3], kConvs[2]}) {  // weight gradients with and without the broadcast prefetch
-    std::string base = std::string("prefetch/") + c.name + "/bwd_weights";
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_weights, options())->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((base + "/no_prefetch").c_str(), BM_PolytileConv, c, Direction::backward_weights, no_prefetch)->Unit(benchmark::kMillisecond)->UseRealTime();
+  // With and without the micro-kernels' prefetches: of the next block's rows (the 1x1 forward) and along
+  // the broadcast operand's lines (the weight gradients).
+  for (auto [c, d] : {std::pair{kConvs[3], Direction::forward}, std::pair{kConvs[3], Direction::backward_weights},
+                      std::pair{kConvs[2], Direction::backward_weights}}) {
+    std::string base = std::string("prefetch/") + c.name + "/" + direction_name(d);
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/no_prefetch").c_str(), BM_PolytileConv, c, d, no_prefetch)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (const Conv& c : {kConvs[0], kConvs[3]}) {
     std::string base = std::string("fusion/") + c.name + "/fwd_bias_relu";

@@ -735,7 +735,50 @@ TEST(CpuTest, WeightGradientMicrokernelsPrefetchTheirBroadcastOperand) {
   auto forward = compile(conv, {{"I", {DType::f32, {2, 34, 34, 16}}}, {"K", {DType::f32, {3, 3, 16, 32}}}}, o);
   ASSERT_TRUE(forward->schedule().nests.back().microkernel.has_value());
   EXPECT_EQ(forward->schedule().nests.back().microkernel->prefetch_bytes, 0);
+  EXPECT_FALSE(forward->schedule().nests.back().microkernel->prefetch_next_block);
   EXPECT_EQ(forward->llvm_ir().find("@llvm.prefetch"), std::string::npos);
+}
+
+// A 1x1 convolution reads each pixel of its input once, and with 256 channels (1 KiB per pixel) a block
+// of pixel rows spans a page or more: its micro-kernel prefetches the next block's rows. A product whose
+// rows are pages apart and a convolution whose pixels overlap (3x3) do not. The results are the interpreter's with and without.
+TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
+  Program conv1x1 = parse_program(
+      "function (I[N, H, W, CI], K[CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co]); }");
+  TensorMap in = inputs_for({{"I", {2, 12, 12, 256}}, {"K", {256, 16}}}, DType::f32, 9);
+  for (bool prefetch : {true, false}) {
+    CompileOptions o;
+    o.threads = 2;
+    o.target.cpu.prefetch = prefetch;
+    o.target.cpu.microkernel_min_points = 0;
+    auto compiled = compile(conv1x1, types_of(in), o);
+    ASSERT_TRUE(compiled->schedule().nests.back().microkernel.has_value());
+    const sched::Microkernel& mk = *compiled->schedule().nests.back().microkernel;
+    EXPECT_EQ(compiled->schedule().nests.back().variables[mk.block], "x");
+    EXPECT_EQ(mk.prefetch_next_block, prefetch);
+    EXPECT_EQ(mk.prefetch_bytes, 0);
+    EXPECT_EQ(compiled->llvm_ir().find("@llvm.prefetch") != std::string::npos, prefetch);
+    EXPECT_EQ(sched::print_loops(compiled->schedule()).find(", prefetch next block") != std::string::npos, prefetch);
+    expect_same(conv1x1, in, prefetch ? "prefetching the next block" : "not prefetching", o);
+  }
+  CompileOptions o;
+  o.threads = 2;
+  o.target.cpu.microkernel_min_points = 0;
+  // Rows of a block 8 KiB apart, each read once: the prefetchers follow each row's stream.
+  Program rows = parse_program(
+      "function (I[N, CI], K[CI, CO]) -> (O) { O[n, co : N, CO] = +(I[n, ci] * K[ci, co]); }");
+  auto far = compile(rows, {{"I", {DType::f32, {256, 2048}}}, {"K", {DType::f32, {2048, 16}}}}, o);
+  ASSERT_TRUE(far->schedule().nests.back().microkernel.has_value());
+  EXPECT_EQ(far->schedule().nests.back().variables[far->schedule().nests.back().microkernel->block], "n");
+  EXPECT_FALSE(far->schedule().nests.back().microkernel->prefetch_next_block);
+  // Overlapping pixels (x + i): neighbouring blocks read each other's rows.
+  Program conv3x3 = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H - 2, W - 2, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  auto overlapping = compile(conv3x3, {{"I", {DType::f32, {2, 12, 12, 256}}}, {"K", {DType::f32, {3, 3, 256, 16}}}}, o);
+  ASSERT_TRUE(overlapping->schedule().nests.back().microkernel.has_value());
+  EXPECT_FALSE(overlapping->schedule().nests.back().microkernel->prefetch_next_block);
 }
 
 // Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector

@@ -33,6 +33,28 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output
   return ok;
 }
 
+// The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h), at a reduction step
+// whose row 0 reads the element at `row0`: into all cache levels, for reading.
+void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars, Value* b0) {
+  const auto& mk = *nest_.microkernel;
+  auto fetch = [&](Value* addr) {
+    b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+  };
+  if (mk.prefetch_bytes > 0) fetch(b_.CreateGEP(b_.getInt8Ty(), element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
+  if (mk.prefetch_next_block) {
+    // Row r mod rows of the next block, at this reduction point.
+    const auto& names = nest_.variables;
+    std::map<std::string, Value*> next = vars;
+    Value* r = vars.at(names[mk.reductions.back()]);
+    Value* rows = b_.getInt64(mk.rows);
+    Value* row = b_.CreateSRem(b_.CreateAdd(b_.CreateSRem(r, rows), rows), rows);
+    next[names[mk.block]] = b_.CreateAdd(b_.CreateAdd(b0, b_.getInt64(mk.rows)), row);
+    std::vector<Value*> at;
+    for (const auto& p : a.indices) at.push_back(poly(p, next));
+    fetch(element_address(a.tensor, at));
+  }
+}
+
 // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
 void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   using St = sched::LoopNode::Statement;
@@ -96,6 +118,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           Value* ahead = b_.CreateGEP(b_.getInt8Ty(), element_address(c.inputs[i].tensor, at), b_.getInt64(mk.prefetch_bytes));
           b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ahead->getType()}, {ahead, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
         }
+        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars, b0);
         scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
       }
     }

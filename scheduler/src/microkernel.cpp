@@ -14,6 +14,31 @@ namespace polytile::sched::internal {
 
 using isl_support::text;
 
+namespace {
+
+// Microkernel::prefetch_next_block: one block column; every broadcast input whose rows differ read at
+// most once per element over the points without the vector variable (isl: the access restricted to the
+// domain, v projected out, is injective), its rows less than a page apart and a page or more per block
+// (rows in pages of their own, such as a batch dimension's images, are streams the prefetchers follow).
+bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+                      const poly::internal::IslAnalysis& analysis, const Microkernel& mk) {
+  constexpr double page = 4096;
+  if (mk.vector_hi - mk.vector_lo + 1 > int64_t{mk.chunks} * mk.lanes) return false;
+  bool any = false;
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    const TensorAccess& in = c.inputs[k];
+    if (uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
+    const TensorType& t = types.tensors.at(in.tensor);
+    const double stride = output_stride(in.indices, plan.block, t.shape) * static_cast<double>(dtype_bytes(t.dtype));
+    if (stride >= page || stride * mk.rows < page) return false;
+    if (!isl_support::project_out_input(analysis.reads[k], static_cast<unsigned>(mk.vector)).is_injective()) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
 bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
                                   const poly::internal::IslAnalysis& analysis, const isl::set& domain,
@@ -69,7 +94,10 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   int64_t reduction_points = 1;
   for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
   const bool weights = weight_mode(out_bytes, reduction_points, target);
-  if (target.cpu.prefetch) mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
+  if (target.cpu.prefetch) {
+    mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
+    if (!mk.prefetch_bytes && !mk.reductions.empty()) mk.prefetch_next_block = reads_pages_once(c, types, *plan, analysis, mk);
+  }
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
   MicrokernelChoices choices;

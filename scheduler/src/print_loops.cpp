@@ -135,7 +135,8 @@ std::string print_loops(const Schedule& schedule) {
     if (nest.microkernel)
       out += "; micro-kernel " + std::to_string(nest.microkernel->rows) + "x" + std::to_string(nest.microkernel->chunks) + "x" +
              std::to_string(nest.microkernel->lanes) +
-             (nest.microkernel->prefetch_bytes ? ", prefetch +" + std::to_string(nest.microkernel->prefetch_bytes) + " B" : "");
+             (nest.microkernel->prefetch_bytes ? ", prefetch +" + std::to_string(nest.microkernel->prefetch_bytes) + " B" : "") +
+             (nest.microkernel->prefetch_next_block ? ", prefetch next block" : "");
     if (nest.stores) out += "; each point stores its element";
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;

@@ -42,6 +42,11 @@ inline isl::set set_tuple_id(isl::set s, const isl::id& id) {
 inline isl::set eliminate(isl::set s, unsigned pos) {
   return isl::manage(isl_set_eliminate(s.release(), isl_dim_set, pos, 1));
 }
+
+// The map without input dimension `pos` (projected out: related where some value of it relates).
+inline isl::map project_out_input(isl::map m, unsigned pos) {
+  return isl::manage(isl_map_project_out(m.release(), isl_dim_in, pos, 1));
+}
 // A band's partial schedule from a union map (one piece per statement).
 inline isl::multi_union_pw_aff partial_schedule(const isl::union_map& m) {
   return isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy()));

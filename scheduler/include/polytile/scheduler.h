@@ -37,7 +37,8 @@ struct CpuModel {
   // nest over its whole range before the next.
   bool row_groups = true;
   // Micro-kernels whose blocks march along their broadcast operand's lines prefetch it a cache line or
-  // more ahead (Microkernel::prefetch_bytes); false emits no prefetches.
+  // more ahead (Microkernel::prefetch_bytes), those whose blocks each read pages of it that no other block
+  // reads prefetch the next block's rows (prefetch_next_block); false emits no prefetches.
   bool prefetch = true;
 };
 
@@ -158,6 +159,13 @@ struct Microkernel {
   // input row apart (1 KiB for 256 channels) defeat the hardware prefetchers, so the first block to touch
   // a line would wait for it from L3 or memory at every step.
   int64_t prefetch_bytes = 0;
+  // When set, every fma step prefetches one element of the next block's broadcast input: row r mod rows
+  // of block Bb + 1 at the step's reduction point, r the innermost reduction variable. Set when the
+  // output has one block column, each element of the broadcast input is read at one reduction point of
+  // one row (so by one block, once: a 1x1 convolution's pixels), and a block's rows, less than a 4 KiB
+  // page apart, span a page or more: each block then reads pages of its own, and the hardware prefetchers
+  // stop at page boundaries, so without it every block would start its rows' streams cold.
+  bool prefetch_next_block = false;
 };
 
 // A vectorized row reduction: a float sum, max or min over a reduction variable r that every input reads
