@@ -113,11 +113,6 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           Value* x = poly(p, vars);
           at.push_back(row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);  // an invalid row reads element 0
         }
-        if (d == 0 && mk.prefetch_bytes > 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) {
-          // A read prefetch into all cache levels, `prefetch_bytes` past row 0's element (Microkernel).
-          Value* ahead = b_.CreateGEP(b_.getInt8Ty(), element_address(c.inputs[i].tensor, at), b_.getInt64(mk.prefetch_bytes));
-          b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ahead->getType()}, {ahead, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
-        }
         if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars, b0);
         scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
       }
