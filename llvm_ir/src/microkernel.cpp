@@ -33,9 +33,9 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output
   return ok;
 }
 
-// The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h), at a reduction step
-// whose row 0 reads the element at `row0`: into all cache levels, for reading.
-void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars, Value* b0) {
+// The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h) at a reduction step:
+// `vars` are row 0's variables, `row0` the indices of the element it reads. Into all cache levels, for reading.
+void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars) {
   const auto& mk = *nest_.microkernel;
   auto fetch = [&](Value* addr) {
     b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
@@ -48,7 +48,7 @@ void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row
     Value* r = vars.at(names[mk.reductions.back()]);
     Value* rows = b_.getInt64(mk.rows);
     Value* row = b_.CreateSRem(b_.CreateAdd(b_.CreateSRem(r, rows), rows), rows);
-    next[names[mk.block]] = b_.CreateAdd(b_.CreateAdd(b0, b_.getInt64(mk.rows)), row);
+    next[names[mk.block]] = b_.CreateAdd(b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows)), row);
     std::vector<Value*> at;
     for (const auto& p : a.indices) at.push_back(poly(p, next));
     fetch(element_address(a.tensor, at));
@@ -113,7 +113,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           Value* x = poly(p, vars);
           at.push_back(row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);  // an invalid row reads element 0
         }
-        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars, b0);
+        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars);
         scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
       }
     }

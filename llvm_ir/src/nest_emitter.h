@@ -175,7 +175,7 @@ class NestEmitter {
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
   void microkernel_statement(const sched::LoopNode& n);
-  void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars, Value* b0);
+  void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars);
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
   // Folds as it builds (x * 1, x + 0, constants): the optimizer has less to clean up.

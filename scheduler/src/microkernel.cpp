@@ -27,7 +27,7 @@ bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const Mic
   bool any = false;
   for (size_t k = 0; k < c.inputs.size(); ++k) {
     const TensorAccess& in = c.inputs[k];
-    if (uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
+    if (!broadcast_per_row(in, plan)) continue;
     const TensorType& t = types.tensors.at(in.tensor);
     const double stride = output_stride(in.indices, plan.block, t.shape) * static_cast<double>(dtype_bytes(t.dtype));
     if (stride >= page || stride * mk.rows < page) return false;

@@ -203,11 +203,15 @@ bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& targe
   return !output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
 }
 
+bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan) {
+  return !uses(a.indices, plan.vector) && uses(a.indices, plan.block);
+}
+
 int64_t broadcast_prefetch_bytes(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan) {
   constexpr int64_t line = 64;
   int64_t bytes = 0;
   for (const auto& in : c.inputs) {
-    if (uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
+    if (!broadcast_per_row(in, plan)) continue;
     if (!contiguous_in(in.indices, plan.block)) return 0;
     bytes = std::max(bytes, 2 * plan.rows * static_cast<int64_t>(dtype_bytes(types.tensors.at(in.tensor).dtype)));
   }

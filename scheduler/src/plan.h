@@ -44,6 +44,10 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // shorter reductions such as the bench's convs measured slower, 3x3 64->64 fwd 324 -> 271).
 bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
+// Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
+// block variable and not the vector one, so each row of a block broadcasts an element of its own.
+bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan);
+
 // Microkernel::prefetch_bytes for a micro-kernel of `plan` over `c`: two blocks' rows of the input ahead,
 // rounded up to whole 64-byte lines, when every broadcast input whose rows differ holds the
 // block variable contiguously (in its last index only, coefficient 1); 0 when none does or one does not.
