@@ -3,6 +3,8 @@
 // and masked lanes in partial blocks, the store, and a fused epilogue on the accumulators.
 #include "nest_emitter.h"
 
+#include <set>
+
 namespace polytile::llvm_ir::internal {
 
 Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
@@ -30,6 +32,39 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output
     auto [x, den] = scaled_poly(k.poly, vars);
     ok = b_.CreateAnd(ok, in_range(x, k.bound.evaluate(types_.dims) * den));
   }
+  return ok;
+}
+
+Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes) {
+  const auto& mk = *nest_.microkernel;
+  const Contraction& c = nest_.contraction;
+  const std::string& v = nest_.variables[mk.vector];
+  std::set<std::string> known{v};
+  for (size_t k : mk.others) known.insert(nest_.variables[k]);
+  std::map<std::string, Value*> at = vars;
+  at[v] = first;
+  std::vector<llvm::Constant*> iota;
+  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+  Value* steps = llvm::ConstantVector::get(iota);
+  auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
+  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(mk.vector_hi)));
+  // 0 <= p < hi * den at every lane, p's value at lane l being its value at `first` plus l times v's coefficient.
+  auto condition = [&](const Polynomial& p, int64_t hi) {
+    const Polynomial q = p.bind_dims(types_.dims);
+    if (q.coefficient(v) == Rational(0)) return;
+    for (const auto& [name, coeff] : q.index_terms())
+      if (!known.count(name)) return;  // with the block or a reduction variable: implied (see Microkernel)
+    auto [x, den] = scaled_poly(q, at);
+    Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
+    ok = b_.CreateAnd(ok, b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den)))));
+  };
+  auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+    const auto& shape = types_.tensors.at(tensor).shape;
+    for (size_t k = 0; k < idx.size(); ++k) condition(idx[k], shape[k]);
+  };
+  access(c.output, c.output_indices);
+  for (const auto& a : c.inputs) access(a.tensor, a.indices);
+  for (const auto& k : c.constraints) condition(k.poly, k.bound.evaluate(types_.dims));
   return ok;
 }
 
@@ -76,15 +111,8 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   const llvm::Align align(dtype_bytes(t));
   // Lanes of chunk k inside the vector variable's range (predicated blocks only).
   std::vector<Value*> lane_mask;
-  if (n.predicated) {
-    std::vector<llvm::Constant*> iota;
-    for (int64_t l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
-    Value* steps = llvm::ConstantVector::get(iota);
-    for (int k = 0; k < mk.chunks; ++k) {
-      Value* first = b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.CreateAdd(v0, b_.getInt64(k * lanes)));
-      lane_mask.push_back(b_.CreateICmpSLE(b_.CreateAdd(first, steps), b_.CreateVectorSplat(static_cast<unsigned>(lanes), b_.getInt64(mk.vector_hi))));
-    }
-  }
+  if (n.predicated)
+    for (int k = 0; k < mk.chunks; ++k) lane_mask.push_back(lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
   auto address = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     std::vector<Value*> at;
     for (const auto& p : idx) at.push_back(poly(p, vars));

@@ -69,13 +69,14 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     if (k == mk.block || k == mk.vector) continue;
     (in_output.count(nest.variables[k]) ? mk.others : mk.reductions).push_back(k);
   }
-  // The vector variable must range over the same interval at every other point: then a lane is valid
-  // exactly when its row is, and only the last block column can be partial.
-  isl::set free_v = isl_support::eliminate(domain, static_cast<unsigned>(mk.vector));
-  std::string tuple = "S[" + join(positional) + "]";
-  free_v = free_v.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(mk.vector_lo) + " <= " +
-                                                     positional[mk.vector] + " <= " + std::to_string(mk.vector_hi) + " }"));
-  if (!free_v.is_equal(domain)) return false;
+  // The vector variable's range may depend on the other output variables (a padded panel's last block
+  // column), never on the block variable or the reductions: then a lane is valid exactly when its row is
+  // and its lane is, and a lane's validity is the same in every row and at every reduction point.
+  isl::set lanes = domain;
+  lanes = isl_support::eliminate(lanes, static_cast<unsigned>(mk.block));
+  for (size_t k = 0; k < nest.variables.size(); ++k)
+    if (k != mk.block && k != mk.vector && !uses(c.output_indices, nest.variables[k])) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
+  if (!isl_support::eliminate(domain, static_cast<unsigned>(mk.vector)).intersect(lanes).is_equal(domain)) return false;
   // Whether the other output variables leave the broadcast operand alone (they only pick columns).
   bool columns_only = true;
   for (const auto& in : c.inputs) {
@@ -105,6 +106,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.zero_init = stored_elements != nullptr;
   choices.columns_only = columns_only;
   choices.long_tiles = long_tiles(out_bytes, reduction_points, target);
+  choices.lanes = lanes;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
   return true;
@@ -143,7 +145,7 @@ class MicrokernelNest {
 
   // The blocks, split into uniform ones (every row has the reduction points of row 0, every lane is in
   // range: they run unpredicated) and the others.
-  void classify_blocks(const isl::set& domain) {
+  void classify_blocks(const isl::set& domain, const isl::set& lanes) {
     const std::string bb_expr = "floor(" + shifted(vars_[mk_.block], mk_.block_lo) + "/" + s(R_) + ")";
     const std::string bv_expr = "floor(" + shifted(vars_[mk_.vector], mk_.vector_lo) + "/" + s(VL_) + ")";
     hull_ = domain.apply(map("{ " + s_tuple_ + " -> F[" + join(cat(cat(others_, {bb_expr, bv_expr}), reds_)) + "] }"));
@@ -155,9 +157,12 @@ class MicrokernelNest {
     isl::set row0 = rows.apply(map("{ X[" + join(x_vars) + "] -> X[" + join(x_row0) + "] : dd = 0 and 0 <= e < " + s(R_) + " }"));
     isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
     blocks_ = hull_.apply(map("{ F" + f_tuple_ + " -> B[" + join(block_dims_) + "] }"));
+    // Blocks with a lane outside v's range (past its end, or past a padded panel's columns): the lanes of
+    // row 0 (any row: `lanes` has no block variable) not in `lanes`.
+    const isl::map lane_points = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : dd = 0 and 0 <= l < " + s(VL_) + " }")
+                                     .apply_range(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
     isl::set bad = differ.apply(map("{ X[" + join(x_vars) + "] -> B[" + join(block_dims_) + "] }"))
-                       .unite(set("{ B[" + join(block_dims_) + "] : " + s(mk_.vector_lo) + " + " + s(VL_) + "*bv + " +
-                                  s(VL_ - 1) + " > " + s(mk_.vector_hi) + " }"))
+                       .unite(lane_points.subtract(lane_points.intersect_range(lanes)).domain())
                        .intersect(blocks_);
     good_ = blocks_.subtract(bad).coalesce();
   }
@@ -295,11 +300,10 @@ class MicrokernelNest {
   }
 
   // The points of S whose output elements the blocks store: their rows and in-range lanes.
-  isl::set stored_points() {
-    isl::map block_rows = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " +
-                              s(VL_) + " and " + s(mk_.vector_lo) + " + " + s(VL_) + "*bv + l <= " + s(mk_.vector_hi) + " }")
+  isl::set stored_points(const isl::set& lanes) {
+    isl::map block_rows = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " + s(VL_) + " }")
                               .apply_range(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
-    return blocks_.apply(block_rows);
+    return blocks_.apply(block_rows).intersect(lanes);
   }
 
   // The outer band (over which the threads split) and the block band inside the reduction tiles.
@@ -421,13 +425,13 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
                                         const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
                                         const std::vector<isl::map>& reads, const MicrokernelChoices& choices) {
   MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
-  mk.classify_blocks(domain);
+  mk.classify_blocks(domain, choices.lanes);
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value());
   mk.block_bands(choices.weight_mode, choices.columns_only);
   nest.parallel_outer = true;
   generate(nest, mk.tree(choices.weight_mode), &step);
-  return mk.stored_points();
+  return mk.stored_points(choices.lanes);
 }
 
 }  // namespace polytile::sched::internal

@@ -98,6 +98,7 @@ struct MicrokernelChoices {
   bool zero_init = false;     // blocks start from zero accumulators (no default tensor)
   bool columns_only = false;  // the other output variables only pick columns of the vector operand
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
+  isl::set lanes;             // the domain with the block and reduction variables unconstrained: v's range
 };
 
 // A micro-kernel's block step: its schedule tree ends in one statement, Step(block dims, reduction tiles)

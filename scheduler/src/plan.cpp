@@ -83,7 +83,9 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
 // (weight_split): a panel would give its output a split index, and the split needs plain ones.
 // The operand is copied into panels of chunks x lanes columns, P[vb, ..., vl] = B[..., VL*vb + vl] (v's
 // dim moved last for an operand that the micro-kernel would read transposed), and the contraction reads P
-// with v = VL*vb + vl: each block column reads one contiguous panel.
+// with v = VL*vb + vl: each block column reads one contiguous panel. When VL does not divide v's extent
+// (a 1000-wide matmul), the last panel is padded (its tail is the copy's zero default, never read by a
+// valid point) and its block column runs with v's lanes masked by the output's range.
 std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
                                            const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                            std::set<std::string>& names) {
@@ -106,7 +108,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
     idx.push_back(access.indices[k].bind_dims(types.dims));
     shape.push_back(type.shape[k]);
   }
-  if (idx.back() != Polynomial::index(v) || shape.back() % vl_size != 0 || shape.back() < 2 * vl_size) return std::nullopt;
+  if (idx.back() != Polynomial::index(v) || shape.back() < 2 * vl_size) return std::nullopt;
   // The smallest distance in memory between the rows read by consecutive values of a reduction variable.
   std::vector<std::string> vars = c.index_variables();
   std::vector<Polynomial> out = bound(c.output_indices, types.dims);
@@ -144,7 +146,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
     source.indices.push_back(k == vdim ? Polynomial::index("tb") * Rational(vl_size) + Polynomial::index("tl")
                                        : Polynomial::index("t" + std::to_string(k)));
   copy.output_indices.push_back(Polynomial::index("tb"));
-  copy.output_shape.push_back(DimExpr(shape.back() / vl_size));
+  copy.output_shape.push_back(DimExpr((shape.back() + vl_size - 1) / vl_size));  // the last panel padded
   for (size_t k = 0; k + 1 < order.size(); ++k) {
     copy.output_indices.push_back(Polynomial::index("t" + std::to_string(order[k])));
     copy.output_shape.push_back(DimExpr(shape[k]));
@@ -182,6 +184,8 @@ namespace {
 
 // A reduction this long runs as many tiles of an L1-sized footprint per output block.
 constexpr int64_t kLongReduction = 2048;
+// A reduction this long, into an output that overflows L2, takes L2-sized tiles (long_tiles).
+constexpr int64_t kLongTiles = 768;
 
 // Whether each thread's share of an output of `out_bytes` fits in half of its L2.
 bool output_fits_l2(int64_t out_bytes, const Target& target) {
@@ -200,7 +204,7 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 }
 
 bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target) {
-  return !output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
+  return !output_fits_l2(out_bytes, target) && reduction_points >= kLongTiles;
 }
 
 bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan) {

@@ -41,7 +41,9 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // Each reduction tile then loads and stores the accumulators from beyond L2, as many times per block as
 // there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's tile, now
 // read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 257 -> 287 GFLOP/s;
-// shorter reductions such as the bench's convs measured slower, 3x3 64->64 fwd 324 -> 271).
+// shorter reductions such as the 576 points of the bench's 3x3 64->64 conv measured slower, fwd 324 ->
+// 271). From 768 points: sgemm 768 384 -> 419, 1000 350 -> 367, 1024 377 -> 395, 1536 365 -> 409 GFLOP/s;
+// the 1152 of the 3x3 128->128 conv the same within 1%.
 bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
