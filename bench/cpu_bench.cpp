@@ -347,7 +347,8 @@ void register_all() {
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConvBiasRelu, c, true)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/unfused").c_str(), BM_PolytileConvBiasRelu, c, false)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  for (int64_t n : {256, 512, 1024, 2048}) {
+  // 1000 and 2000: sizes that the micro-kernel's blocks (6 rows, 64 columns) do not divide.
+  for (int64_t n : {256, 512, 1000, 1024, 2000, 2048}) {
     std::string base = "sgemm/" + std::to_string(n);
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();

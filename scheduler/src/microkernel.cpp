@@ -92,8 +92,11 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   std::vector<isl::map> reads;
   for (const isl::map& f : analysis.read_functions) reads.push_back(f.set_domain_tuple(S));
   // A small output with long reductions (a weight gradient) runs the reduction tiles outside its blocks.
-  int64_t reduction_points = 1;
-  for (size_t k : mk.reductions) reduction_points *= range[k].second - range[k].first + 1;
+  int64_t reduction_points = 1, longest = 0;
+  for (size_t k : mk.reductions) {
+    reduction_points *= range[k].second - range[k].first + 1;
+    longest = std::max(longest, range[k].second - range[k].first + 1);
+  }
   const bool weights = weight_mode(out_bytes, reduction_points, target);
   if (target.cpu.prefetch) {
     mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
@@ -105,7 +108,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.columns_only = columns_only;
-  choices.long_tiles = long_tiles(out_bytes, reduction_points, target);
+  choices.long_tiles = long_tiles(out_bytes, reduction_points, longest, target);
   choices.lanes = lanes;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));

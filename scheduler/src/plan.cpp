@@ -184,7 +184,7 @@ namespace {
 
 // A reduction this long runs as many tiles of an L1-sized footprint per output block.
 constexpr int64_t kLongReduction = 2048;
-// A reduction this long, into an output that overflows L2, takes L2-sized tiles (long_tiles).
+// A reduction variable this long, into an output that overflows L2, takes L2-sized tiles (long_tiles).
 constexpr int64_t kLongTiles = 768;
 
 // Whether each thread's share of an output of `out_bytes` fits in half of its L2.
@@ -203,8 +203,8 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
   return target.threads >= 2 && weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
 }
 
-bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target) {
-  return !output_fits_l2(out_bytes, target) && reduction_points >= kLongTiles;
+bool long_tiles(int64_t out_bytes, int64_t reduction_points, int64_t longest, const Target& target) {
+  return !output_fits_l2(out_bytes, target) && (reduction_points >= kLongReduction || longest >= kLongTiles);
 }
 
 bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan) {

@@ -42,9 +42,10 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's tile, now
 // read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 257 -> 287 GFLOP/s;
 // shorter reductions such as the 576 points of the bench's 3x3 64->64 conv measured slower, fwd 324 ->
-// 271). From 768 points: sgemm 768 384 -> 419, 1000 350 -> 367, 1024 377 -> 395, 1536 365 -> 409 GFLOP/s;
-// the 1152 of the 3x3 128->128 conv the same within 1%.
-bool long_tiles(int64_t out_bytes, int64_t reduction_points, const Target& target);
+// 271). Also when one reduction variable has 768 points or more (a matmul's k: sgemm 768 384 -> 419, 1000
+// 350 -> 367, 1024 377 -> 395, 1536 365 -> 409 GFLOP/s), not for a window's several short ones (3x3
+// 128->128 conv, 1152 points: fwd 394-436 -> 382-390, bwd-data 431-433 -> 413-427 with L2 tiles).
+bool long_tiles(int64_t out_bytes, int64_t reduction_points, int64_t longest, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
 // block variable and not the vector one, so each row of a block broadcasts an element of its own.

@@ -276,9 +276,10 @@ class ProgramScheduler {
     // The elements the valid points write, over S like every statement domain.
     const isl::set written = isl_support::set_tuple_id(analysis.write.range(), builder_.statements.id(LoopNode::Statement::plain));
     const isl::set elements = box(element_variables(t), t.shape);
-    // An assign that writes every element (a copy, a transpose) needs no init nest.
-    std::optional<isl::set> init_domain;
-    if (!(c.aggregation == AggregationOp::assign && !c.init && !empty && elements.is_subset(written))) init_domain = elements;
+    // An assign without default writes its elements once: the init nest covers only the others (none for a
+    // copy or a transpose, a padded panel's tail).
+    std::optional<isl::set> init_domain = elements;
+    if (c.aggregation == AggregationOp::assign && !c.init && !empty) init_outside(init_domain, elements, written);
     const size_t init_index = out_.nests.size();
     const bool microkernel = !empty && update(index, c, analysis, elements, written, init_domain);
     if (init_domain) {
