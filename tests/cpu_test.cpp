@@ -864,9 +864,10 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
 
 // Panels for vector operands whose rows are wider than a block column (prepare_layouts): a convolution's
 // weights with 16 output channels, read 8 at a time (f64, 128-bit vectors), are packed into panels of 8
-// (20 channels: the last panel padded) for the forward pass, and -- moving the input channels last as they
-// go -- for the data gradient; each packed element serves 1024 points. A weight gradient whose reduction is split across the threads keeps its
-// output gradient unpacked (the split needs the output's plain indices). All of it against the interpreter.
+// (26 channels: the last panel padded) for the forward pass, and -- moving the input channels last as
+// they go -- for the data gradient; each packed element serves 1024 points. A weight gradient whose
+// reduction is split across the threads keeps its output gradient unpacked (the split needs the output's
+// plain indices). All of it against the interpreter.
 TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   Program fwd = parse_program(
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
@@ -877,9 +878,10 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_NE(lowered(fwd, in).find("K_P[tb, t0, t1, t2, tl : 2, 3, 3, 16, 8] = =(K[t0, t1, t2, 8*tb + tl])"), std::string::npos)
       << lowered(fwd, in);
   expect_same(fwd, in, "forward, packed weights", o);
-  // 20 output channels: two panels of 8 and a padded one of 4, whose lanes 4-7 are masked.
-  TensorMap odd = inputs_for({{"I", {1, 32, 32, 16}}, {"K", {3, 3, 16, 20}}}, DType::f64, 54);
-  EXPECT_NE(lowered(fwd, odd).find("K_P[tb, t0, t1, t2, tl : 3, 3, 3, 16, 8] = =(K[t0, t1, t2, 8*tb + tl])"), std::string::npos)
+  // 26 output channels, read 10 at a time (5 chunks of 2 lanes: 3 columns, the fewest lanes past the
+  // channels): two panels of 10 and a padded one of 6, whose lanes 6-9 are masked.
+  TensorMap odd = inputs_for({{"I", {1, 32, 32, 16}}, {"K", {3, 3, 16, 26}}}, DType::f64, 54);
+  EXPECT_NE(lowered(fwd, odd).find("K_P[tb, t0, t1, t2, tl : 3, 3, 3, 16, 10] = =(K[t0, t1, t2, 10*tb + tl])"), std::string::npos)
       << lowered(fwd, odd);
   expect_same(fwd, odd, "forward, packed weights with a padded panel", o);
   in["DO"] = testing::random_buffer({1, 32, 32, 16}, 52);
@@ -895,6 +897,28 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   const std::string split = lowered(weights, big);
   EXPECT_NE(split.find("DK_slices["), std::string::npos) << split;
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
+}
+
+// The micro-kernel's block columns fit the vector variable's extent: 96 and 80 output channels of f32 in
+// 512-bit vectors (16 lanes) run as columns of 6 or 3 and of 5 chunks, with no lanes past the channels,
+// instead of a column of 4 and a partly empty one; 64 and 256 keep columns of 4. Against the interpreter.
+TEST(CpuTest, MicrokernelColumnsFitTheVectorExtent) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  CompileOptions o = microkernels_forced(512);
+  for (int64_t channels : {96, 80, 64, 256}) {
+    TensorMap in = inputs_for({{"I", {1, 12, 12, 8}}, {"K", {3, 3, 8, channels}}}, DType::f32, 71);
+    auto compiled = compile(conv, types_of(in), o);
+    const sched::Nest& nest = compiled->schedule().nests.back();
+    ASSERT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
+    const int64_t column = int64_t{nest.microkernel->chunks} * nest.microkernel->lanes;
+    EXPECT_EQ(channels % column, 0) << channels << " channels in columns of " << column;
+    if (channels % 64 == 0) {
+      EXPECT_EQ(nest.microkernel->chunks, 4) << channels << " channels";
+    }
+    expect_same(conv, in, std::to_string(channels) + " output channels", o);
+  }
 }
 
 // A long reduction whose output overflows half of each thread's L2 (a large matmul) sizes its reduction

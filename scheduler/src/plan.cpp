@@ -301,8 +301,6 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
 
   // Registers: rows x chunks accumulators, `chunks` vector operands and one broadcast.
   const int64_t lanes = plan.lanes;
-  plan.chunks = static_cast<int>(std::clamp<int64_t>((extent[plan.vector] + lanes - 1) / lanes, 1, 4));
-  const int max_rows = std::clamp((target.cpu.vector_registers - 1 - plan.chunks) / plan.chunks, 1, 14);
   // The block variable and the rows per block, by a small throughput model. A reduction step of a block
   // costs rows x chunks FMAs (two per cycle), rows + chunks loads (two per cycle) and loop overhead; a
   // predicated block (a border of a variable coupled to the reduction through an index or constraint,
@@ -318,37 +316,63 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
             if (p.coefficient(r) != Rational(0)) return true;
     return false;
   };
-  double best = -1;
-  const double chunks = plan.chunks;
-  for (const auto& b : outputs) {
-    if (b == plan.vector) continue;
-    int score = 0;
-    for (size_t k = 0; k < in.size(); ++k) {
-      bool is_vector = uses(in[k], plan.vector) || static_cast<int>(k) == plan.transpose_input;
-      if (!is_vector && uses(in[k], b)) score += 2;
-      if (is_vector && !uses(in[k], b)) score += 1;
-    }
-    const int64_t e = extent[b];
-    const bool border = coupled(b);
-    // Distance between consecutive rows of the output.
-    const double stride = output_stride(out, b, types.tensors.at(c.output).shape);
-    const bool far = stride * static_cast<double>(element_bytes) > static_cast<double>(target.cpu.l1_bytes);
-    for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
-      int64_t blocks = (e + rows - 1) / rows;
-      int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));
-      double fast = static_cast<double>(rows) * chunks / 2 + 0.5 * (static_cast<double>(rows) + chunks) + 2;
-      double slow = fast + static_cast<double>(rows) * chunks / 2 + (border ? static_cast<double>(rows) : 0.0);
-      double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
-      double efficiency = static_cast<double>(e) * chunks / 2 / cost;
-      if (far) efficiency *= 0.85;  // rows in distant pages: more streams for the prefetchers and the TLB
-      double key = score + 0.99 * efficiency;
-      if (key >= best - 1e-9) {
-        best = key;
-        plan.block = b;
-        plan.rows = static_cast<int>(rows);
+  // The chunks per block column: up to 6 (at least two rows in the registers), each weighed by the lanes
+  // it computes that are in v's range -- 96 channels run as one column of 6 chunks or two of 3, not as a
+  // column of 4 and a half-empty one. min(4, v's extent in vectors) unless another count is strictly better.
+  const int64_t v_extent = extent[plan.vector];
+  const int64_t most_chunks = std::clamp<int64_t>((v_extent + lanes - 1) / lanes, 1, 6);
+  struct Choice {
+    double key = -1;
+    std::string block;
+    int rows = 1, chunks = 1;
+  };
+  auto choose = [&](int64_t nc) {
+    Choice best;
+    best.chunks = static_cast<int>(nc);
+    const int max_rows = std::clamp((target.cpu.vector_registers - 1 - static_cast<int>(nc)) / static_cast<int>(nc), 1, 14);
+    if (nc > 1 && max_rows < 2) return best;
+    const double chunks = static_cast<double>(nc);
+    const int64_t columns = (v_extent + nc * lanes - 1) / (nc * lanes);
+    const double used = static_cast<double>(v_extent) / static_cast<double>(columns * nc * lanes);
+    for (const auto& b : outputs) {
+      if (b == plan.vector) continue;
+      int score = 0;
+      for (size_t k = 0; k < in.size(); ++k) {
+        bool is_vector = uses(in[k], plan.vector) || static_cast<int>(k) == plan.transpose_input;
+        if (!is_vector && uses(in[k], b)) score += 2;
+        if (is_vector && !uses(in[k], b)) score += 1;
+      }
+      const int64_t e = extent[b];
+      const bool border = coupled(b);
+      // Distance between consecutive rows of the output.
+      const double stride = output_stride(out, b, types.tensors.at(c.output).shape);
+      const bool far = stride * static_cast<double>(element_bytes) > static_cast<double>(target.cpu.l1_bytes);
+      for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
+        int64_t blocks = (e + rows - 1) / rows;
+        int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));
+        double fast = static_cast<double>(rows) * chunks / 2 + 0.5 * (static_cast<double>(rows) + chunks) + 2;
+        double slow = fast + static_cast<double>(rows) * chunks / 2 + (border ? static_cast<double>(rows) : 0.0);
+        double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
+        double efficiency = static_cast<double>(e) * chunks / 2 / cost * used;
+        if (far) efficiency *= 0.85;  // rows in distant pages: more streams for the prefetchers and the TLB
+        double key = score + 0.99 * efficiency;
+        if (key >= best.key - 1e-9) {
+          best.key = key;
+          best.block = b;
+          best.rows = static_cast<int>(rows);
+        }
       }
     }
+    return best;
+  };
+  Choice best = choose(std::min<int64_t>(most_chunks, 4));
+  for (int64_t nc = 1; nc <= most_chunks; ++nc) {
+    Choice other = choose(nc);
+    if (other.key > best.key + 1e-9) best = other;
   }
+  plan.block = best.block;
+  plan.rows = best.rows;
+  plan.chunks = best.chunks;
   return plan;
 }
 
