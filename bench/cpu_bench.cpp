@@ -73,6 +73,7 @@ const Conv kConvs[] = {
     {"conv3x3_64_56", 8, 56, 56, 64, 64, 3, 3, 1, 1, 1},   {"conv3x3_128_28", 8, 28, 28, 128, 128, 3, 3, 1, 1, 1},
     {"conv3x3_256_14", 8, 14, 14, 256, 256, 3, 3, 1, 1, 1}, {"conv1x1_256to64_56", 8, 56, 56, 256, 64, 1, 1, 1, 1, 0},
     {"conv3x3_s2_64_56", 8, 56, 56, 64, 64, 3, 3, 2, 1, 1}, {"conv2x2_s3_d2_seed", 8, 57, 57, 64, 64, 2, 2, 3, 2, 0},
+    {"conv3x3_96_28", 8, 28, 28, 96, 96, 3, 3, 1, 1, 1},  // channels that 64-lane columns do not divide
 };
 
 enum class Direction { forward, backward_data, backward_weights };
