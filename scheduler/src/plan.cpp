@@ -318,9 +318,9 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   };
   // The chunks per block column: up to 6 (at least two rows in the registers), each weighed by the lanes
   // it computes that are in v's range and by its partial column -- 96 channels run as one column of 6
-  // chunks or two of 3, not as a column of 4 and a half-empty one. min(4, v's extent in vectors) unless
-  // another count is better by more than the model's noise (2048 columns: 6x4 blocks, not 5x5 and a
-  // padded panel, 368 against 400 GFLOP/s).
+  // chunks or two of 3, not as a column of 4 and a half-empty one. min(4, v's extent in vectors) where its
+  // columns fill v's range (a multiple of 64 f32 channels: as before, the layouts and the blocks tuned for
+  // it), else the count better than it by more than the model's noise.
   const int64_t v_extent = extent[plan.vector];
   const int64_t most_chunks = std::clamp<int64_t>((v_extent + lanes - 1) / lanes, 1, 6);
   struct Choice {
@@ -371,8 +371,9 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     }
     return best;
   };
-  Choice best = choose(std::min<int64_t>(most_chunks, 4));
-  for (int64_t nc = 1; nc <= most_chunks; ++nc) {
+  const int64_t default_chunks = std::min<int64_t>(most_chunks, 4);
+  Choice best = choose(default_chunks);
+  for (int64_t nc = 1; nc <= most_chunks && v_extent % (default_chunks * lanes) != 0; ++nc) {
     Choice other = choose(nc);
     if (other.key > best.key + 0.01) best = other;
   }
