@@ -37,8 +37,13 @@ def conv_flops(spec):
 
 def parse(case):
     """(kind, args, work, unit) of a bench case name such as conv/conv3x3_64_56/bwd_data, sgemm/1024,
-    softmax/bwd; None for a case without a framework spec."""
+    softmax/bwd, compile/conv3x3_64_56/fwd+bwd; None for a case without a framework spec."""
     parts = case.split("/")
+    # Compiling a conv's forward and its gradient (both inputs) from scratch, as the C++ case compiles the
+    # forward program and the autodiff's gradient program. The work is 1e9 because measure() reports
+    # work * 1e-9 per second: here, compilations of the pair per second.
+    if parts[0] == "compile" and len(parts) == 3 and parts[1] in CONVS and parts[2] == "fwd+bwd":
+        return "compile", (CONVS[parts[1]],), 1e9, "compiles/s"
     if parts[0] == "conv" and len(parts) == 3 and parts[1] in CONVS and parts[2] in ("fwd", "bwd_data", "bwd_weights"):
         return "conv", (CONVS[parts[1]], parts[2]), conv_flops(CONVS[parts[1]]), "GFLOP/s"
     if parts[0] == "sgemm" and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
@@ -74,6 +79,24 @@ def jax_step(kind, args):
     from jax import lax
 
     key = jax.random.PRNGKey(0)
+    if kind == "compile":
+        # jit, lower and compile afresh each time: a new function object (JAX caches by function), the
+        # shapes as abstract values (nothing runs). The warm-up step pays JAX's one-time start-up.
+        ((n, h, w, ci, co, kh, kw, s, d, p),) = args
+        x = jax.ShapeDtypeStruct((n, h, w, ci), jnp.float32)
+        k = jax.ShapeDtypeStruct((kh, kw, ci, co), jnp.float32)
+
+        def compile_pair():
+            def conv(x, k):
+                return lax.conv_general_dilated(x, k, (s, s), [(p, p), (p, p)], rhs_dilation=(d, d),
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+            out = jax.eval_shape(conv, x, k)
+            jax.jit(conv).lower(x, k).compile()
+            jax.jit(lambda x, k, dy: jax.vjp(conv, x, k)[1](dy)).lower(x, k, out).compile()
+            return jnp.zeros(())
+
+        return compile_pair
     if kind == "conv":
         (n, h, w, ci, co, kh, kw, s, d, p), direction = args
         x = jax.random.normal(key, (n, h, w, ci), jnp.float32)
@@ -124,6 +147,8 @@ def torch_step(kind, args):
     import torch
     import torch.nn.functional as F
 
+    if kind == "compile":
+        return None  # eager PyTorch compiles nothing
     g = torch.Generator().manual_seed(0)
     cl = torch.channels_last
     if kind == "conv":
@@ -199,7 +224,10 @@ def measure(cases, repeats=10, log=print):
             continue
         kind, args, work, unit = spec
         for peer, (make, sync) in sorted(peers.items()):
-            seconds = median_seconds(make(kind, args), sync, repeats)
+            step = make(kind, args)
+            if step is None:
+                continue
+            seconds = median_seconds(step, sync, repeats)
             rates[(case, peer)] = (work * 1e-9 / seconds, unit)
             log(f"  {case} {peer}: {work * 1e-9 / seconds:.1f} {unit}")
     return rates, unknown

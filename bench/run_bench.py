@@ -15,6 +15,7 @@ The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bun
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ root = os.path.dirname(here)
 
 
 def rate(b):
-    for key in ("GFLOP/s", "GB/s"):
+    for key in ("GFLOP/s", "GB/s", "compiles/s"):
         if key in b:
             return b[key], key
     return 1.0 / b["real_time"], "1/time"
@@ -49,7 +50,7 @@ def main():
         benches = json.load(f)["benchmarks"]
     by_name = {}
     for b in benches:
-        name = b["name"].replace("/real_time", "").replace("/manual_time", "")
+        name = re.sub(r"/iterations:\d+", "", b["name"].replace("/real_time", "").replace("/manual_time", ""))
         by_name[name] = b
     rows = []
     for name, b in sorted(by_name.items()):
@@ -102,6 +103,9 @@ def main():
         if b["name"].startswith("compile/"):
             stages = {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}
             print(f"\ncompile time per stage (ms), {b['name']}: {stages}")
+    for case, peer, mine, theirs, unit, ratio in rows:
+        if unit == "compiles/s":
+            print(f"compile time, {case}: polytile {1e3 / mine:.0f} ms, {peer} {1e3 / theirs:.0f} ms")
     try:
         import matplotlib
         matplotlib.use("Agg")
