@@ -899,6 +899,31 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// Nests are compiled by worker threads while the scheduler goes on (cpu.cpp lower_and_emit): when a
+// later statement is a user error, the first statement's micro-kernel nest may already be compiling. The
+// error reaches the caller with its message, nothing hangs, and compiling again afterwards works.
+TEST(CpuTest, UserErrorWhileEarlierNestsCompileReachesTheCaller) {
+  Program p = parse_program(R"(function (A[M, K], B[K, N]) -> (C, D) {
+    C[m, n : M, N] = +(A[m, k] * B[k, n]);
+    D[i : M] = =(C[i, j]);
+  })");
+  std::map<std::string, TensorType> inputs{{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}};
+  CompileOptions o = microkernels_forced(512);
+  o.cache = false;
+  for (int threads : {1, 2, 4}) {
+    o.threads = threads;
+    try {
+      compile(p, inputs, o);
+      ADD_FAILURE() << "an assign that writes twice was compiled";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("assign contraction D can write an element more than once"), std::string::npos)
+          << e.what();
+    }
+  }
+  Program fine = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
+  expect_same(fine, inputs_for({{"A", {64, 64}}, {"B", {64, 128}}}, DType::f32, 81), "matmul after the error", o);
+}
+
 // The micro-kernel's block columns fit the vector variable's extent: 96 and 80 output channels of f32 in
 // 512-bit vectors (16 lanes) run as columns of 6 or 3 and of 5 chunks, with no lanes past the channels,
 // instead of a column of 4 and a partly empty one; 64 and 256 keep columns of 4. Against the interpreter.

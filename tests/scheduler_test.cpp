@@ -752,6 +752,34 @@ TEST(SchedulerTest, MicrokernelStepsCoverEveryValidPointOnceAndOpenAndCloseEvery
   EXPECT_GT(epilogues, 0);    // the relu fused into the conv
 }
 
+// The nest sink (NestSink) sees every nest once, in index order, as soon as it is final: what it was handed
+// is what the finished schedule holds at that index, for a gradient whose contractions add init nests
+// before their updates and fuse a consumer into a micro-kernel.
+TEST(SchedulerTest, NestSinkSeesEachNestOnceInOrderAsFinal) {
+  Program p = parse_program(R"(function (I[N, H, W, C], K[KH, KW, C, CO], B[CO], DO[N, H, W, CO]) -> (R, DI, DK) {
+    O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]);
+    R = relu(O + B);
+    DI[n, y + j - 1, x + i - 1, c : N, H, W, C] = +(K[j, i, c, co] * DO[n, y, x, co]);
+    DK[j, i, c, co : KH, KW, C, CO] = +(I[n, y + j - 1, x + i - 1, c] * DO[n, y, x, co]);
+  })");
+  std::map<std::string, TensorType> inputs{{"I", {DType::f32, {2, 9, 9, 5}}}, {"K", {DType::f32, {3, 3, 5, 20}}},
+                                           {"B", {DType::f32, {20}}}, {"DO", {DType::f32, {2, 9, 9, 20}}}};
+  Target target;
+  target.cpu.microkernel_min_points = 1;
+  target.threads = 2;
+  std::vector<std::pair<size_t, Nest>> seen;
+  Schedule s = schedule(p, infer_types(p, inputs), target, [&](size_t k, const Nest& n) { seen.emplace_back(k, n); });
+  ASSERT_EQ(seen.size(), s.nests.size());
+  for (size_t k = 0; k < seen.size(); ++k) {
+    EXPECT_EQ(seen[k].first, k);
+    EXPECT_EQ(seen[k].second.name, s.nests[k].name);
+    EXPECT_EQ(seen[k].second.ast, s.nests[k].ast) << s.nests[k].name;
+    EXPECT_EQ(seen[k].second.microkernel.has_value(), s.nests[k].microkernel.has_value()) << s.nests[k].name;
+  }
+  EXPECT_TRUE(std::any_of(s.nests.begin(), s.nests.end(), [](const Nest& n) { return n.kind == Nest::Kind::init; }));
+  EXPECT_TRUE(std::any_of(s.nests.begin(), s.nests.end(), [](const Nest& n) { return n.epilogue.has_value(); }));
+}
+
 // A UserError thrown in the middle of scheduling (the second contraction's assign can write twice, found
 // when the scheduler analyzes it, after the first one's micro-kernel nest and its isl objects exist)
 // reaches the caller with its message, and every isl object is freed on the way: under AddressSanitizer

@@ -28,13 +28,15 @@
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <mutex>
 
@@ -178,50 +180,123 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   impl.inputs = inputs;
   // A GPU target's kernels run here with GPU semantics, their blocks split across the host's threads.
   impl.threads = options.threads > 0 ? options.threads : options.target.gpu ? host_target().threads : options.target.threads;
-  sched::Lowered lowered = sched::lower(source, inputs, lower_options(options));
+  initialize_llvm();
+  // Each nest is emitted, optimized and compiled as soon as the scheduler has placed it, by workers
+  // (threads - 1 of them) while this thread schedules the next statements, and by this thread too once
+  // scheduling is done: the LLVM work of a gradient's first nests overlaps the scheduling of the others.
+  // (Plain threads and a mutex: the handoff is one queue, and ThreadSanitizer sees all of it.)
+  struct Pending {
+    sched::Nest nest;  // a copy: the scheduler's vector grows while this is compiled
+    NestModule module;
+    double emit = 0;   // seconds spent emitting LLVM IR
+  };
+  std::deque<Pending> pending;  // by nest index; a deque keeps the references of running work valid
+  std::map<std::string, int> index;
+  ProgramTypes types;
+  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
+  auto finish = [&index, &types, &machine, objects](Pending& p, size_t k) {
+    auto t0 = std::chrono::steady_clock::now();
+    NestModule& m = p.module;
+    m.context = std::make_unique<llvm::LLVMContext>();
+    m.module = std::make_unique<llvm::Module>("nest_" + std::to_string(k), *m.context);
+    llvm_ir::emit_nest(*m.module, p.nest, "nest_" + std::to_string(k), types, index);
+    p.emit = seconds_since(t0);
+    auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
+    m.module->setDataLayout(tm->createDataLayout());
+    m.module->setTargetTriple(tm->getTargetTriple().str());
+    optimize(*m.module, *tm, p.nest.microkernel.has_value());
+    llvm::raw_string_ostream os(m.ir);
+    m.module->print(os, nullptr);
+    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + p.nest.name);
+  };
+  std::mutex mutex;
+  std::condition_variable ready;
+  size_t claimed = 0;          // nests handed out so far
+  bool closed = false;         // no more nests will come
+  std::exception_ptr failure;  // the first failure of a nest's compilation
+  auto work = [&] {            // until the queue is closed and empty (or a nest failed)
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex);
+      ready.wait(lock, [&] { return claimed < pending.size() || closed; });
+      if (claimed >= pending.size() || failure) return;
+      const size_t k = claimed++;
+      Pending& p = pending[k];
+      lock.unlock();
+      try {
+        finish(p, k);
+      } catch (...) {
+        std::lock_guard<std::mutex> guard(mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int w = 1; w < std::min(impl.threads, hardware); ++w) workers.emplace_back(work);
+  auto close = [&] {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      closed = true;
+    }
+    ready.notify_all();
+  };
+  sched::LowerObserver observer;
+  observer.program = [&](const Program& program, const ProgramTypes& t) {
+    types = t;
+    for (const auto& p : program.inputs) {
+      index[p.name] = static_cast<int>(impl.buffers.size());
+      impl.buffers.push_back(p.name);
+    }
+    for (const auto& st : program.statements) {
+      index[statement_output(st)] = static_cast<int>(impl.buffers.size());
+      impl.buffers.push_back(statement_output(st));
+    }
+  };
+  observer.nest = [&](size_t, const sched::Nest& nest) {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      pending.emplace_back().nest = nest;
+    }
+    ready.notify_one();
+  };
+  sched::Lowered lowered;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    lowered = sched::lower(source, inputs, lower_options(options), observer);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      claimed = pending.size();  // nothing more to start
+    }
+    close();
+    for (auto& w : workers) w.join();
+    throw;
+  }
+  const double lowering = seconds_since(start);
+  auto t0 = std::chrono::steady_clock::now();
+  close();
+  work();
+  for (auto& w : workers) w.join();
+  if (failure) std::rethrow_exception(failure);
   impl.program = std::move(lowered.program);
   impl.types = std::move(lowered.types);
   impl.schedule = std::move(lowered.schedule);
   impl.times.passes = lowered.times.passes;
   impl.times.schedule = lowered.times.schedule;
-
-  auto t0 = std::chrono::steady_clock::now();
-  initialize_llvm();
-  std::map<std::string, int> index;
-  for (const auto& p : impl.program.inputs) {
-    index[p.name] = static_cast<int>(impl.buffers.size());
-    impl.buffers.push_back(p.name);
+  POLYTILE_CHECK(pending.size() == impl.schedule.nests.size(), "the scheduler reported ", pending.size(), " of ",
+                 impl.schedule.nests.size(), " nests");
+  // Emission is timed per nest; optimization and machine code are what the compile took beyond
+  // lowering, plus what of them ran during it (the lowering's own time covers the overlap).
+  impl.times.llvm_ir = 0;
+  std::vector<NestModule> modules;
+  for (Pending& p : pending) {
+    impl.times.llvm_ir += p.emit;
+    modules.push_back(std::move(p.module));
+    impl.ir += modules.back().ir;
   }
-  for (const auto& st : impl.program.statements) {
-    index[statement_output(st)] = static_cast<int>(impl.buffers.size());
-    impl.buffers.push_back(statement_output(st));
-  }
-  const auto& nests = impl.schedule.nests;
-  std::vector<NestModule> modules(nests.size());
-  for (size_t k = 0; k < nests.size(); ++k) {
-    modules[k].context = std::make_unique<llvm::LLVMContext>();
-    modules[k].module = std::make_unique<llvm::Module>("nest_" + std::to_string(k), *modules[k].context);
-    llvm_ir::emit_nest(*modules[k].module, nests[k], "nest_" + std::to_string(k), impl.types, index);
-    for (const auto& t : llvm_ir::nest_tensors(nests[k])) impl.touched.insert(t);
-  }
-  impl.times.llvm_ir = seconds_since(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
-  auto finish = [&](size_t k) {
-    NestModule& m = modules[k];
-    auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
-    m.module->setDataLayout(tm->createDataLayout());
-    m.module->setTargetTriple(tm->getTargetTriple().str());
-    optimize(*m.module, *tm, nests[k].microkernel.has_value());
-    llvm::raw_string_ostream os(m.ir);
-    m.module->print(os, nullptr);
-    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + nests[k].name);
-  };
-  tbb::task_arena arena(std::clamp(impl.threads, 1, tbb::info::default_concurrency()));
-  arena.execute([&] { tbb::parallel_for(size_t{0}, modules.size(), finish); });
-  for (const NestModule& m : modules) impl.ir += m.ir;
-  impl.times.optimize_and_jit = seconds_since(t0);
+  for (const auto& nest : impl.schedule.nests)
+    for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
+  impl.times.optimize_and_jit = seconds_since(t0) + std::max(0.0, lowering - impl.times.passes - impl.times.schedule);
   return modules;
 }
 

@@ -46,7 +46,8 @@ ProgramTypes carry_types(const ProgramTypes& before, const Program& after, const
 
 }  // namespace
 
-Lowered lower(const Program& source, const std::map<std::string, TensorType>& inputs, const LowerOptions& options) {
+Lowered lower(const Program& source, const std::map<std::string, TensorType>& inputs, const LowerOptions& options,
+              const LowerObserver& observer) {
   Lowered out;
   auto t0 = std::chrono::steady_clock::now();
   const bool verify = options.verify;
@@ -71,8 +72,9 @@ Lowered lower(const Program& source, const std::map<std::string, TensorType>& in
   out.program = std::move(p);
   out.times.passes = seconds_since(t0);
 
+  if (observer.program) observer.program(out.program, out.types);
   t0 = std::chrono::steady_clock::now();
-  out.schedule = schedule(out.program, out.types, options.target);
+  out.schedule = schedule(out.program, out.types, options.target, observer.nest);
   out.times.schedule = seconds_since(t0);
   return out;
 }

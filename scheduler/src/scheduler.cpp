@@ -148,11 +148,12 @@ std::vector<std::string> element_variables(const TensorType& t) {
 // The nests of a program, statement by statement, in one isl context (the builder's).
 class ProgramScheduler {
  public:
-  ProgramScheduler(const Program& program, const ProgramTypes& types, const Target& target)
-      : program_(program), types_(types), target_(target), builder_(target),
+  ProgramScheduler(const Program& program, const ProgramTypes& types, const Target& target, const NestSink& sink)
+      : program_(program), types_(types), target_(target), sink_(sink), builder_(target),
         fusion_(internal::plan_nest_fusion(program, types)), inside_other_nests_(fusion_.inlined) {}
 
   Schedule run() {
+    size_t final = 0;  // nests before it are in their places: a statement only inserts among its own
     for (size_t index = 0; index < program_.statements.size(); ++index) {
       const auto& st = program_.statements[index];
       if (inside_other_nests_.count(index)) continue;
@@ -161,6 +162,7 @@ class ProgramScheduler {
       } else {
         contraction(index, std::get<Contraction>(st));
       }
+      for (; sink_ && final < out_.nests.size(); ++final) sink_(final, out_.nests[final]);
     }
     if (!target_.gpu && target_.cpu.row_groups) out_.groups = internal::group_nests(out_.nests, rows_, types_, target_);
     return std::move(out_);
@@ -382,6 +384,7 @@ class ProgramScheduler {
   const Program& program_;
   const ProgramTypes& types_;
   const Target& target_;
+  const NestSink& sink_;
   NestBuilder builder_;  // the isl context: every isl object above lives and dies inside its calls
   internal::NestFusion fusion_;
   std::set<size_t> inside_other_nests_;  // statements computed in another statement's nest
@@ -391,9 +394,9 @@ class ProgramScheduler {
 
 }  // namespace
 
-Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target) {
+Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target, const NestSink& sink) {
   try {
-    return ProgramScheduler(program, types, target).run();
+    return ProgramScheduler(program, types, target, sink).run();
   } catch (const isl::exception& e) {
     throw InternalError(std::string("isl failed while scheduling: ") + e.what());
   }

@@ -7,6 +7,7 @@
 // `verify`, every pass proves its rewrite (translation validation, polytile/verify.h).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -34,8 +35,16 @@ struct Lowered {
   LowerTimes times;
 };
 
+// What a code generator sees while lowering runs: the program after the passes with its types, before
+// scheduling starts (`program`), then each nest as soon as it is final (`nest`, see NestSink).
+struct LowerObserver {
+  std::function<void(const Program& program, const ProgramTypes& types)> program;
+  NestSink nest;
+};
+
 // UserError for what the program's inputs make impossible (see infer_types, poly::analyze).
-Lowered lower(const Program& program, const std::map<std::string, TensorType>& inputs, const LowerOptions& options = {});
+Lowered lower(const Program& program, const std::map<std::string, TensorType>& inputs, const LowerOptions& options = {},
+              const LowerObserver& observer = {});
 
 // The cond-miss pass: a cond contraction aggregating with max, min or product leaves an element at the
 // aggregation's identity when every point misses, where the semantics leave it unwritten (0). Such a

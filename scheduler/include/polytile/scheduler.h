@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -312,8 +313,13 @@ void verify_fusion(const Program& original, const Program& fused, const ProgramT
 // read it, and between those and the next copy. InternalError naming the nest otherwise.
 void check_barriers(const Nest& nest);
 
+// Called with each nest and its index in Schedule::nests as soon as both are final -- after the
+// statement that made it, in index order -- so that a code generator can compile it while the next
+// statements are scheduled. The reference lives for the call only (copy what another thread needs).
+using NestSink = std::function<void(size_t index, const Nest& nest)>;
+
 // `program` should already be reduced and defracted; `types` from infer_types. UserError for an unbounded
 // variable or an assign that may write twice (see polyhedral.h).
-Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = {});
+Schedule schedule(const Program& program, const ProgramTypes& types, const Target& target = {}, const NestSink& sink = {});
 
 }  // namespace polytile::sched
