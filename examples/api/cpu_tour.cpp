@@ -27,6 +27,17 @@ int main() {
   ProgramTypes scaled_types = infer_types(scaled, {{"C", {DType::f32, {4, 3}}}, {"Scale", {DType::f32, {4, 1}}}});
   std::cout << print(sched::broadcasts_to_elementwise(scaled, scaled_types)) << "\n";
 
+  // Lowering with an observer: the program after the passes, then each nest as soon as its place is
+  // final -- the CPU backend compiles nests that way while the scheduler goes on to the next statements.
+  size_t reported = 0;
+  sched::LowerObserver observer;
+  observer.program = [](const Program& p, const ProgramTypes&) { std::cout << "scheduling " << p.statements.size() << " statements\n"; };
+  observer.nest = [&reported](size_t k, const sched::Nest& nest) {
+    std::cout << "nest " << k << " final: " << nest.name << "\n";
+    ++reported;
+  };
+  sched::Lowered lowered = sched::lower(layer, types, sched::LowerOptions{}, observer);
+
   cpu::CompileOptions options;  // its target is cpu::host_target(): this machine's caches and vector width
   std::cout << "host: " << options.target.threads << " threads, " << options.target.cpu.vector_bits << "-bit vectors\n";
   options.threads = 2;
@@ -79,7 +90,7 @@ int main() {
   options.tune = true;
   auto tuned = cpu::compile(layer, types, options);
   for (const auto& [variant, seconds] : tuned->tuning().candidates) std::cout << variant << ": " << seconds * 1e3 << " ms\n";
-  return worst < 1e-4 && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() &&
+  return worst < 1e-4 && reported == lowered.schedule.nests.size() && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() &&
                  !grouped->schedule().groups.empty() &&
                  aot.object.compare(0, 4, "\x7f" "ELF") == 0
              ? 0
