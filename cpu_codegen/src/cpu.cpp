@@ -36,6 +36,7 @@
 #include <deque>
 #include <list>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <mutex>
@@ -232,7 +233,13 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   };
   std::vector<std::thread> workers;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int w = 1; w < std::min(impl.threads, hardware); ++w) workers.emplace_back(work);
+  for (int w = 1; w < std::min(impl.threads, hardware); ++w) {
+    try {
+      workers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: this thread compiles what they would have, after lowering
+    }
+  }
   auto close = [&] {
     {
       std::lock_guard<std::mutex> guard(mutex);
@@ -260,7 +267,6 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     ready.notify_one();
   };
   sched::Lowered lowered;
-  const auto start = std::chrono::steady_clock::now();
   try {
     lowered = sched::lower(source, inputs, lower_options(options), observer);
   } catch (...) {
@@ -272,7 +278,6 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     for (auto& w : workers) w.join();
     throw;
   }
-  const double lowering = seconds_since(start);
   auto t0 = std::chrono::steady_clock::now();
   close();
   work();
@@ -285,8 +290,8 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   impl.times.schedule = lowered.times.schedule;
   POLYTILE_CHECK(pending.size() == impl.schedule.nests.size(), "the scheduler reported ", pending.size(), " of ",
                  impl.schedule.nests.size(), " nests");
-  // Emission is timed per nest; optimization and machine code are what the compile took beyond
-  // lowering, plus what of them ran during it (the lowering's own time covers the overlap).
+  // Emission is timed per nest; optimization and machine code are what was left of them once lowering
+  // was done (what ran during it is inside the lowering's time: see CompileTimes).
   impl.times.llvm_ir = 0;
   std::vector<NestModule> modules;
   for (Pending& p : pending) {
@@ -296,7 +301,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   }
   for (const auto& nest : impl.schedule.nests)
     for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
-  impl.times.optimize_and_jit = seconds_since(t0) + std::max(0.0, lowering - impl.times.passes - impl.times.schedule);
+  impl.times.optimize_and_jit = seconds_since(t0);
   return modules;
 }
 

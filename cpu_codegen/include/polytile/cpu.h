@@ -55,8 +55,10 @@ struct TuningReport {
   std::vector<std::pair<std::string, double>> candidates;
 };
 
-// Seconds spent in each stage of one compilation (optimize_and_jit: optimizing and compiling the nests,
-// concurrently, and linking them in the JIT).
+// Seconds spent in each stage of one compilation, on the compiling thread (optimize_and_jit: optimizing
+// and compiling the nests, concurrently, and linking them in the JIT -- what of it was left once the
+// schedule was done: the nests placed early are compiled by other threads while the scheduler goes on;
+// llvm_ir: emitting every nest's IR, wherever it ran).
 struct CompileTimes {
   double passes = 0, schedule = 0, llvm_ir = 0, optimize_and_jit = 0;
 };
