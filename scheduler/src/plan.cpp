@@ -328,11 +328,12 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     std::string block;
     int rows = 1, chunks = 1;
   };
+  const int64_t default_chunks = std::min<int64_t>(most_chunks, 4);
   auto choose = [&](int64_t nc) {
     Choice best;
     best.chunks = static_cast<int>(nc);
     const int max_rows = std::clamp((target.cpu.vector_registers - 1 - static_cast<int>(nc)) / static_cast<int>(nc), 1, 14);
-    if (nc > 1 && max_rows < 2) return best;
+    if (nc != default_chunks && nc > 1 && max_rows < 2) return best;  // an alternative needs two rows
     const double chunks = static_cast<double>(nc);
     const int64_t columns = (v_extent + nc * lanes - 1) / (nc * lanes);
     // The lanes computed in v's range, and a partial last column's blocks run predicated (about twice the
@@ -371,12 +372,12 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     }
     return best;
   };
-  const int64_t default_chunks = std::min<int64_t>(most_chunks, 4);
   Choice best = choose(default_chunks);
   for (int64_t nc = 1; nc <= most_chunks && v_extent % (default_chunks * lanes) != 0; ++nc) {
     Choice other = choose(nc);
     if (other.key > best.key + 0.01) best = other;
   }
+  if (best.block.empty()) return std::nullopt;
   plan.block = best.block;
   plan.rows = best.rows;
   plan.chunks = best.chunks;
