@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <list>
 #include <set>
 #include <system_error>
@@ -176,77 +177,128 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
   return key;
 }
 
+namespace {
+
+// One nest handed over by the scheduler, and what compiling it made.
+struct CompiledNest {
+  sched::Nest nest;  // a copy: the scheduler's vector grows while this is compiled
+  NestModule module;
+  double emit = 0;   // seconds spent emitting LLVM IR
+};
+
+// Compiles the nests added to it (`compile(nest, index)`) on threads - 1 worker threads as they come, and
+// on the caller's thread too once it calls finish(). Plain threads and one mutex-guarded queue: a
+// ThreadSanitizer build follows every handoff (TBB's own, inside an uninstrumented libtbb, it cannot).
+// Destroyed unfinished (lowering threw), it starts nothing more and waits for what runs.
+class NestCompiler {
+ public:
+  using Compile = std::function<void(CompiledNest&, size_t)>;
+
+  NestCompiler(int threads, Compile compile) : compile_(std::move(compile)) {
+    const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int w = 1; w < std::min(threads, hardware); ++w) {
+      try {
+        workers_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // no more threads to be had: finish() compiles what they would have
+      }
+    }
+  }
+  NestCompiler(const NestCompiler&) = delete;
+  NestCompiler& operator=(const NestCompiler&) = delete;
+  ~NestCompiler() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      claimed_ = nests_.size();  // nothing more to start
+      closed_ = true;
+    }
+    ready_.notify_all();
+    join();
+  }
+
+  void add(const sched::Nest& nest) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      nests_.emplace_back().nest = nest;
+    }
+    ready_.notify_one();
+  }
+
+  // Every nest compiled, in the order added; the first failure of one rethrown.
+  std::deque<CompiledNest>& finish() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      closed_ = true;
+    }
+    ready_.notify_all();
+    work();  // alongside the workers
+    join();
+    if (failure_) std::rethrow_exception(failure_);
+    return nests_;
+  }
+
+ private:
+  void join() {
+    for (auto& w : workers_)
+      if (w.joinable()) w.join();
+  }
+
+  void work() {  // until the queue is closed and empty, or a nest failed
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait(lock, [&] { return claimed_ < nests_.size() || closed_; });
+      if (claimed_ >= nests_.size() || failure_) return;
+      const size_t k = claimed_++;
+      CompiledNest& n = nests_[k];  // a deque: the reference survives later additions
+      lock.unlock();
+      try {
+        compile_(n, k);
+      } catch (...) {
+        std::lock_guard<std::mutex> guard(mutex_);
+        if (!failure_) failure_ = std::current_exception();
+      }
+    }
+  }
+
+  Compile compile_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<CompiledNest> nests_;
+  size_t claimed_ = 0;          // nests handed out so far
+  bool closed_ = false;         // no more nests will come
+  std::exception_ptr failure_;  // the first failure of a nest's compilation
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
                                        const CompileOptions& options, bool objects) {
   impl.inputs = inputs;
   // A GPU target's kernels run here with GPU semantics, their blocks split across the host's threads.
   impl.threads = options.threads > 0 ? options.threads : options.target.gpu ? host_target().threads : options.target.threads;
   initialize_llvm();
-  // Each nest is emitted, optimized and compiled as soon as the scheduler has placed it, by workers
-  // (threads - 1 of them) while this thread schedules the next statements, and by this thread too once
-  // scheduling is done: the LLVM work of a gradient's first nests overlaps the scheduling of the others.
-  // (Plain threads and a mutex: the handoff is one queue, and ThreadSanitizer sees all of it.)
-  struct Pending {
-    sched::Nest nest;  // a copy: the scheduler's vector grows while this is compiled
-    NestModule module;
-    double emit = 0;   // seconds spent emitting LLVM IR
-  };
-  std::deque<Pending> pending;  // by nest index; a deque keeps the references of running work valid
+  // Each nest is emitted, optimized and compiled as soon as the scheduler has placed it, by the workers
+  // while this thread schedules the next statements, and by this thread too once scheduling is done: the
+  // LLVM work of a gradient's first nests overlaps the scheduling of the others.
   std::map<std::string, int> index;
   ProgramTypes types;
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
-  auto finish = [&index, &types, &machine, objects](Pending& p, size_t k) {
+  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k) {
     auto t0 = std::chrono::steady_clock::now();
-    NestModule& m = p.module;
+    NestModule& m = n.module;
     m.context = std::make_unique<llvm::LLVMContext>();
     m.module = std::make_unique<llvm::Module>("nest_" + std::to_string(k), *m.context);
-    llvm_ir::emit_nest(*m.module, p.nest, "nest_" + std::to_string(k), types, index);
-    p.emit = seconds_since(t0);
+    llvm_ir::emit_nest(*m.module, n.nest, "nest_" + std::to_string(k), types, index);
+    n.emit = seconds_since(t0);
     auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
-    optimize(*m.module, *tm, p.nest.microkernel.has_value());
+    optimize(*m.module, *tm, n.nest.microkernel.has_value());
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
-    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + p.nest.name);
-  };
-  std::mutex mutex;
-  std::condition_variable ready;
-  size_t claimed = 0;          // nests handed out so far
-  bool closed = false;         // no more nests will come
-  std::exception_ptr failure;  // the first failure of a nest's compilation
-  auto work = [&] {            // until the queue is closed and empty (or a nest failed)
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mutex);
-      ready.wait(lock, [&] { return claimed < pending.size() || closed; });
-      if (claimed >= pending.size() || failure) return;
-      const size_t k = claimed++;
-      Pending& p = pending[k];
-      lock.unlock();
-      try {
-        finish(p, k);
-      } catch (...) {
-        std::lock_guard<std::mutex> guard(mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> workers;
-  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int w = 1; w < std::min(impl.threads, hardware); ++w) {
-    try {
-      workers.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had: this thread compiles what they would have, after lowering
-    }
-  }
-  auto close = [&] {
-    {
-      std::lock_guard<std::mutex> guard(mutex);
-      closed = true;
-    }
-    ready.notify_all();
-  };
+    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);
+  });
   sched::LowerObserver observer;
   observer.program = [&](const Program& program, const ProgramTypes& t) {
     types = t;
@@ -259,44 +311,24 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
       impl.buffers.push_back(statement_output(st));
     }
   };
-  observer.nest = [&](size_t, const sched::Nest& nest) {
-    {
-      std::lock_guard<std::mutex> guard(mutex);
-      pending.emplace_back().nest = nest;
-    }
-    ready.notify_one();
-  };
-  sched::Lowered lowered;
-  try {
-    lowered = sched::lower(source, inputs, lower_options(options), observer);
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> guard(mutex);
-      claimed = pending.size();  // nothing more to start
-    }
-    close();
-    for (auto& w : workers) w.join();
-    throw;
-  }
+  observer.nest = [&compiler](size_t, const sched::Nest& nest) { compiler.add(nest); };
+  sched::Lowered lowered = sched::lower(source, inputs, lower_options(options), observer);
   auto t0 = std::chrono::steady_clock::now();
-  close();
-  work();
-  for (auto& w : workers) w.join();
-  if (failure) std::rethrow_exception(failure);
+  std::deque<CompiledNest>& compiled = compiler.finish();
   impl.program = std::move(lowered.program);
   impl.types = std::move(lowered.types);
   impl.schedule = std::move(lowered.schedule);
   impl.times.passes = lowered.times.passes;
   impl.times.schedule = lowered.times.schedule;
-  POLYTILE_CHECK(pending.size() == impl.schedule.nests.size(), "the scheduler reported ", pending.size(), " of ",
+  POLYTILE_CHECK(compiled.size() == impl.schedule.nests.size(), "the scheduler reported ", compiled.size(), " of ",
                  impl.schedule.nests.size(), " nests");
   // Emission is timed per nest; optimization and machine code are what was left of them once lowering
   // was done (what ran during it is inside the lowering's time: see CompileTimes).
   impl.times.llvm_ir = 0;
   std::vector<NestModule> modules;
-  for (Pending& p : pending) {
-    impl.times.llvm_ir += p.emit;
-    modules.push_back(std::move(p.module));
+  for (CompiledNest& n : compiled) {
+    impl.times.llvm_ir += n.emit;
+    modules.push_back(std::move(n.module));
     impl.ir += modules.back().ir;
   }
   for (const auto& nest : impl.schedule.nests)

@@ -3,6 +3,7 @@
 // and masked lanes in partial blocks, the store, and a fused epilogue on the accumulators.
 #include "nest_emitter.h"
 
+#include <functional>
 #include <set>
 
 namespace polytile::llvm_ir::internal {
@@ -11,33 +12,35 @@ Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
   return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
 }
 
+void NestEmitter::each_condition(bool output_only, const std::function<void(const Polynomial&, int64_t)>& f) const {
+  const Contraction& c = nest_.contraction;
+  auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
+    const auto& shape = types_.tensors.at(tensor).shape;
+    for (size_t k = 0; k < idx.size(); ++k) f(idx[k], shape[k]);
+  };
+  access(c.output, c.output_indices);
+  if (output_only) return;
+  for (const auto& a : c.inputs) access(a.tensor, a.indices);
+  for (const auto& k : c.constraints) f(k.poly, k.bound.evaluate(types_.dims));
+}
+
 // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
 // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
 // block variable can differ between rows: the others hold at every point of the block's domain, which
 // is the union of its rows' valid points.
 Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output_only) {
-  const Contraction& c = nest_.contraction;
   const std::string& b = nest_.variables[nest_.microkernel->block];
   Value* ok = b_.getTrue();
-  auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
-    const auto& shape = types_.tensors.at(tensor).shape;
-    for (size_t k = 0; k < idx.size(); ++k)
-      if (idx[k].coefficient(b) != Rational(0)) ok = b_.CreateAnd(ok, in_range(poly(idx[k], vars), shape[k]));
-  };
-  access(c.output, c.output_indices);
-  if (output_only) return ok;
-  for (const auto& a : c.inputs) access(a.tensor, a.indices);
-  for (const auto& k : c.constraints) {
-    if (k.poly.coefficient(b) == Rational(0)) continue;
-    auto [x, den] = scaled_poly(k.poly, vars);
-    ok = b_.CreateAnd(ok, in_range(x, k.bound.evaluate(types_.dims) * den));
-  }
+  each_condition(output_only, [&](const Polynomial& p, int64_t hi) {
+    if (p.coefficient(b) == Rational(0)) return;
+    auto [x, den] = scaled_poly(p, vars);
+    ok = b_.CreateAnd(ok, in_range(x, hi * den));
+  });
   return ok;
 }
 
 Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes) {
   const auto& mk = *nest_.microkernel;
-  const Contraction& c = nest_.contraction;
   const std::string& v = nest_.variables[mk.vector];
   std::set<std::string> known{v};
   for (size_t k : mk.others) known.insert(nest_.variables[k]);
@@ -49,7 +52,7 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
   Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(mk.vector_hi)));
   // 0 <= p < hi * den at every lane, p's value at lane l being its value at `first` plus l times v's coefficient.
-  auto condition = [&](const Polynomial& p, int64_t hi) {
+  each_condition(false, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(v) == Rational(0)) return;
     for (const auto& [name, coeff] : q.index_terms())
@@ -57,14 +60,7 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
     auto [x, den] = scaled_poly(q, at);
     Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
     ok = b_.CreateAnd(ok, b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den)))));
-  };
-  auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
-    const auto& shape = types_.tensors.at(tensor).shape;
-    for (size_t k = 0; k < idx.size(); ++k) condition(idx[k], shape[k]);
-  };
-  access(c.output, c.output_indices);
-  for (const auto& a : c.inputs) access(a.tensor, a.indices);
-  for (const auto& k : c.constraints) condition(k.poly, k.bound.evaluate(types_.dims));
+  });
   return ok;
 }
 

@@ -167,6 +167,9 @@ class NestEmitter {
   // ------------------------------------------------------------------ micro-kernels
   Value* in_range(Value* x, int64_t hi);  // 0 <= x < hi
 
+  // Calls f(p, hi) for every condition 0 <= p < hi of the valid-point rule: each access index (dims not
+  // bound) in its dim's range and each constraint; only the output's indices when `output_only`.
+  void each_condition(bool output_only, const std::function<void(const Polynomial&, int64_t)>& f) const;
   // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
   // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
   // block variable can differ between rows: the others hold at every point of the block's domain, which

@@ -72,10 +72,8 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // The vector variable's range may depend on the other output variables (a padded panel's last block
   // column), never on the block variable or the reductions: then a lane is valid exactly when its row is
   // and its lane is, and a lane's validity is the same in every row and at every reduction point.
-  isl::set lanes = domain;
-  lanes = isl_support::eliminate(lanes, static_cast<unsigned>(mk.block));
-  for (size_t k = 0; k < nest.variables.size(); ++k)
-    if (k != mk.block && k != mk.vector && !uses(c.output_indices, nest.variables[k])) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
+  isl::set lanes = isl_support::eliminate(domain, static_cast<unsigned>(mk.block));
+  for (size_t k : mk.reductions) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
   if (!isl_support::eliminate(domain, static_cast<unsigned>(mk.vector)).intersect(lanes).is_equal(domain)) return false;
   // Whether the other output variables leave the broadcast operand alone (they only pick columns).
   bool columns_only = true;

@@ -323,6 +323,28 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   // it), else the count better than it by more than the model's noise.
   const int64_t v_extent = extent[plan.vector];
   const int64_t most_chunks = std::clamp<int64_t>((v_extent + lanes - 1) / lanes, 1, 6);
+  // What each candidate block variable brings, whatever the chunks: its score (rows reading distinct
+  // broadcast values and sharing the vector operand), its extent, borders and the distance of its rows.
+  struct Candidate {
+    std::string name;
+    int score = 0;
+    int64_t extent = 1;
+    bool border = false, far = false;
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& b : outputs) {
+    if (b == plan.vector) continue;
+    Candidate cand{b, 0, extent[b], coupled(b), false};
+    for (size_t k = 0; k < in.size(); ++k) {
+      bool is_vector = uses(in[k], plan.vector) || static_cast<int>(k) == plan.transpose_input;
+      if (!is_vector && uses(in[k], b)) cand.score += 2;
+      if (is_vector && !uses(in[k], b)) cand.score += 1;
+    }
+    // Distance between consecutive rows of the output.
+    const double stride = output_stride(out, b, types.tensors.at(c.output).shape);
+    cand.far = stride * static_cast<double>(element_bytes) > static_cast<double>(target.cpu.l1_bytes);
+    candidates.push_back(cand);
+  }
   struct Choice {
     double key = -1;
     std::string block;
@@ -341,31 +363,20 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     const bool partial = v_extent % (nc * lanes) != 0;
     const double used = static_cast<double>(v_extent) / static_cast<double>(columns * nc * lanes) *
                         static_cast<double>(columns) / static_cast<double>(columns + (partial ? 1 : 0));
-    for (const auto& b : outputs) {
-      if (b == plan.vector) continue;
-      int score = 0;
-      for (size_t k = 0; k < in.size(); ++k) {
-        bool is_vector = uses(in[k], plan.vector) || static_cast<int>(k) == plan.transpose_input;
-        if (!is_vector && uses(in[k], b)) score += 2;
-        if (is_vector && !uses(in[k], b)) score += 1;
-      }
-      const int64_t e = extent[b];
-      const bool border = coupled(b);
-      // Distance between consecutive rows of the output.
-      const double stride = output_stride(out, b, types.tensors.at(c.output).shape);
-      const bool far = stride * static_cast<double>(element_bytes) > static_cast<double>(target.cpu.l1_bytes);
+    for (const Candidate& cand : candidates) {
+      const int64_t e = cand.extent;
       for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
         int64_t blocks = (e + rows - 1) / rows;
-        int64_t predicated = std::min<int64_t>(blocks, (border ? 2 : 0) + (e % rows != 0 && !border ? 1 : 0));
+        int64_t predicated = std::min<int64_t>(blocks, (cand.border ? 2 : 0) + (e % rows != 0 && !cand.border ? 1 : 0));
         double fast = static_cast<double>(rows) * chunks / 2 + 0.5 * (static_cast<double>(rows) + chunks) + 2;
-        double slow = fast + static_cast<double>(rows) * chunks / 2 + (border ? static_cast<double>(rows) : 0.0);
+        double slow = fast + static_cast<double>(rows) * chunks / 2 + (cand.border ? static_cast<double>(rows) : 0.0);
         double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
         double efficiency = static_cast<double>(e) * chunks / 2 / cost * used;
-        if (far) efficiency *= 0.85;  // rows in distant pages: more streams for the prefetchers and the TLB
-        double key = score + 0.99 * efficiency;
+        if (cand.far) efficiency *= 0.85;  // rows in distant pages: more streams for the prefetchers and the TLB
+        double key = cand.score + 0.99 * efficiency;
         if (key >= best.key - 1e-9) {
           best.key = key;
-          best.block = b;
+          best.block = cand.name;
           best.rows = static_cast<int>(rows);
         }
       }
