@@ -3,7 +3,8 @@
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
 // NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
 // 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
-// its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage, and the
+// its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage
+// (its peer, JAX compiling the same conv, is timed by framework_peers.py in the same run_bench.py --frameworks run), and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
 // and weight gradients against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
