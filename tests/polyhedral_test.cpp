@@ -4,6 +4,7 @@
 
 #include "polytile/error.h"
 #include "polytile/interpreter.h"
+#include "polytile/isl_support.h"
 #include "polytile/parser.h"
 #include "polytile/polyhedral.h"
 
@@ -27,6 +28,14 @@ const Contraction& first(const Program& p) {
   for (const auto& st : p.statements)
     if (const auto* c = std::get_if<Contraction>(&st)) return *c;
   throw std::logic_error("no contraction");
+}
+
+// This binary links libLLVM too (every test does), which exports Polly's copy of isl under isl's names: the
+// system libisl polytile is compiled against must be the one that runs, for every function.
+TEST(PolyhedralTest, IslRunsFromTheSystemLibraryAlone) {
+  const std::string library = isl_support::isl_library();
+  EXPECT_NE(library.find("libisl"), std::string::npos) << library;
+  EXPECT_NO_THROW(isl_support::check_one_isl());
 }
 
 TEST(PolyhedralTest, MaxPoolDomainBoundsAndAccesses) {

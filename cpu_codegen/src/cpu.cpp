@@ -294,10 +294,17 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
+    auto t1 = std::chrono::steady_clock::now();
     optimize(*m.module, *tm, n.nest.microkernel.has_value());
+    auto t2 = std::chrono::steady_clock::now();
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
+    auto t3 = std::chrono::steady_clock::now();
     if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);
+    auto t4 = std::chrono::steady_clock::now();
+    if (getenv("TIMES")) fprintf(stderr, "nest %zu: emit %.2f tm %.2f opt %.2f print %.2f cg %.2f\n", k, n.emit*1e3,
+      std::chrono::duration<double>(t1-t0).count()*1e3 - n.emit*1e3, std::chrono::duration<double>(t2-t1).count()*1e3,
+      std::chrono::duration<double>(t3-t2).count()*1e3, std::chrono::duration<double>(t4-t3).count()*1e3);
   });
   sched::LowerObserver observer;
   observer.program = [&](const Program& program, const ProgramTypes& t) {
@@ -345,6 +352,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true);
   auto t0 = std::chrono::steady_clock::now();
   impl->jit = make_jit();
+  if (getenv("TIMES")) fprintf(stderr, "make_jit %.2f\n", seconds_since(t0)*1e3);
   for (NestModule& m : modules) check(impl->jit->addObjectFile(std::move(m.object)), "adding the object code");
   for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
     auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");

@@ -15,9 +15,15 @@
 
 namespace polytile::isl_support {
 
+// The shared object this process runs isl from (its isl_ctx_alloc).
+std::string isl_library();
+// Throws InternalError, naming both, when isl's functions come from two libraries (libLLVM's copy of
+// isl first on the link line); checked once per process, by the first IslContext.
+void check_one_isl();
+
 class IslContext {
  public:
-  IslContext() : raw_(isl_ctx_alloc()) {
+  IslContext() : raw_((check_one_isl(), isl_ctx_alloc())) {
     POLYTILE_CHECK(raw_ != nullptr, "isl_ctx_alloc failed");
     // The C++ bindings throw on errors; isl itself must continue (not abort, not print).
     isl_options_set_on_error(raw_, ISL_ON_ERROR_CONTINUE);
