@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <sstream>
 
 #include "cli.h"
@@ -268,10 +269,12 @@ TEST(CliTest, RunTunedMatchesTheInterpreter) {
   for (int64_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a.get(e), b.get(e), 1e-12) << e;
 }
 
-TEST(CliTest, VersionNamesTheRelease) {
+TEST(CliTest, VersionNamesTheReleaseAndTheCompiler) {
   Result r = cli({"--version"});
   EXPECT_EQ(r.code, 0);
-  EXPECT_EQ(r.out, std::string("polytile ") + POLYTILE_VERSION_FOR_TESTS + "\n");
+  EXPECT_TRUE(std::regex_match(r.out, std::regex(std::string("polytile ") + POLYTILE_VERSION_FOR_TESTS +
+                                                 ", sources [0-9a-f]{16}, LLVM 16\\.[0-9.]+, isl-[^\n]+\n")))
+      << r.out;
 }
 
 // --time reports every compile stage and the median of --repeat runs on stderr, leaving the printed

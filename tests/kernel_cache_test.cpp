@@ -83,6 +83,11 @@ TEST(KernelCacheTest, ASecondCacheOnTheDirectoryHits) {
   TensorMap in = inputs_for({{"I", {2, 9, 9, 5}}, {"K", {2, 2, 5, 7}}}, DType::f32, 3);
   KernelCache::Result first = KernelCache(dir).get(p, types_of(in));
   EXPECT_FALSE(first.hit);
+  {  // The entry's key names the compiler that made it: another build of polytile makes other keys.
+    std::ifstream f(fs::directory_iterator(dir)->path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    EXPECT_NE(bytes.find("|" + compiler_identity() + "\n"), std::string::npos) << bytes.substr(0, 400);
+  }
   KernelCache::Result second = KernelCache(dir).get(p, types_of(in));  // as a second process would
   EXPECT_TRUE(second.hit);
   EXPECT_TRUE(second.dropped.empty()) << second.dropped;

@@ -45,7 +45,8 @@ commands:
   grad FILE.tile    print the gradient program (vector-Jacobian product) as Tile text
   cache info|clear  show or empty the kernel cache (compiled programs kept on disk between runs)
   help [COMMAND]    show help for a command
-  --version         print polytile's version
+  --version         print polytile's version and what compiles here: a digest of the compiler's
+                    sources as built, LLVM's and isl's versions (part of every kernel-cache key)
 
 Run 'polytile <command> --help' for a command's options.
 Exit codes: 0 success, 1 user error (bad input), 2 internal error.
@@ -134,7 +135,8 @@ const char* kCacheHelp = R"(usage: polytile cache info|clear
 
 The kernel cache keeps the programs `polytile run` compiles for the cpu backend, one file per program
 and input types (keyed by the normalized text, the input types, this machine's CPU, the options and
-polytile's version), so that the next run loads machine code instead of compiling. It lives in
+the compiler: polytile's version, a digest of its sources as built, LLVM's and isl's versions, as
+`polytile --version` prints them), so that the next run loads machine code instead of compiling. It lives in
 $POLYTILE_CACHE_DIR, else $XDG_CACHE_HOME/polytile, else ~/.cache/polytile; least recently used
 entries are removed past $POLYTILE_CACHE_MAX_MB megabytes (default 256). A truncated or corrupted
 entry is detected (each holds its key and a checksum), removed and compiled again.
@@ -710,7 +712,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       return 1;
     }
     if (a.command == "--version") {
-      out << "polytile " << POLYTILE_VERSION << "\n";
+      out << cpu::compiler_identity() << "\n";
       return 0;
     }
     if (a.command == "help") {

@@ -2,6 +2,8 @@
 // loaded with ORC; LoadedProgram runs them with TBB behind the entry point's parallel_for.
 #include "polytile/kernel_cache.h"
 
+#include <isl/version.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <tbb/blocked_range.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "compiler_fingerprint.h"
 #include "internal.h"
 #include "polytile/interpreter.h"
 
@@ -253,6 +257,13 @@ std::string KernelCache::default_directory() {
   return "";
 }
 
+std::string compiler_identity() {
+  std::string isl = isl_version();  // "isl-0.25-GMP\n"
+  while (!isl.empty() && std::isspace(static_cast<unsigned char>(isl.back()))) isl.pop_back();
+  return std::string("polytile ") + POLYTILE_VERSION + ", sources " + POLYTILE_COMPILER_SOURCES + ", LLVM " +
+         LLVM_VERSION_STRING + ", " + isl;
+}
+
 KernelCache::KernelCache(std::string directory, uint64_t limit_bytes)
     : directory_(std::move(directory)), limit_bytes_(limit_bytes) {
   if (directory_.empty()) user_error("the kernel cache needs a directory (set POLYTILE_CACHE_DIR)");
@@ -265,7 +276,7 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
   auto t0 = std::chrono::steady_clock::now();
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
   const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +
-                          machine.getFeatures().getString() + "|polytile " + POLYTILE_VERSION;
+                          machine.getFeatures().getString() + "|" + compiler_identity();
   const std::string hash = hex(fnv1a(key, key.size()));
   const fs::path path = fs::path(directory_) / (hash + kSuffix);
   Result r;

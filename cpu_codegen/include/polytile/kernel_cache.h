@@ -1,7 +1,8 @@
 // A persistent cache of compiled programs on disk, so that a second process (a second `polytile run`)
 // skips compilation. An entry is what ahead-of-time export makes (cpu::export_object: an object file with
 // one C entry point and its argument table), keyed by the program's normalized text, the input types, the
-// target (this machine's CPU and features, the CPU model, threads), the options and polytile's version.
+// target (this machine's CPU and features, the CPU model, threads), the options and the compiler that made
+// it (compiler_identity: a digest of polytile's sources, LLVM's and isl's versions).
 // A hit loads the object into this process with LLVM's ORC linker: no lowering, scheduling or code
 // generation. One file per entry, written to a temporary file and renamed into place (concurrent processes
 // see a whole entry or none); each holds its full key and a checksum, so a truncated, corrupted or foreign
@@ -35,6 +36,13 @@ class LoadedProgram {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// What compiles here, as part of every cache key: polytile's version, a digest of the sources of the
+// stages that shape the generated code (tile, lattice, polyhedral, autodiff, scheduler, llvm_ir,
+// cpu_codegen) as built, and the LLVM and isl versions it runs with, e.g.
+// "polytile 0.1.0, sources c8bf2ddedc64df02, LLVM 16.0.6, isl-0.25-GMP". Any change to the compiler makes
+// new keys, so entries an older build made (with its bugs) are never loaded by a newer one.
+std::string compiler_identity();
 
 // Links `exported` into this process (it must have been made on this machine's CPU).
 std::shared_ptr<const LoadedProgram> load(ExportedObject exported);
