@@ -17,22 +17,22 @@ using namespace isl_text;  // NOLINT: this file is the analysis the helpers exis
 
 namespace internal {
 
-IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx) {
+IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx, bool accesses) {
   ConcreteContraction cc = concretize(c, types);
   return with_isl_errors("analyzing contraction " + c.output, [&] {
     IslAnalysis out;
     ContractionAnalysis& a = out.summary;
     a.output = c.output;
     isl::set domain = out.domain = simplify(isl::set(ctx, domain_text(cc)));
-    a.domain = text(domain);
-    out.write_function = isl::map(ctx, access_text(cc, 0));
-    isl::map write = out.write = simplify(out.write_function.intersect_domain(domain));
-    a.write = text(write);
-    for (size_t i = 1; i < cc.accesses.size(); ++i) {
-      out.read_functions.emplace_back(ctx, access_text(cc, i));
-      out.reads.push_back(simplify(out.read_functions.back().intersect_domain(domain)));
-      a.reads.push_back(text(out.reads.back()));
+    if (accesses) {
+      out.write_function = isl::map(ctx, access_text(cc, 0));
+      out.write = simplify(out.write_function.intersect_domain(domain));
+      for (size_t i = 1; i < cc.accesses.size(); ++i) {
+        out.read_functions.emplace_back(ctx, access_text(cc, i));
+        out.reads.push_back(simplify(out.read_functions.back().intersect_domain(domain)));
+      }
     }
+    const isl::map& write = out.write;
     a.empty = domain.is_empty();
     if (a.empty) return out;
     for (size_t k = 0; k < cc.vars.size(); ++k) {
@@ -49,7 +49,7 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
     if (box > kMaxBoxPoints)
       user_error("contraction ", c.output, " ranges over a box of about ", box,
                  " index points (more than 2^44); check its constraints and shapes");
-    if (c.aggregation == AggregationOp::assign && !write.is_injective()) {
+    if (accesses && c.aggregation == AggregationOp::assign && !write.is_injective()) {
       isl::map same = write.apply_range(write.reverse()).subtract(domain.identity());
       isl::point p = same.wrap().lexmin().sample_point();
       int n = static_cast<int>(cc.vars.size());
@@ -107,8 +107,22 @@ bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, co
 
 ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
   IslContext ctx;
-  return internal::analyze(c, types, ctx.get()).summary;
+  internal::IslAnalysis analysis = internal::analyze(c, types, ctx.get());
+  ContractionAnalysis& a = analysis.summary;
+  a.domain = text(analysis.domain);
+  if (!analysis.write.is_null()) a.write = text(analysis.write);
+  for (const isl::map& r : analysis.reads) a.reads.push_back(text(r));
+  return a;
 }
+
+namespace internal {
+
+ContractionAnalysis bounds_of(const Contraction& c, const ProgramTypes& types) {
+  IslContext ctx;
+  return analyze(c, types, ctx.get(), /*accesses=*/false).summary;
+}
+
+}  // namespace internal
 
 std::vector<ContractionAnalysis> analyze_program(const Program& p, const ProgramTypes& types) {
   std::vector<ContractionAnalysis> out;

@@ -193,6 +193,8 @@ class AstTranslator {
     auto kind = statements_.find(id);
     POLYTILE_CHECK(kind.has_value(), "unknown statement ", id.name(), " in the isl AST");
     std::tie(out.statement, out.predicated) = *kind;
+    // The predicated variant of a block step may share the uniform one's loops (BlockStep::Variant).
+    if (out.statement == LoopNode::Statement::fma) out.predicated = out.predicated || predicated_fmas_;
     out.args = std::move(args);
     if (sizes_) {  // with accumulators: the position generate() noted on the node
       const isl::id note = isl::manage(isl_ast_node_get_annotation(user.get()));
@@ -247,7 +249,9 @@ class AstTranslator {
     LoopNode out;
     out.kind = LoopNode::Kind::block;
     out.body.push_back(choose(v.first, call(St::zero), call(St::load)));
+    predicated_fmas_ = predicated;
     out.body.push_back(node(v.fma, false));
+    predicated_fmas_ = false;
     out.body.push_back(choose(v.last, call(St::epilogue), call(St::store)));
     return out;
   }
@@ -278,6 +282,7 @@ class AstTranslator {
   const std::vector<int64_t>* sizes_;    // with accumulators, their sizes (Accumulators::sizes)
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
   int register_base_ = -1;               // under a register or accumulator mark: its band's first dimension
+  bool predicated_fmas_ = false;         // inside a predicated block step's fma loops
 };
 
 }  // namespace
@@ -368,7 +373,9 @@ std::string BlockStep::str() const {
     return "if (" + c.expr->to_C_str() + ")\n  " + then + args + ";\nelse\n  " + otherwise + args + ";\n";
   };
   auto variant = [&](const Variant& v, const std::string& p) {
-    return choose(v.first, "Z" + p, "L" + p) + v.fma.to_C_str() + choose(v.last, "E" + p, "T" + p);
+    std::string fma = v.fma.to_C_str();  // loops the predicated variant shares call F: it runs them as Fp
+    for (size_t at = 0; !p.empty() && (at = fma.find("F(", at)) != std::string::npos; at += 3) fma.replace(at, 2, "Fp(");
+    return choose(v.first, "Z" + p, "L" + p) + fma + choose(v.last, "E" + p, "T" + p);
   };
   auto indented = [](const std::string& text) {
     std::string out;

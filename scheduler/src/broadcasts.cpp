@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "polytile/error.h"
+#include "polytile/isl_analysis.h"
 #include "polytile/lower.h"
 #include "polytile/polyhedral.h"
 #include "polytile/shapes.h"
@@ -72,7 +73,7 @@ std::optional<Expr> as_broadcast(const Contraction& c, const ProgramTypes& types
 // The proof, at the program's sizes, that every element of `c`'s output gets exactly one term: isl finds
 // each index variable ranging over its whole output dim (every element written) and the write injective.
 void verify_single_terms(const Contraction& c, const ProgramTypes& types) {
-  poly::ContractionAnalysis a = poly::analyze(c, types);
+  poly::ContractionAnalysis a = poly::internal::bounds_of(c, types);
   const std::vector<int64_t>& shape = types.tensors.at(c.output).shape;
   bool covers = !a.empty && a.bounds.size() == shape.size();
   for (size_t k = 0; covers && k < shape.size(); ++k) {

@@ -187,10 +187,9 @@ class MicrokernelNest {
                           .apply(map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " + s(VL_) + " }"))
                           .apply(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
     auto footprint = [&]() {
-      std::vector<std::string> in_tile;
+      isl::set piece = points;  // bounded by the tile (not through isl text: this runs ~10 times a nest)
       for (size_t k = 0; k < reds_.size(); ++k)
-        in_tile.push_back(s(red_lo_[k]) + " <= " + reds_[k] + " < " + s(red_lo_[k] + tile_[k]));
-      isl::set piece = points.intersect(set("{ " + s_tuple_ + " : " + join(in_tile, " and ") + " }"));
+        piece = isl_support::bound(piece, static_cast<unsigned>(mk_.reductions[k]), red_lo_[k], red_lo_[k] + tile_[k] - 1);
       int64_t bytes = 0;
       for (const auto& access : reads) {
         isl::set image = piece.apply(access);
@@ -258,7 +257,12 @@ class MicrokernelNest {
     const isl::set last = bind(steps_.subtract(steps_.apply(later.reverse())), step_dims.size());
     std::vector<isl::id> iterators;
     for (size_t k = 0; k < reds_.size(); ++k) iterators.emplace_back(nb_.ctx.get(), "r" + s(static_cast<int64_t>(k)));
-    auto condition = [](const isl::ast_build& build, const isl::set& context, const isl::set& holds) {
+    // Every step, and a condition of a step (its block's first tile, last tile, a uniform block) in one
+    // variant's steps: never, always, or when an expression of its arguments holds. The expression is made
+    // once, over all steps: valid in both variants, and without the terms that only tell them apart.
+    const isl::set all = bind(steps_, step_dims.size());
+    const isl::ast_build over_all = isl::ast_build::from_context(all);
+    auto condition = [&](const isl::set& context, const isl::set& holds, std::optional<isl::ast_expr>& made) {
       BlockStep::Condition c;
       isl::set in = holds.intersect(context);
       if (in.is_empty()) return c;
@@ -267,23 +271,32 @@ class MicrokernelNest {
         return c;
       }
       c.kind = Kind::when;
-      c.expr = build.expr_from(in.gist(context));
+      if (!made) made = over_all.expr_from(holds.gist(all));
+      c.expr = made;
       return c;
     };
+    std::optional<isl::ast_expr> first_expr, last_expr, uniform_expr;
     // The points of every step as a set over F with the step's arguments as parameters.
     const isl::set points = step_points.bind_domain(isl::multi_id(step_points.domain().space(), first_params(step.params.size())));
+    // The fma loops of the variant built last, over the points they were built for (any step's points,
+    // whatever its arguments): the other variant takes the same loops when those points are its steps'
+    // points, where it runs (the translator marks its fmas predicated).
+    std::optional<std::pair<isl::set, isl::ast_node>> loops;
     auto variant = [&](const isl::set& context, bool predicated) {
       BlockStep::Variant v;
-      isl::ast_build build = isl_support::with_iterators(isl::ast_build::from_context(context), iterators);
-      if (zero_init) v.first = condition(build, context, first);
-      if (epilogue) v.last = condition(build, context, last);
-      const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
+      if (zero_init) v.first = condition(context, first, first_expr);
+      if (epilogue) v.last = condition(context, last, last_expr);
       // The points simplified by the context, not intersected with it: they are the same where the step
       // runs, and a context that is a union (the border blocks: bb = 0 or bb = 13) would split the domain
       // into one piece per disjunct, with the block fixed in each, which isl then takes 2.5x as long to
       // turn into the same loops. Built without the context (isl takes several times as long with it).
-      isl::set domain = isl_support::set_tuple_id(points, fma);
-      isl::schedule tree = isl::schedule::from_domain(isl::union_set(domain.gist_params(context).coalesce()));
+      const isl::set domain = points.gist_params(context).coalesce();
+      if (loops && loops->first.intersect_params(context).is_equal(points.intersect_params(context))) {
+        v.fma = loops->second;
+        return v;
+      }
+      const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
+      isl::schedule tree = isl::schedule::from_domain(isl::union_set(isl_support::set_tuple_id(domain, fma)));
       if (!reds_.empty()) {
         isl::union_map order(nb_.ctx.get(), "{ " + fma.name() + f_tuple_ + " -> [" + join(reds_) + "] }");
         tree = tree.root().child(0).insert_partial_schedule(isl_support::partial_schedule(order)).schedule();
@@ -291,15 +304,15 @@ class MicrokernelNest {
       v.fma = isl_support::with_iterators(isl::ast_build(nb_.ctx.get()), iterators).node_from(tree);
       // A guard around all of it (with no else) holds wherever the domain has points, so at every step.
       if (v.fma.isa<isl::ast_node_if>() && !v.fma.as<isl::ast_node_if>().has_else_node()) v.fma = v.fma.as<isl::ast_node_if>().then_node();
+      loops.emplace(domain, v.fma);
       return v;
     };
     // Uniform blocks' steps and the others'.
-    const isl::set all = bind(steps_, step_dims.size());
     const isl::set uniform = all.intersect(bind(good_, block_dims_.size()));
     const isl::set predicated = all.subtract(uniform);
     if (!uniform.is_empty()) step.uniform = variant(uniform, false);
     if (!predicated.is_empty()) step.predicated = variant(predicated, true);
-    if (step.uniform && step.predicated) step.uniform_block = condition(isl::ast_build::from_context(all), all, uniform);
+    if (step.uniform && step.predicated) step.uniform_block = condition(all, uniform, uniform_expr);
     return step;
   }
 

@@ -115,7 +115,7 @@ struct BlockStep {
   };
   struct Variant {
     Condition first;  // zero the accumulators instead of loading them
-    isl::ast_node fma;
+    isl::ast_node fma;  // the predicated variant's may be the uniform one's loops (calls of F, run as Fp)
     Condition last;   // the fused epilogue instead of the store
   };
   std::vector<isl::id> params;  // the step's arguments in order: block dimensions, then reduction tiles

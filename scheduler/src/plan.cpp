@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include "polytile/error.h"
+#include "polytile/isl_analysis.h"
 #include "polytile/verify.h"
 
 #include <algorithm>
@@ -450,7 +451,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
     std::optional<MicroPlan> plan;
     poly::ContractionAnalysis a;
     if (c) {
-      a = poly::analyze(*c, types);
+      a = poly::internal::bounds_of(*c, types);
       if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
     }
     if (plan) {

@@ -13,6 +13,7 @@
 
 #include "plan.h"
 #include "polytile/error.h"
+#include "polytile/isl_analysis.h"
 #include "polytile/polyhedral.h"
 #include "polytile/scheduler.h"
 #include "polytile/verify.h"
@@ -46,7 +47,7 @@ std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& typ
   Candidate k;
   for (int64_t d : types.tensors.at(c.output).shape) k.outputs *= d;
   if (k.outputs == 0 || k.outputs > max_outputs) return std::nullopt;
-  const poly::ContractionAnalysis a = poly::analyze(c, types);
+  const poly::ContractionAnalysis a = poly::internal::bounds_of(c, types);
   if (a.empty) return std::nullopt;
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)

@@ -11,7 +11,7 @@
 namespace polytile::poly::internal {
 
 struct IslAnalysis {
-  ContractionAnalysis summary;  // bounds, emptiness and the isl text of the objects below
+  ContractionAnalysis summary;  // bounds and emptiness (not the isl text of the objects below)
   isl::set domain;              // S_<output>[index variables]
   isl::map write;               // domain -> output element
   std::vector<isl::map> reads;  // domain -> input element, one per access
@@ -21,8 +21,14 @@ struct IslAnalysis {
   std::vector<isl::map> read_functions;
 };
 
-// analyze() of polyhedral.h, with every isl object in `ctx` (which must outlive the result).
-IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx);
+// analyze() of polyhedral.h, with every isl object in `ctx` (which must outlive the result), not printed.
+// Without `accesses`, only the domain, its bounds and emptiness (and the user errors about them): the
+// write and read maps stay null and an assign is not checked for writing an element twice.
+IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::ctx& ctx, bool accesses = true);
+
+// The domain's bounds and emptiness alone, in a context of its own: what the passes that size things
+// need, for half the isl work of analyze() and none of its printing.
+ContractionAnalysis bounds_of(const Contraction& c, const ProgramTypes& types);
 
 // writes_each_output_once() of polyhedral.h on the domain an analysis of `c` already built.
 bool writes_each_output_once(const Contraction& c, const ProgramTypes& types, const IslAnalysis& analysis);

@@ -49,6 +49,13 @@ inline isl::set eliminate(isl::set s, unsigned pos) {
   return isl::manage(isl_set_eliminate(s.release(), isl_dim_set, pos, 1));
 }
 
+// The points of `s` whose set dimension `pos` lies in [lo, hi].
+inline isl::set bound(isl::set s, unsigned pos, int64_t lo, int64_t hi) {
+  isl_ctx* ctx = isl_set_get_ctx(s.get());
+  isl_set* b = isl_set_lower_bound_val(s.release(), isl_dim_set, pos, isl_val_int_from_si(ctx, lo));
+  return isl::manage(isl_set_upper_bound_val(b, isl_dim_set, pos, isl_val_int_from_si(ctx, hi)));
+}
+
 // The map without input dimension `pos` (projected out: related where some value of it relates).
 inline isl::map project_out_input(isl::map m, unsigned pos) {
   return isl::manage(isl_map_project_out(m.release(), isl_dim_in, pos, 1));
