@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <regex>
 #include <sstream>
 
 #include "cli.h"
@@ -270,11 +269,17 @@ TEST(CliTest, RunTunedMatchesTheInterpreter) {
 }
 
 TEST(CliTest, VersionNamesTheReleaseAndTheCompiler) {
+  // "polytile 0.1.0, sources <16 hex digits>, LLVM 16.x.y, isl-..." on one line (no <regex>: GCC 12 warns
+  // inside it under the sanitizers' -O2).
   Result r = cli({"--version"});
   EXPECT_EQ(r.code, 0);
-  EXPECT_TRUE(std::regex_match(r.out, std::regex(std::string("polytile ") + POLYTILE_VERSION_FOR_TESTS +
-                                                 ", sources [0-9a-f]{16}, LLVM 16\\.[0-9.]+, isl-[^\n]+\n")))
-      << r.out;
+  const std::string head = std::string("polytile ") + POLYTILE_VERSION_FOR_TESTS + ", sources ";
+  ASSERT_EQ(r.out.compare(0, head.size(), head), 0) << r.out;
+  const std::string digest = r.out.substr(head.size(), 16);
+  EXPECT_EQ(digest.find_first_not_of("0123456789abcdef"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.compare(head.size() + 16, 11, ", LLVM 16.0"), 0) << r.out;
+  EXPECT_NE(r.out.find(", isl-"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
 }
 
 // --time reports every compile stage and the median of --repeat runs on stderr, leaving the printed

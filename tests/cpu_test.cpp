@@ -785,6 +785,20 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
 // widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
 // and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd
 // sizes, and every example and generated contraction.
+// The border blocks of a micro-kernel (its predicated step variant) are a function of their own, in a
+// module of its own, compiled alongside the nest's function, which calls it with the iterators it reads.
+TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  TensorMap in = inputs_for({{"I", {2, 6, 30, 8}}, {"K", {3, 3, 8, 64}}}, DType::f32, 41);
+  const CompileOptions o = microkernels_forced(512);
+  const std::string ir = optimized_llvm_ir(conv, types_of(in), o);
+  EXPECT_NE(ir.find("define void @nest_0.part0("), std::string::npos) << ir.substr(0, 2000);
+  EXPECT_NE(ir.find("call void @nest_0.part0("), std::string::npos);
+  expect_same(conv, in, "the conv with its border blocks outlined", o);
+}
+
 TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   const char* convs[] = {
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"

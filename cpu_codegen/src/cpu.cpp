@@ -179,20 +179,22 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
 
 namespace {
 
-// One nest handed over by the scheduler, and what compiling it made.
+// One nest handed over by the scheduler, and what compiling it made: module 0 is the nest's function,
+// module 1 + j its separate block j (llvm_ir::emit_nest_part), each compiled on its own.
 struct CompiledNest {
   sched::Nest nest;  // a copy: the scheduler's vector grows while this is compiled
-  NestModule module;
-  double emit = 0;   // seconds spent emitting LLVM IR
+  std::vector<NestModule> modules;
+  std::vector<double> emit;  // seconds spent emitting each module's LLVM IR
 };
 
-// Compiles the nests added to it (`compile(nest, index)`) on threads - 1 worker threads as they come, and
-// on the caller's thread too once it calls finish(). Plain threads and one mutex-guarded queue: a
-// ThreadSanitizer build follows every handoff (TBB's own, inside an uninstrumented libtbb, it cannot).
-// Destroyed unfinished (lowering threw), it starts nothing more and waits for what runs.
+// Compiles the nests added to it (`compile(nest, index, part)` for each of their modules) on threads - 1
+// worker threads as they come, and on the caller's thread too once it calls finish(). Plain threads and
+// one mutex-guarded queue: a ThreadSanitizer build follows every handoff (TBB's own, inside an
+// uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it starts nothing more and
+// waits for what runs.
 class NestCompiler {
  public:
-  using Compile = std::function<void(CompiledNest&, size_t)>;
+  using Compile = std::function<void(CompiledNest&, size_t, size_t)>;
 
   NestCompiler(int threads, Compile compile) : compile_(std::move(compile)) {
     const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -209,7 +211,7 @@ class NestCompiler {
   ~NestCompiler() {
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      claimed_ = nests_.size();  // nothing more to start
+      claimed_ = jobs_.size();  // nothing more to start
       closed_ = true;
     }
     ready_.notify_all();
@@ -217,11 +219,16 @@ class NestCompiler {
   }
 
   void add(const sched::Nest& nest) {
+    const size_t parts = 1 + llvm_ir::separate_parts(nest);
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      nests_.emplace_back().nest = nest;
+      CompiledNest& n = nests_.emplace_back();
+      n.nest = nest;
+      n.modules.resize(parts);
+      n.emit.resize(parts);
+      for (size_t part = 0; part < parts; ++part) jobs_.emplace_back(nests_.size() - 1, part);
     }
-    ready_.notify_one();
+    ready_.notify_all();
   }
 
   // Every nest compiled, in the order added; the first failure of one rethrown.
@@ -246,13 +253,13 @@ class NestCompiler {
   void work() {  // until the queue is closed and empty, or a nest failed
     for (;;) {
       std::unique_lock<std::mutex> lock(mutex_);
-      ready_.wait(lock, [&] { return claimed_ < nests_.size() || closed_; });
-      if (claimed_ >= nests_.size() || failure_) return;
-      const size_t k = claimed_++;
+      ready_.wait(lock, [&] { return claimed_ < jobs_.size() || closed_; });
+      if (claimed_ >= jobs_.size() || failure_) return;
+      const auto [k, part] = jobs_[claimed_++];
       CompiledNest& n = nests_[k];  // a deque: the reference survives later additions
       lock.unlock();
       try {
-        compile_(n, k);
+        compile_(n, k, part);
       } catch (...) {
         std::lock_guard<std::mutex> guard(mutex_);
         if (!failure_) failure_ = std::current_exception();
@@ -264,7 +271,8 @@ class NestCompiler {
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<CompiledNest> nests_;
-  size_t claimed_ = 0;          // nests handed out so far
+  std::vector<std::pair<size_t, size_t>> jobs_;  // (nest, module) in the order added
+  size_t claimed_ = 0;          // jobs handed out so far
   bool closed_ = false;         // no more nests will come
   std::exception_ptr failure_;  // the first failure of a nest's compilation
   std::vector<std::thread> workers_;
@@ -284,27 +292,24 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   std::map<std::string, int> index;
   ProgramTypes types;
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
-  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k) {
+  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k, size_t part) {
     auto t0 = std::chrono::steady_clock::now();
-    NestModule& m = n.module;
+    NestModule& m = n.modules[part];
+    const std::string name = "nest_" + std::to_string(k);
     m.context = std::make_unique<llvm::LLVMContext>();
-    m.module = std::make_unique<llvm::Module>("nest_" + std::to_string(k), *m.context);
-    llvm_ir::emit_nest(*m.module, n.nest, "nest_" + std::to_string(k), types, index);
-    n.emit = seconds_since(t0);
+    m.module = std::make_unique<llvm::Module>(part == 0 ? name : name + ".part" + std::to_string(part - 1), *m.context);
+    // A micro-kernel's border blocks are functions of their own, compiled alongside the rest: the
+    // forward conv's one nest is two modules of about equal size on two threads.
+    if (part == 0) llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
+    else llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
+    n.emit[part] = seconds_since(t0);
     auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
-    auto t1 = std::chrono::steady_clock::now();
     optimize(*m.module, *tm, n.nest.microkernel.has_value());
-    auto t2 = std::chrono::steady_clock::now();
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
-    auto t3 = std::chrono::steady_clock::now();
     if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);
-    auto t4 = std::chrono::steady_clock::now();
-    if (getenv("TIMES")) fprintf(stderr, "nest %zu: emit %.2f tm %.2f opt %.2f print %.2f cg %.2f\n", k, n.emit*1e3,
-      std::chrono::duration<double>(t1-t0).count()*1e3 - n.emit*1e3, std::chrono::duration<double>(t2-t1).count()*1e3,
-      std::chrono::duration<double>(t3-t2).count()*1e3, std::chrono::duration<double>(t4-t3).count()*1e3);
   });
   sched::LowerObserver observer;
   observer.program = [&](const Program& program, const ProgramTypes& t) {
@@ -333,11 +338,12 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // was done (what ran during it is inside the lowering's time: see CompileTimes).
   impl.times.llvm_ir = 0;
   std::vector<NestModule> modules;
-  for (CompiledNest& n : compiled) {
-    impl.times.llvm_ir += n.emit;
-    modules.push_back(std::move(n.module));
-    impl.ir += modules.back().ir;
-  }
+  for (CompiledNest& n : compiled)
+    for (size_t part = 0; part < n.modules.size(); ++part) {
+      impl.times.llvm_ir += n.emit[part];
+      modules.push_back(std::move(n.modules[part]));
+      impl.ir += modules.back().ir;
+    }
   for (const auto& nest : impl.schedule.nests)
     for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
   impl.times.optimize_and_jit = seconds_since(t0);
@@ -352,7 +358,6 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true);
   auto t0 = std::chrono::steady_clock::now();
   impl->jit = make_jit();
-  if (getenv("TIMES")) fprintf(stderr, "make_jit %.2f\n", seconds_since(t0)*1e3);
   for (NestModule& m : modules) check(impl->jit->addObjectFile(std::move(m.object)), "adding the object code");
   for (size_t k = 0; k < impl->schedule.nests.size(); ++k) {
     auto addr = check(impl->jit->lookup("nest_" + std::to_string(k)), "looking up a nest");

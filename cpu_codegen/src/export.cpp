@@ -336,18 +336,18 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   llvm::LLVMContext ctx;
   auto module = std::make_unique<llvm::Module>(entry, ctx);
   llvm::Linker linker(*module);
-  for (size_t k = 0; k < nests.size(); ++k) {
+  for (const NestModule& m : nests) {  // each nest's module, then those of its separate blocks
+    const std::string name = m.module->getModuleIdentifier();
     std::string bitcode;
     {
       llvm::raw_string_ostream os(bitcode);
-      llvm::WriteBitcodeToFile(*nests[k].module, os);
+      llvm::WriteBitcodeToFile(*m.module, os);
     }
-    auto copy = check(llvm::parseBitcodeFile(llvm::MemoryBufferRef(bitcode, "nest_" + std::to_string(k)), ctx),
-                      "reading back nest " + std::to_string(k));
-    if (linker.linkInModule(std::move(copy))) throw InternalError("export: LLVM could not link nest " + std::to_string(k));
+    auto copy = check(llvm::parseBitcodeFile(llvm::MemoryBufferRef(bitcode, name), ctx), "reading back " + name);
+    if (linker.linkInModule(std::move(copy))) throw InternalError("export: LLVM could not link " + name);
   }
   std::vector<llvm::Function*> functions;
-  for (size_t k = 0; k < nests.size(); ++k) {
+  for (size_t k = 0; k < impl.schedule.nests.size(); ++k) {
     llvm::Function* f = module->getFunction("nest_" + std::to_string(k));
     if (!f) throw InternalError("export: nest_" + std::to_string(k) + " is missing after linking");
     functions.push_back(f);

@@ -12,6 +12,8 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <set>
+
 namespace polytile::llvm_ir::internal {
 
 // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
@@ -25,6 +27,8 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   params.push_back(i64);
   auto* body_ty = llvm::FunctionType::get(b_.getVoidTy(), params, false);
   fn_ = llvm::Function::Create(body_ty, llvm::Function::InternalLinkage, name + ".body", m_);
+  name_ = name;
+  outline_ = outline_ && !nest_.kernel;
   prologue(fn_, used);
   lo_ = fn_->getArg(static_cast<unsigned>(used.size()));
   hi_ = fn_->getArg(static_cast<unsigned>(used.size() + 1));
@@ -94,6 +98,80 @@ llvm::Function* NestEmitter::emit_kernel(const std::string& name) {
   annotate("maxntidx", nest_.kernel->block[0]);
   annotate("maxntidy", nest_.kernel->block[1]);
   annotate("maxntidz", nest_.kernel->block[2]);
+  return fn_;
+}
+
+std::vector<const sched::LoopNode*> NestEmitter::separate_blocks(const sched::Nest& nest) {
+  std::vector<const sched::LoopNode*> out;
+  std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& n) {
+    if (n.kind == sched::LoopNode::Kind::block && n.separate) {
+      out.push_back(&n);
+      return;
+    }
+    for (const auto& c : n.body) walk(c);
+    for (const auto& c : n.otherwise) walk(c);
+  };
+  if (!nest.kernel) walk(nest.root);
+  return out;
+}
+
+std::vector<int> NestEmitter::free_iterators(const sched::LoopNode& n) {
+  std::set<int> read, defined;
+  std::function<void(const sched::LoopExpr&)> expr = [&](const sched::LoopExpr& e) {
+    if (e.kind == sched::LoopExpr::Kind::iterator) read.insert(e.iterator);
+    for (const auto& a : e.args) expr(a);
+  };
+  std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& x) {
+    if (x.kind == sched::LoopNode::Kind::loop) {
+      defined.insert(x.iterator);
+      expr(x.lower);
+      expr(x.condition);
+    }
+    if (x.kind == sched::LoopNode::Kind::guard) expr(x.condition);
+    for (const auto& a : x.args) expr(a);
+    for (const auto& a : x.registers) expr(a);
+    for (const auto& c : x.body) walk(c);
+    for (const auto& c : x.otherwise) walk(c);
+  };
+  walk(n);
+  std::vector<int> out;
+  for (int it : read)
+    if (!defined.count(it)) out.push_back(it);
+  return out;
+}
+
+void NestEmitter::call_part(const sched::LoopNode& n) {
+  std::vector<std::string> used = tensors_used();
+  std::vector<int> free = free_iterators(n);
+  std::vector<llvm::Type*> params(used.size(), b_.getPtrTy());
+  params.insert(params.end(), free.size(), b_.getInt64Ty());
+  const std::string name = name_ + ".part" + std::to_string(parts_called_++);
+  llvm::FunctionCallee part = m_.getOrInsertFunction(name, llvm::FunctionType::get(b_.getVoidTy(), params, false));
+  if (auto* f = llvm::dyn_cast<llvm::Function>(part.getCallee())) f->addFnAttr(llvm::Attribute::NoUnwind);
+  std::vector<Value*> args;
+  for (const auto& t : used) args.push_back(ptrs_.at(t));
+  for (int it : free) args.push_back(b_.CreateLoad(b_.getInt64Ty(), iters_.at(static_cast<size_t>(it))));
+  b_.CreateCall(part, args);
+}
+
+llvm::Function* NestEmitter::emit_part(const std::string& name, size_t part) {
+  const std::vector<const sched::LoopNode*> blocks = separate_blocks(nest_);
+  POLYTILE_CHECK(part < blocks.size(), "nest ", nest_.name, " has no separate block ", part);
+  const sched::LoopNode& n = *blocks[part];
+  std::vector<std::string> used = tensors_used();
+  std::vector<int> free = free_iterators(n);
+  std::vector<llvm::Type*> params(used.size(), b_.getPtrTy());
+  params.insert(params.end(), free.size(), b_.getInt64Ty());
+  fn_ = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), params, false), llvm::Function::ExternalLinkage,
+                               name + ".part" + std::to_string(part), m_);
+  prologue(fn_, used);
+  for (size_t k = 0; k < free.size(); ++k) {
+    Value* v = fn_->getArg(static_cast<unsigned>(used.size() + k));
+    v->setName("c" + std::to_string(free[k]));
+    b_.CreateStore(v, iters_.at(static_cast<size_t>(free[k])));
+  }
+  for (const auto& c : n.body) node(c, false);
+  b_.CreateRetVoid();
   return fn_;
 }
 
@@ -331,6 +409,10 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
       barrier();
       return;
     case K::block:  // the root block of a parallel nest holds loops over the split dimension
+      if (n.separate && outline_) {
+        call_part(n);
+        return;
+      }
       for (const auto& c : n.body) node(c, outermost);
       return;
     case K::guard: {
@@ -395,12 +477,24 @@ using internal::NestEmitter;
 std::vector<std::string> nest_tensors(const sched::Nest& nest) { return NestEmitter::nest_tensors(nest); }
 
 void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
-               const std::map<std::string, int>& buffer_index) {
+               const std::map<std::string, int>& buffer_index, bool outline) {
   NestEmitter e(module, nest, types, buffer_index);
+  e.set_outline(outline);
   llvm::Function* f = e.emit(name);
   std::string err;
   llvm::raw_string_ostream os(err);
   if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + ": " + os.str());
+}
+
+size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_blocks(nest).size(); }
+
+void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::string& name, size_t part,
+                    const ProgramTypes& types, const std::map<std::string, int>& buffer_index) {
+  NestEmitter e(module, nest, types, buffer_index);
+  llvm::Function* f = e.emit_part(name, part);
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + " part " + std::to_string(part) + ": " + os.str());
 }
 
 void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types) {

@@ -47,6 +47,13 @@ class NestEmitter {
   // A GPU kernel: one global (addrspace 1) noalias pointer per tensor in nest_tensors order, the mapped
   // loops' iterators read from the block and thread index registers, marked as a kernel entry.
   llvm::Function* emit_kernel(const std::string& name);
+  // With outlining (emit), each separate block (LoopNode::separate, in emission order) becomes a call of
+  // `<name>.part<j>`; emit_part(name, j) defines that function: the block's code, taking the tensors'
+  // pointers and the values of the iterators of the loops around it that it reads.
+  void set_outline(bool outline) { outline_ = outline; }
+  llvm::Function* emit_part(const std::string& name, size_t part);
+  // The separate blocks of a nest's loop IR, in emission order.
+  static std::vector<const sched::LoopNode*> separate_blocks(const sched::Nest& nest);
   std::vector<std::string> tensors_used() const { return nest_tensors(nest_); }
 
  public:
@@ -61,6 +68,10 @@ class NestEmitter {
   Value* floor_div(Value* x, Value* y);
   Value* floor_mod(Value* x, Value* y);
   void node(const sched::LoopNode& n, bool outermost);
+  // A separate block's call of its function (see set_outline).
+  void call_part(const sched::LoopNode& n);
+  // The iterators a node's code reads that no loop inside it defines, in increasing order.
+  static std::vector<int> free_iterators(const sched::LoopNode& n);
   // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
   void prologue(llvm::Function* fn, const std::vector<std::string>& used);
   // for (*it = start; condition(); *it += step) body(); returns the branch back to the condition
@@ -191,6 +202,9 @@ class NestEmitter {
   const ProgramTypes& types_;
   const std::map<std::string, int>& buffer_index_;
   llvm::Function* fn_ = nullptr;
+  bool outline_ = false;
+  std::string name_;       // the nest's function name (emit), which its parts' names extend
+  size_t parts_called_ = 0;
   Value* lo_ = nullptr;
   Value* hi_ = nullptr;
   std::vector<llvm::AllocaInst*> iters_;

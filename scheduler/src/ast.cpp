@@ -215,7 +215,20 @@ class AstTranslator {
     LoopNode out;
     if (!step.predicated) out = variant(*step.uniform, false, args);
     else if (!step.uniform) out = variant(*step.predicated, true, args);
-    else out = choose(step.uniform_block, variant(*step.uniform, false, args), variant(*step.predicated, true, args));
+    else {
+      // The predicated variant where its steps share an argument's value: that value, a constant.
+      std::vector<LoopExpr> at = args;
+      for (size_t k = 0; k < step.predicated_fixed.size(); ++k)
+        if (step.predicated_fixed[k]) {
+          at[k] = LoopExpr{};
+          at[k].value = *step.predicated_fixed[k];
+          bound_[step.params[k].get()] = at[k];
+        }
+      LoopNode border = variant(*step.predicated, true, at);
+      for (size_t k = 0; k < args.size(); ++k) bound_[step.params[k].get()] = args[k];
+      border.separate = true;
+      out = choose(step.uniform_block, variant(*step.uniform, false, args), std::move(border));
+    }
     for (const isl::id& p : step.params) bound_.erase(p.get());
     return out;
   }

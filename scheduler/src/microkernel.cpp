@@ -311,7 +311,14 @@ class MicrokernelNest {
     const isl::set uniform = all.intersect(bind(good_, block_dims_.size()));
     const isl::set predicated = all.subtract(uniform);
     if (!uniform.is_empty()) step.uniform = variant(uniform, false);
-    if (!predicated.is_empty()) step.predicated = variant(predicated, true);
+    if (!predicated.is_empty()) {
+      step.predicated = variant(predicated, true);
+      const isl::set at = steps_.intersect(predicated.unbind_params(isl::multi_id(steps_.space(), first_params(step.params.size()))));
+      for (size_t k = 0; k < step.params.size(); ++k) {
+        const isl::val lo = at.dim_min_val(static_cast<int>(k)), hi = at.dim_max_val(static_cast<int>(k));
+        step.predicated_fixed.push_back(lo.is_int() && lo.eq(hi) ? std::optional<int64_t>(lo.get_num_si()) : std::nullopt);
+      }
+    }
     if (step.uniform && step.predicated) step.uniform_block = condition(all, uniform, uniform_expr);
     return step;
   }

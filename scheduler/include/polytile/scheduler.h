@@ -113,6 +113,9 @@ struct LoopNode {
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
+  // block: a micro-kernel step's predicated variant where the step also has a uniform one; a code
+  // generator may make it a function of its own, compiled apart from the rest of the nest.
+  bool separate = false;
   int tile = -1;            // copy: the index of its shared tile
   // loop: for (it = lower; condition; it += step)
   int iterator = -1;
