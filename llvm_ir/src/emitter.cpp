@@ -140,16 +140,19 @@ std::vector<int> NestEmitter::free_iterators(const sched::LoopNode& n) {
   return out;
 }
 
-void NestEmitter::call_part(const sched::LoopNode& n) {
-  std::vector<std::string> used = tensors_used();
-  std::vector<int> free = free_iterators(n);
-  std::vector<llvm::Type*> params(used.size(), b_.getPtrTy());
+llvm::FunctionType* NestEmitter::part_type(const std::vector<int>& free) {
+  std::vector<llvm::Type*> params(tensors_used().size(), b_.getPtrTy());
   params.insert(params.end(), free.size(), b_.getInt64Ty());
+  return llvm::FunctionType::get(b_.getVoidTy(), params, false);
+}
+
+void NestEmitter::call_part(const sched::LoopNode& n) {
+  const std::vector<int> free = free_iterators(n);
   const std::string name = name_ + ".part" + std::to_string(parts_called_++);
-  llvm::FunctionCallee part = m_.getOrInsertFunction(name, llvm::FunctionType::get(b_.getVoidTy(), params, false));
+  llvm::FunctionCallee part = m_.getOrInsertFunction(name, part_type(free));
   if (auto* f = llvm::dyn_cast<llvm::Function>(part.getCallee())) f->addFnAttr(llvm::Attribute::NoUnwind);
   std::vector<Value*> args;
-  for (const auto& t : used) args.push_back(ptrs_.at(t));
+  for (const auto& t : tensors_used()) args.push_back(ptrs_.at(t));
   for (int it : free) args.push_back(b_.CreateLoad(b_.getInt64Ty(), iters_.at(static_cast<size_t>(it))));
   b_.CreateCall(part, args);
 }
@@ -158,12 +161,9 @@ llvm::Function* NestEmitter::emit_part(const std::string& name, size_t part) {
   const std::vector<const sched::LoopNode*> blocks = separate_blocks(nest_);
   POLYTILE_CHECK(part < blocks.size(), "nest ", nest_.name, " has no separate block ", part);
   const sched::LoopNode& n = *blocks[part];
-  std::vector<std::string> used = tensors_used();
-  std::vector<int> free = free_iterators(n);
-  std::vector<llvm::Type*> params(used.size(), b_.getPtrTy());
-  params.insert(params.end(), free.size(), b_.getInt64Ty());
-  fn_ = llvm::Function::Create(llvm::FunctionType::get(b_.getVoidTy(), params, false), llvm::Function::ExternalLinkage,
-                               name + ".part" + std::to_string(part), m_);
+  const std::vector<std::string> used = tensors_used();
+  const std::vector<int> free = free_iterators(n);
+  fn_ = llvm::Function::Create(part_type(free), llvm::Function::ExternalLinkage, name + ".part" + std::to_string(part), m_);
   prologue(fn_, used);
   for (size_t k = 0; k < free.size(); ++k) {
     Value* v = fn_->getArg(static_cast<unsigned>(used.size() + k));
@@ -476,14 +476,21 @@ using internal::NestEmitter;
 
 std::vector<std::string> nest_tensors(const sched::Nest& nest) { return NestEmitter::nest_tensors(nest); }
 
+namespace {
+
+void verify(const llvm::Function& f, const std::string& what) {
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyFunction(f, &os)) throw InternalError("invalid LLVM IR for " + what + ": " + os.str());
+}
+
+}  // namespace
+
 void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
                const std::map<std::string, int>& buffer_index, bool outline) {
   NestEmitter e(module, nest, types, buffer_index);
   e.set_outline(outline);
-  llvm::Function* f = e.emit(name);
-  std::string err;
-  llvm::raw_string_ostream os(err);
-  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + ": " + os.str());
+  verify(*e.emit(name), nest.name);
 }
 
 size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_blocks(nest).size(); }
@@ -491,19 +498,13 @@ size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_bl
 void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::string& name, size_t part,
                     const ProgramTypes& types, const std::map<std::string, int>& buffer_index) {
   NestEmitter e(module, nest, types, buffer_index);
-  llvm::Function* f = e.emit_part(name, part);
-  std::string err;
-  llvm::raw_string_ostream os(err);
-  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for " + nest.name + " part " + std::to_string(part) + ": " + os.str());
+  verify(*e.emit_part(name, part), nest.name + " part " + std::to_string(part));
 }
 
 void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types) {
   const std::map<std::string, int> no_table;
   NestEmitter e(module, nest, types, no_table, /*device=*/true);
-  llvm::Function* f = e.emit_kernel(name);
-  std::string err;
-  llvm::raw_string_ostream os(err);
-  if (llvm::verifyFunction(*f, &os)) throw InternalError("invalid LLVM IR for kernel " + nest.name + ": " + os.str());
+  verify(*e.emit_kernel(name), "kernel " + nest.name);
 }
 
 void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const ProgramTypes& types,

@@ -68,8 +68,10 @@ class NestEmitter {
   Value* floor_div(Value* x, Value* y);
   Value* floor_mod(Value* x, Value* y);
   void node(const sched::LoopNode& n, bool outermost);
-  // A separate block's call of its function (see set_outline).
+  // A separate block's call of its function (see set_outline), and that function's type: the tensors'
+  // pointers, then the values of the iterators `free`.
   void call_part(const sched::LoopNode& n);
+  llvm::FunctionType* part_type(const std::vector<int>& free);
   // The iterators a node's code reads that no loop inside it defines, in increasing order.
   static std::vector<int> free_iterators(const sched::LoopNode& n);
   // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
