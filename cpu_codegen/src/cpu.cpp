@@ -26,7 +26,6 @@
 #include <llvm/Target/TargetMachine.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
-#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>

@@ -32,7 +32,6 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
         out.reads.push_back(simplify(out.read_functions.back().intersect_domain(domain)));
       }
     }
-    const isl::map& write = out.write;
     a.empty = domain.is_empty();
     if (a.empty) return out;
     for (size_t k = 0; k < cc.vars.size(); ++k) {
@@ -49,8 +48,8 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
     if (box > kMaxBoxPoints)
       user_error("contraction ", c.output, " ranges over a box of about ", box,
                  " index points (more than 2^44); check its constraints and shapes");
-    if (accesses && c.aggregation == AggregationOp::assign && !write.is_injective()) {
-      isl::map same = write.apply_range(write.reverse()).subtract(domain.identity());
+    if (accesses && c.aggregation == AggregationOp::assign && !out.write.is_injective()) {
+      isl::map same = out.write.apply_range(out.write.reverse()).subtract(domain.identity());
       isl::point p = same.wrap().lexmin().sample_point();
       int n = static_cast<int>(cc.vars.size());
       std::vector<int64_t> x = point_coordinates(p, 2 * n);
@@ -68,6 +67,11 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
     }
     return out;
   });
+}
+
+ContractionAnalysis bounds_of(const Contraction& c, const ProgramTypes& types) {
+  IslContext ctx;
+  return analyze(c, types, ctx.get(), /*accesses=*/false).summary;
 }
 
 namespace {
@@ -110,19 +114,10 @@ ContractionAnalysis analyze(const Contraction& c, const ProgramTypes& types) {
   internal::IslAnalysis analysis = internal::analyze(c, types, ctx.get());
   ContractionAnalysis& a = analysis.summary;
   a.domain = text(analysis.domain);
-  if (!analysis.write.is_null()) a.write = text(analysis.write);
+  a.write = text(analysis.write);
   for (const isl::map& r : analysis.reads) a.reads.push_back(text(r));
   return a;
 }
-
-namespace internal {
-
-ContractionAnalysis bounds_of(const Contraction& c, const ProgramTypes& types) {
-  IslContext ctx;
-  return analyze(c, types, ctx.get(), /*accesses=*/false).summary;
-}
-
-}  // namespace internal
 
 std::vector<ContractionAnalysis> analyze_program(const Program& p, const ProgramTypes& types) {
   std::vector<ContractionAnalysis> out;

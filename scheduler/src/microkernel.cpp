@@ -286,15 +286,15 @@ class MicrokernelNest {
       BlockStep::Variant v;
       if (zero_init) v.first = condition(context, first, first_expr);
       if (epilogue) v.last = condition(context, last, last_expr);
+      if (loops && loops->first.intersect_params(context).is_equal(points.intersect_params(context))) {
+        v.fma = loops->second;
+        return v;
+      }
       // The points simplified by the context, not intersected with it: they are the same where the step
       // runs, and a context that is a union (the border blocks: bb = 0 or bb = 13) would split the domain
       // into one piece per disjunct, with the block fixed in each, which isl then takes 2.5x as long to
       // turn into the same loops. Built without the context (isl takes several times as long with it).
       const isl::set domain = points.gist_params(context).coalesce();
-      if (loops && loops->first.intersect_params(context).is_equal(points.intersect_params(context))) {
-        v.fma = loops->second;
-        return v;
-      }
       const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
       isl::schedule tree = isl::schedule::from_domain(isl::union_set(isl_support::set_tuple_id(domain, fma)));
       if (!reds_.empty()) {
@@ -311,15 +311,15 @@ class MicrokernelNest {
     const isl::set uniform = all.intersect(bind(good_, block_dims_.size()));
     const isl::set predicated = all.subtract(uniform);
     if (!uniform.is_empty()) step.uniform = variant(uniform, false);
-    if (!predicated.is_empty()) {
-      step.predicated = variant(predicated, true);
-      const isl::set at = steps_.intersect(predicated.unbind_params(isl::multi_id(steps_.space(), first_params(step.params.size()))));
+    if (!predicated.is_empty()) step.predicated = variant(predicated, true);
+    if (step.uniform && step.predicated) {
+      step.uniform_block = condition(all, uniform, uniform_expr);
+      const isl::set at = predicated.unbind_params(isl::multi_id(steps_.space(), first_params(step.params.size())));
       for (size_t k = 0; k < step.params.size(); ++k) {
         const isl::val lo = at.dim_min_val(static_cast<int>(k)), hi = at.dim_max_val(static_cast<int>(k));
         step.predicated_fixed.push_back(lo.is_int() && lo.eq(hi) ? std::optional<int64_t>(lo.get_num_si()) : std::nullopt);
       }
     }
-    if (step.uniform && step.predicated) step.uniform_block = condition(all, uniform, uniform_expr);
     return step;
   }
 

@@ -120,8 +120,9 @@ struct BlockStep {
   };
   std::vector<isl::id> params;  // the step's arguments in order: block dimensions, then reduction tiles
   std::optional<Variant> uniform, predicated;
-  // Per argument, its value where every predicated step has the same one (the one partial block of rows
-  // of a weight gradient): the predicated variant's code takes it as a constant.
+  // With both variants (where the predicated one is a separate block, LoopNode::separate), per argument
+  // its value where every predicated step has the same one (the one partial block of rows of a weight
+  // gradient): the predicated variant's code takes it as a constant.
   std::vector<std::optional<int64_t>> predicated_fixed;
   Condition uniform_block;      // with both variants: where the uniform one runs
   std::string str() const;      // C-like text of a step, for `lower --emit ast`
