@@ -240,7 +240,7 @@ llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int
   b_.CreateCondBr(condition(), body_bb, exit_bb);
   b_.SetInsertPoint(body_bb);
   body();
-  b_.CreateStore(b_.CreateAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(step)), it);
+  b_.CreateStore(b_.CreateNSWAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(step)), it);
   llvm::BranchInst* latch = b_.CreateBr(cond_bb);
   b_.SetInsertPoint(exit_bb);
   return latch;
@@ -322,9 +322,9 @@ Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
   switch (a.kind) {
     case K::constant: return b_.getInt64(a.value);
     case K::iterator: return b_.CreateLoad(i64, iters_.at(a.iterator));
-    case K::add: return b_.CreateAdd(loop_expr(a.args[0]), loop_expr(a.args[1]));
-    case K::sub: return b_.CreateSub(loop_expr(a.args[0]), loop_expr(a.args[1]));
-    case K::mul: return b_.CreateMul(loop_expr(a.args[0]), loop_expr(a.args[1]));
+    case K::add: return b_.CreateNSWAdd(loop_expr(a.args[0]), loop_expr(a.args[1]));
+    case K::sub: return b_.CreateNSWSub(loop_expr(a.args[0]), loop_expr(a.args[1]));
+    case K::mul: return b_.CreateNSWMul(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::floordiv: return floor_div(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::mod: return floor_mod(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::min:

@@ -26,14 +26,14 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
     case St::fma: {
       for (size_t k = 0; k < rd.others.size(); ++k) vars[names[rd.others[k]]] = vals[rd.outputs.size() + k];
       const int64_t group = int64_t{rd.accumulators} * rd.lanes;  // r's values per step
-      Value* first = b_.CreateAdd(b_.getInt64(rd.lo), b_.CreateMul(vals.back(), b_.getInt64(group)));
+      Value* first = b_.CreateNSWAdd(b_.getInt64(rd.lo), b_.CreateNSWMul(vals.back(), b_.getInt64(group)));
       std::vector<llvm::Constant*> iota;
       for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
       // Steps whose lanes are all in r's range (every step but the last, when the range is no multiple
       // of the step) load and accumulate unmasked; the last one masks its lanes past the range.
       auto steps = [&](bool masked) {
         for (int a = 0; a < rd.accumulators; ++a) {
-          Value* base = b_.CreateAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
+          Value* base = b_.CreateNSWAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
           vars[names[rd.vector]] = base;
           Value* mask = masked ? b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
                                                   b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)))

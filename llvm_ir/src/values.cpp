@@ -61,7 +61,7 @@ Value* NestEmitter::element_address(const std::string& tensor, const std::vector
   Value* addr = buffer(tensor);
   int64_t stride = 1;
   for (size_t k = type.shape.size(); k-- > 0;) {
-    addr = b_.CreateGEP(et, addr, stride == 1 ? idx[k] : b_.CreateMul(idx[k], b_.getInt64(stride)));
+    addr = b_.CreateGEP(et, addr, stride == 1 ? idx[k] : b_.CreateNSWMul(idx[k], b_.getInt64(stride)));
     stride *= type.shape[k];
   }
   return addr;
