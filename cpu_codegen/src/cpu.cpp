@@ -199,14 +199,17 @@ struct CompiledNest {
   std::vector<double> emit;  // seconds spent emitting each module's LLVM IR
 };
 
-// Compiles the nests added to it (`compile(nest, index, part)` for each of their modules) on threads - 1
-// worker threads as they come, and on the caller's thread too once it calls finish(). Plain threads and
+// Compiles the nests added to it (`compile(nest, index, part, machine)` for each of their modules) on
+// threads - 1 worker threads as they come, and on the caller's thread too once it calls finish(). Each
+// thread has its own target machine (`machine`, null until the first module it compiles makes one): made
+// once per thread instead of once per module, with the subtargets it keeps for the modules' function
+// attributes. Plain threads and
 // one mutex-guarded queue: a ThreadSanitizer build follows every handoff (TBB's own, inside an
 // uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it starts nothing more and
 // waits for what runs.
 class NestCompiler {
  public:
-  using Compile = std::function<void(CompiledNest&, size_t, size_t)>;
+  using Compile = std::function<void(CompiledNest&, size_t, size_t, std::unique_ptr<llvm::TargetMachine>&)>;
 
   NestCompiler(int threads, Compile compile) : compile_(std::move(compile)) {
     const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -263,6 +266,7 @@ class NestCompiler {
   }
 
   void work() {  // until the queue is closed and empty, or a nest failed
+    std::unique_ptr<llvm::TargetMachine> machine;  // this thread's
     for (;;) {
       std::unique_lock<std::mutex> lock(mutex_);
       ready_.wait(lock, [&] { return claimed_ < jobs_.size() || closed_; });
@@ -271,7 +275,7 @@ class NestCompiler {
       CompiledNest& n = nests_[k];  // a deque: the reference survives later additions
       lock.unlock();
       try {
-        compile_(n, k, part);
+        compile_(n, k, part, machine);
       } catch (...) {
         std::lock_guard<std::mutex> guard(mutex_);
         if (!failure_) failure_ = std::current_exception();
@@ -304,7 +308,8 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   std::map<std::string, int> index;
   ProgramTypes types;
   const llvm::orc::JITTargetMachineBuilder machine = host_machine();
-  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k, size_t part) {
+  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k, size_t part,
+                                                                        std::unique_ptr<llvm::TargetMachine>& tm) {
     auto t0 = std::chrono::steady_clock::now();
     NestModule& m = n.modules[part];
     const std::string name = "nest_" + std::to_string(k);
@@ -315,7 +320,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     if (part == 0) llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
     else llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
     n.emit[part] = seconds_since(t0);
-    auto tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
+    if (!tm) tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
     optimize(*m.module, *tm, n.nest.microkernel.has_value());
