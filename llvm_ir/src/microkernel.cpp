@@ -184,7 +184,11 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
           }
           Value* old = b_.CreateLoad(vty, acc);
           Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
-          b_.CreateStore(row ? b_.CreateSelect(row, sum, old) : sum, acc);
+          // An invalid row keeps its accumulator: selected lane by lane (a splat of the row's validity, the
+          // same for every step), which x86 makes a merge-masked FMA; a select on the scalar became a
+          // branch around every FMA of the border blocks.
+          if (row) sum = b_.CreateSelect(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), sum, old);
+          b_.CreateStore(sum, acc);
           break;
         }
         case St::epilogue: {
