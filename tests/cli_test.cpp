@@ -360,8 +360,8 @@ TEST(CliTest, RunKeepsCompiledProgramsInTheKernelCache) {
 }
 
 // The GPU commands without a GPU: compile writes a bundle that reads back, lower shows the kernels'
-// mapping and PTX, gpu-sim runs the kernels with GPU semantics and prints what the interpreter prints,
-// and every misuse is one line with exit code 1.
+// mapping and PTX, gpu-sim runs the kernels with GPU semantics and computes what the interpreter computes
+// (up to the rounding of reassociated sums), and every misuse is one line with exit code 1.
 TEST(CliTest, GpuCommandsWithoutAGpu) {
   const std::string file = kExamples + "conv2d_strided_dilated.tile", dir = temp("bundle");
   Result c = cli({"compile", file, "--shape", "I=2x9x9x5", "--shape", "K=2x2x5x7", "-o", dir, "--target", "sm_80"});

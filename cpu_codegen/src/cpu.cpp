@@ -203,10 +203,9 @@ struct CompiledNest {
 // threads - 1 worker threads as they come, and on the caller's thread too once it calls finish(). Each
 // thread has its own target machine (`machine`, null until the first module it compiles makes one): made
 // once per thread instead of once per module, with the subtargets it keeps for the modules' function
-// attributes. Plain threads and
-// one mutex-guarded queue: a ThreadSanitizer build follows every handoff (TBB's own, inside an
-// uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it starts nothing more and
-// waits for what runs.
+// attributes. Plain threads and one mutex-guarded queue: a ThreadSanitizer build follows every handoff
+// (TBB's own, inside an uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it
+// starts nothing more and waits for what runs.
 class NestCompiler {
  public:
   using Compile = std::function<void(CompiledNest&, size_t, size_t, std::unique_ptr<llvm::TargetMachine>&)>;
