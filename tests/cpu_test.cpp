@@ -781,10 +781,6 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
   EXPECT_FALSE(overlapping->schedule().nests.back().microkernel->prefetch_next_block);
 }
 
-// Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
-// widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
-// and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd
-// sizes, and every example and generated contraction.
 // The border blocks of a micro-kernel (its predicated step variant) are a function of their own, in a
 // module of its own, compiled alongside the nest's function, which calls it with the iterators it reads.
 TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
@@ -799,6 +795,10 @@ TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
   expect_same(conv, in, "the conv with its border blocks outlined", o);
 }
 
+// Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
+// widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
+// and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd
+// sizes, and every example and generated contraction.
 TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   const char* convs[] = {
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"

@@ -196,7 +196,6 @@ namespace {
 struct CompiledNest {
   sched::Nest nest;  // a copy: the scheduler's vector grows while this is compiled
   std::vector<NestModule> modules;
-  std::vector<double> emit;  // seconds spent emitting each module's LLVM IR
 };
 
 // Compiles the nests added to it (`compile(nest, index, part, machine)` for each of their modules) on
@@ -239,7 +238,6 @@ class NestCompiler {
       CompiledNest& n = nests_.emplace_back();
       n.nest = nest;
       n.modules.resize(parts);
-      n.emit.resize(parts);
       for (size_t part = 0; part < parts; ++part) jobs_.emplace_back(nests_.size() - 1, part);
     }
     ready_.notify_all();
@@ -318,7 +316,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     // forward conv's one nest is two modules of about equal size on two threads.
     if (part == 0) llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
     else llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
-    n.emit[part] = seconds_since(t0);
+    m.emit_seconds = seconds_since(t0);
     if (!tm) tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
@@ -355,10 +353,10 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   impl.times.llvm_ir = 0;
   std::vector<NestModule> modules;
   for (CompiledNest& n : compiled)
-    for (size_t part = 0; part < n.modules.size(); ++part) {
-      impl.times.llvm_ir += n.emit[part];
-      modules.push_back(std::move(n.modules[part]));
-      impl.ir += modules.back().ir;
+    for (NestModule& m : n.modules) {
+      impl.times.llvm_ir += m.emit_seconds;
+      impl.ir += m.ir;
+      modules.push_back(std::move(m));
     }
   for (const auto& nest : impl.schedule.nests)
     for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);

@@ -112,6 +112,7 @@ struct NestModule {
   std::unique_ptr<llvm::Module> module;
   std::string ir;                              // the optimized module, printed
   std::unique_ptr<llvm::MemoryBuffer> object;  // its machine code
+  double emit_seconds = 0;                     // spent emitting its LLVM IR
 };
 
 // Lowers `source`, emits every nest k as `nest_<k>` into a module of its own and optimizes them (and

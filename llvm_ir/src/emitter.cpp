@@ -28,7 +28,6 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   auto* body_ty = llvm::FunctionType::get(b_.getVoidTy(), params, false);
   fn_ = llvm::Function::Create(body_ty, llvm::Function::InternalLinkage, name + ".body", m_);
   name_ = name;
-  outline_ = outline_ && !nest_.kernel;
   prologue(fn_, used);
   lo_ = fn_->getArg(static_cast<unsigned>(used.size()));
   hi_ = fn_->getArg(static_cast<unsigned>(used.size() + 1));
@@ -101,6 +100,9 @@ llvm::Function* NestEmitter::emit_kernel(const std::string& name) {
   return fn_;
 }
 
+// The function of separate block `part` of the nest whose function is `name`.
+static std::string part_name(const std::string& name, size_t part) { return name + ".part" + std::to_string(part); }
+
 std::vector<const sched::LoopNode*> NestEmitter::separate_blocks(const sched::Nest& nest) {
   std::vector<const sched::LoopNode*> out;
   std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& n) {
@@ -148,8 +150,7 @@ llvm::FunctionType* NestEmitter::part_type(const std::vector<int>& free) {
 
 void NestEmitter::call_part(const sched::LoopNode& n) {
   const std::vector<int> free = free_iterators(n);
-  const std::string name = name_ + ".part" + std::to_string(parts_called_++);
-  llvm::FunctionCallee part = m_.getOrInsertFunction(name, part_type(free));
+  llvm::FunctionCallee part = m_.getOrInsertFunction(part_name(name_, parts_called_++), part_type(free));
   if (auto* f = llvm::dyn_cast<llvm::Function>(part.getCallee())) f->addFnAttr(llvm::Attribute::NoUnwind);
   std::vector<Value*> args;
   for (const auto& t : tensors_used()) args.push_back(ptrs_.at(t));
@@ -163,7 +164,7 @@ llvm::Function* NestEmitter::emit_part(const std::string& name, size_t part) {
   const sched::LoopNode& n = *blocks[part];
   const std::vector<std::string> used = tensors_used();
   const std::vector<int> free = free_iterators(n);
-  fn_ = llvm::Function::Create(part_type(free), llvm::Function::ExternalLinkage, name + ".part" + std::to_string(part), m_);
+  fn_ = llvm::Function::Create(part_type(free), llvm::Function::ExternalLinkage, part_name(name, part), m_);
   prologue(fn_, used);
   for (size_t k = 0; k < free.size(); ++k) {
     Value* v = fn_->getArg(static_cast<unsigned>(used.size() + k));

@@ -50,7 +50,7 @@ class NestEmitter {
   // With outlining (emit), each separate block (LoopNode::separate, in emission order) becomes a call of
   // `<name>.part<j>`; emit_part(name, j) defines that function: the block's code, taking the tensors'
   // pointers and the values of the iterators of the loops around it that it reads.
-  void set_outline(bool outline) { outline_ = outline; }
+  void set_outline(bool outline) { outline_ = outline && !nest_.kernel; }  // a GPU kernel has no parts
   llvm::Function* emit_part(const std::string& name, size_t part);
   // The separate blocks of a nest's loop IR, in emission order.
   static std::vector<const sched::LoopNode*> separate_blocks(const sched::Nest& nest);
