@@ -913,6 +913,47 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// The blocks of one column of the vector operand run one after another inside a reduction tile, so the
+// column's part of the tile is read from L1 by all of them. A convolution whose weights are packed into
+// panels has output channels in blocks (co_blk) that only pick columns; its block step's arguments are
+// (n, y, co_blk, x block, column, reduction tiles). With a long reduction into a small output (reduction
+// tiles outermost, every block of a thread inside them) the loop over co_blk encloses the loop over the
+// rows y; with a shorter one (tiles of blocks inside each reduction tile) it encloses the reduction tiles.
+// Read off the printed loops; against the interpreter as well.
+TEST(CpuTest, BlocksOfOneColumnRunTogether) {
+  Program fwd = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  for (bool long_reduction : {true, false}) {
+    const int64_t ci = long_reduction ? 256 : 16;  // 3 * 3 * 256 reduction points, or 3 * 3 * 16
+    const std::string what = std::to_string(ci) + " input channels";
+    CompileOptions o = microkernels_forced(128);
+    if (!long_reduction) o.target.cpu.l1_bytes = 8 * 1024;  // reduction tiles of fewer than 144 points
+    TensorMap in = inputs_for({{"I", {1, 32, 32, ci}}, {"K", {3, 3, ci, 16}}}, DType::f64, 55);
+    auto compiled = compile(fwd, types_of(in), o);
+    const std::string loops = sched::print_loops(compiled->schedule());
+    const size_t step = loops.find("Store(");
+    ASSERT_NE(step, std::string::npos) << what << "\n" << loops;
+    std::vector<std::string> args;
+    std::stringstream list(loops.substr(step + 6, loops.find(')', step) - step - 6));
+    for (std::string a; std::getline(list, a, ',');) args.push_back(a.substr(a.find_first_not_of(' ')));
+    ASSERT_EQ(args.size(), 8u) << what << "\n" << loops;
+    auto loop = [&](const std::string& iterator) { return loops.rfind("for " + iterator + " =", step); };
+    const size_t column = loop(args[2]);
+    ASSERT_NE(column, std::string::npos) << what << "\n" << loops;
+    std::vector<std::string> inside = long_reduction ? std::vector<std::string>{args[1]}
+                                                     : std::vector<std::string>{args[5], args[6], args[7]};
+    int checked = 0;
+    for (const std::string& it : inside) {
+      if (loop(it) == std::string::npos) continue;  // a constant: no loop
+      EXPECT_LT(column, loop(it)) << what << ": the loop over " << it << " encloses the column blocks'\n" << loops;
+      ++checked;
+    }
+    EXPECT_GT(checked, 0) << what << "\n" << loops;
+    expect_same(fwd, in, what, o);
+  }
+}
+
 // Nests are compiled by worker threads while the scheduler goes on (cpu.cpp lower_and_emit): when a
 // later statement is a user error, the first statement's micro-kernel nest may already be compiling. The
 // error reaches the caller with its message, nothing hangs, and compiling again afterwards works.
