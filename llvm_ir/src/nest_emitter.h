@@ -131,6 +131,9 @@ class NestEmitter {
   Typed constant(double v, DType t);
   Value* fn_call(const char* name, Typed x);
   Value* intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args);
+  // e^x: on the host, f32 inline (exp_f32 in values.cpp); f64 and the device through intrinsic().
+  Value* exp(Value* x);
+  Value* exp_f32(Value* x);
   Value* device_call(const char* name, const std::vector<Value*>& args);
 
   // Floor division / modulo on i32 or i64 with x / 0 = 0 and MIN / -1 wrapping, as the interpreter does.

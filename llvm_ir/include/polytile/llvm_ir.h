@@ -48,6 +48,10 @@ void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::st
 // module should have the NVPTX triple and data layout. InternalError if LLVM's verifier rejects it.
 void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types);
 
+// The function attribute (no value) on host functions that evaluate e^x in f32 inline: vector math whose
+// instructions a wider vector halves, for a target that has the width to prefer it.
+inline constexpr const char* kVectorMathAttribute = "polytile-vector-math";
+
 // The tensors a nest's code reads or writes (its buffers).
 std::vector<std::string> nest_tensors(const sched::Nest& nest);
 
