@@ -118,6 +118,12 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   auto uses = [](const TensorAccess& a, const std::string& v) {
     return std::any_of(a.indices.begin(), a.indices.end(), [&](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
   };
+  // An invalid row reads index 0 in the dimensions that depend on the block variable; the others are the
+  // same in every row of the block, and some row is valid at every point a step runs (the step's points
+  // are the block's), so they are in range. The reduction variables then stay out of the select, and the
+  // select of a row's address is the same at every reduction point: hoisted out of the fma loop of the
+  // border blocks (it was three instructions per row and point there).
+  auto by_row = [&](const Polynomial& p) { return p.coefficient(names[mk.block]) != Rational(0); };
   std::vector<bool> along_v, per_row;
   for (const auto& in : c.inputs) {
     along_v.push_back(uses(in, names[mk.vector]));
@@ -135,7 +141,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
         std::vector<Value*> at;
         for (const auto& p : c.inputs[i].indices) {
           Value* x = poly(p, vars);
-          at.push_back(row ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);  // an invalid row reads element 0
+          at.push_back(row && by_row(p) ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
         }
         if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars);
         scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
@@ -173,7 +179,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {
                 Value* x = poly(p, vars);
-                at.push_back(row && per_row[i] ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
+                at.push_back(row && by_row(p) ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
               }
               width_ = static_cast<unsigned>(lanes);
               mask_ = m;
