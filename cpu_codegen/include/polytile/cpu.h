@@ -7,7 +7,8 @@
 //
 // Numerics: every statement computes in the dtypes of ir.h, like the reference interpreter, except that
 // contractions accumulate in the output dtype in schedule order (the interpreter accumulates in double),
-// and floating-point accumulation may be reassociated for vectorization. Results therefore match the
+// and floating-point accumulation may be reassociated for vectorization, and f32 exp is polytile's own
+// (within 0.91 ulp of the correctly rounded value; glibc's expf, about 0.5). Results therefore match the
 // interpreter up to rounding that grows with the reduction length.
 #pragma once
 
