@@ -115,15 +115,16 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
     return element_address(tensor, at);
   };
   // Per input: read along v (a vector operand), and different for every row.
-  auto uses = [](const TensorAccess& a, const std::string& v) {
-    return std::any_of(a.indices.begin(), a.indices.end(), [&](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
+  auto depends = [](const Polynomial& p, const std::string& v) { return p.coefficient(v) != Rational(0); };
+  auto uses = [&](const TensorAccess& a, const std::string& v) {
+    return std::any_of(a.indices.begin(), a.indices.end(), [&](const Polynomial& p) { return depends(p, v); });
   };
   // An invalid row reads index 0 in the dimensions that depend on the block variable; the others are the
   // same in every row of the block, and some row is valid at every point a step runs (the step's points
   // are the block's), so they are in range. The reduction variables then stay out of the select, and the
   // select of a row's address is the same at every reduction point: hoisted out of the fma loop of the
   // border blocks (it was three instructions per row and point there).
-  auto by_row = [&](const Polynomial& p) { return p.coefficient(names[mk.block]) != Rational(0); };
+  auto by_row = [&](const Polynomial& p) { return depends(p, names[mk.block]); };
   std::vector<bool> along_v, per_row;
   for (const auto& in : c.inputs) {
     along_v.push_back(uses(in, names[mk.vector]));

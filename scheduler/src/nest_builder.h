@@ -96,7 +96,6 @@ struct NestFacts {
 struct MicrokernelChoices {
   bool weight_mode = false;   // a small output with long reductions: reduction tiles outside the blocks
   bool zero_init = false;     // blocks start from zero accumulators (no default tensor)
-  bool columns_only = false;  // the other output variables only pick columns of the vector operand
   std::vector<bool> picks_columns;  // per other output variable (Microkernel::others): no broadcast input reads it
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
   isl::set lanes;             // the domain with the block and reduction variables unconstrained: v's range
