@@ -1,10 +1,13 @@
-// Private to polyhedral/: contractions as isl text, shared by the analysis (polyhedral.cpp) and translation
-// validation (verify.cpp). With concrete dims, every index expression and constraint becomes an affine
-// form with integer coefficients over a common denominator D; the domain is written over a tuple
-// S_<output>[vars]: an index expression requires "exists e: D*e = form and 0 <= e < dim", a constraint
-// "0 <= form < D*bound". Accesses map the domain tuple to the tensor's tuple with the same equalities.
+// Private to polyhedral/: contractions as isl sets and maps, shared by the analysis (polyhedral.cpp) and
+// translation validation (verify.cpp). With concrete dims, every index expression and constraint becomes an
+// affine form with integer coefficients over a common denominator D; the domain is a set S_<output>[vars]:
+// an index expression requires "exists e: D*e = form and 0 <= e < dim", a constraint "0 <= form < D*bound".
+// Accesses map the domain tuple to the tensor's tuple with the same equalities. The sets and maps are built
+// through isl's API, constraint by constraint: isl's text parser (affine expressions as piecewise
+// functions, then intersections and hulls) cost more than the analysis that reads them.
 #pragma once
 
+#include <isl/constraint.h>
 #include <isl/cpp.h>
 #include <isl/point.h>
 
@@ -13,6 +16,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,11 +87,19 @@ inline std::string form_text(const Form& f, const std::vector<std::string>& vars
 
 using isl_support::join;
 
-// The contraction with dims bound, as text fragments.
+// A condition of a contraction's domain: 0 <= num(form) <= hi, or with `strided`, "exists e: form.den * e =
+// num(form) and 0 <= e <= hi" (num: the form's numerator, sum coeffs[k] * x_k + constant).
+struct Condition {
+  Form form;
+  int64_t hi = 0;
+  bool strided = false;
+};
+
+// The contraction with dims bound.
 struct ConcreteContraction {
   std::vector<std::string> vars;
-  std::string tuple;                    // S_O[v0, v1]
-  std::vector<std::string> conditions;  // domain conditions
+  std::string name;                     // the domain's tuple: S_O
+  std::vector<Condition> conditions;    // the domain's
   std::vector<std::pair<std::string, std::vector<Form>>> accesses;  // [0] is the write
   std::vector<std::vector<int64_t>> dims;                           // per access
 };
@@ -95,23 +107,13 @@ struct ConcreteContraction {
 inline ConcreteContraction concretize(const Contraction& c, const ProgramTypes& types, const std::string& tuple_name = "") {
   ConcreteContraction cc;
   cc.vars = c.index_variables();
-  std::vector<std::string> names;
-  for (const auto& v : cc.vars) names.push_back(isl_name(v));
-  cc.tuple = (tuple_name.empty() ? "S_" + c.output : tuple_name) + "[" + join(names, ", ") + "]";
-  int exists_counter = 0;
+  cc.name = tuple_name.empty() ? "S_" + c.output : tuple_name;
   auto add_access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     const auto& shape = types.tensors.at(tensor).shape;
     std::vector<Form> forms;
     for (size_t k = 0; k < idx.size(); ++k) {
       Form f = make_form(idx[k].bind_dims(types.dims), cc.vars);
-      std::string text = form_text(f, cc.vars);
-      if (f.den == 1) {
-        cc.conditions.push_back("0 <= " + text + " <= " + std::to_string(shape[k] - 1));
-      } else {
-        std::string e = "ex" + std::to_string(exists_counter++);
-        cc.conditions.push_back("exists (" + e + " : " + std::to_string(f.den) + "*" + e + " = " + text + " and 0 <= " +
-                                e + " <= " + std::to_string(shape[k] - 1) + ")");
-      }
+      cc.conditions.push_back({f, shape[k] - 1, f.den != 1});
       forms.push_back(f);
     }
     cc.accesses.emplace_back(tensor, forms);
@@ -121,31 +123,88 @@ inline ConcreteContraction concretize(const Contraction& c, const ProgramTypes& 
   for (const auto& a : c.inputs) add_access(a.tensor, a.indices);
   for (const auto& k : c.constraints) {
     Form f = make_form(k.poly.bind_dims(types.dims), cc.vars);
-    int64_t hi = k.bound.evaluate(types.dims);
-    cc.conditions.push_back("0 <= " + form_text(f, cc.vars) + " <= " + std::to_string(hi * f.den - 1));
+    cc.conditions.push_back({f, k.bound.evaluate(types.dims) * f.den - 1, false});
   }
   return cc;
 }
 
-inline std::string domain_text(const ConcreteContraction& cc) {
-  if (cc.conditions.empty()) return "{ " + cc.tuple + " }";
-  return "{ " + cc.tuple + " : " + join(cc.conditions, " and ") + " }";
+// `b` with the constraint in . x_in + out . x_out + constant = 0 (`equality`) or >= 0 (a set's dims are its
+// output dims; missing coefficients are zero).
+template <typename Basic>
+Basic add_constraint(Basic b, bool equality, const std::vector<int64_t>& in, const std::vector<int64_t>& out, int64_t constant) {
+  isl_ctx* ctx = b.ctx().get();
+  isl_local_space* ls = isl_local_space_from_space(b.space().release());
+  isl_constraint* c = equality ? isl_constraint_alloc_equality(ls) : isl_constraint_alloc_inequality(ls);
+  for (auto [type, coeffs] : {std::pair{isl_dim_in, &in}, std::pair{isl_dim_out, &out}})
+    for (size_t k = 0; k < coeffs->size(); ++k)
+      if ((*coeffs)[k] != 0)
+        c = isl_constraint_set_coefficient_val(c, type, static_cast<int>(k), isl_val_int_from_si(ctx, (*coeffs)[k]));
+  c = isl_constraint_set_constant_val(c, isl_val_int_from_si(ctx, constant));
+  if constexpr (std::is_same_v<Basic, isl::basic_set>) {
+    return isl::manage(isl_basic_set_add_constraint(b.release(), c));
+  } else {
+    return isl::manage(isl_basic_map_add_constraint(b.release(), c));
+  }
 }
 
-inline std::string access_text(const ConcreteContraction& cc, size_t i) {
-  const auto& [tensor, forms] = cc.accesses[i];
-  std::vector<std::string> outs, eqs;
-  for (size_t k = 0; k < forms.size(); ++k) {
-    std::string o = "o";
-    o.append(std::to_string(k));
-    outs.push_back(o);
-    std::string eq = forms[k].den == 1 ? o : std::to_string(forms[k].den) + "*" + o;
-    eq.append(" = ").append(form_text(forms[k], cc.vars));
-    eqs.push_back(eq);
+// The space of the contraction's domain (`extra` unnamed dims after its variables).
+inline isl::space domain_space(isl::ctx ctx, const ConcreteContraction& cc, unsigned extra = 0) {
+  isl_space* s = isl_space_set_alloc(ctx.get(), 0, static_cast<unsigned>(cc.vars.size()) + extra);
+  s = isl_space_set_tuple_name(s, isl_dim_set, cc.name.c_str());
+  for (size_t k = 0; k < cc.vars.size(); ++k) s = isl_space_set_dim_name(s, isl_dim_set, static_cast<unsigned>(k), isl_name(cc.vars[k]).c_str());
+  return isl::manage(s);
+}
+
+// The contraction's domain: its points where every access is in bounds and every constraint holds.
+inline isl::set domain_set(isl::ctx ctx, const ConcreteContraction& cc) {
+  size_t n = cc.vars.size();
+  unsigned strided = 0;
+  for (const auto& c : cc.conditions) strided += c.strided;
+  isl::basic_set b = isl::manage(isl_basic_set_universe(domain_space(ctx, cc, strided).release()));
+  size_t e = n;  // the next existential
+  for (const auto& c : cc.conditions) {
+    std::vector<int64_t> neg(c.form.coeffs.size());
+    for (size_t k = 0; k < neg.size(); ++k) neg[k] = -c.form.coeffs[k];
+    if (!c.strided) {
+      b = add_constraint(b, false, {}, c.form.coeffs, c.form.constant);
+      b = add_constraint(b, false, {}, neg, c.hi - c.form.constant);
+      continue;
+    }
+    std::vector<int64_t> at_e(e + 1, 0), eq = neg;
+    at_e[e] = 1;
+    eq.resize(e + 1, 0);
+    eq[e] = c.form.den;
+    b = add_constraint(b, true, {}, eq, -c.form.constant);
+    b = add_constraint(b, false, {}, at_e, 0);
+    at_e[e] = -1;
+    b = add_constraint(b, false, {}, at_e, c.hi);
+    ++e;
   }
-  std::string s = "{ " + cc.tuple + " -> " + tensor + "[" + join(outs, ", ") + "]";
-  if (!eqs.empty()) s += " : " + join(eqs, " and ");
-  return s + " }";
+  if (!strided) return isl::set(b);
+  // Projecting the existentials out drops the tuple's name: set it again.
+  isl_basic_set* p = isl_basic_set_project_out(b.release(), isl_dim_set, static_cast<unsigned>(n), strided);
+  return isl::manage(isl_set_set_tuple_name(isl_set_from_basic_set(p), cc.name.c_str()));
+}
+
+// The map from the contraction's domain tuple to tensor[o0, o1, ...] with den_k * o_k = num(forms[k]).
+inline isl::map form_map(isl::ctx ctx, const ConcreteContraction& cc, const std::string& tensor, const std::vector<Form>& forms) {
+  isl_space* s = isl_space_map_from_domain_and_range(domain_space(ctx, cc).release(),
+                                                     isl_space_set_alloc(ctx.get(), 0, static_cast<unsigned>(forms.size())));
+  s = isl_space_set_tuple_name(s, isl_dim_out, tensor.c_str());
+  for (size_t k = 0; k < forms.size(); ++k) s = isl_space_set_dim_name(s, isl_dim_out, static_cast<unsigned>(k), ("o" + std::to_string(k)).c_str());
+  isl::basic_map b = isl::manage(isl_basic_map_universe(s));
+  for (size_t k = 0; k < forms.size(); ++k) {
+    std::vector<int64_t> neg(forms[k].coeffs.size());
+    for (size_t v = 0; v < neg.size(); ++v) neg[v] = -forms[k].coeffs[v];
+    std::vector<int64_t> out(k + 1, 0);
+    out[k] = forms[k].den;
+    b = add_constraint(b, true, neg, out, -forms[k].constant);
+  }
+  return isl::map(b);
+}
+
+inline isl::map access_map(isl::ctx ctx, const ConcreteContraction& cc, size_t i) {
+  return form_map(ctx, cc, cc.accesses[i].first, cc.accesses[i].second);
 }
 
 inline int64_t to_int(const isl::val& v, const std::string& what) {

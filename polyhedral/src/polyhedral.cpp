@@ -1,5 +1,5 @@
 // Contractions as isl sets and maps: the analysis (domain, accesses, exact bounds, the assign proof) and the
-// single-write proof behind defract, on the isl text of isl_text.h. The internal entries (isl_analysis.h)
+// single-write proof behind defract, on the isl sets and maps of isl_text.h. The internal entries (isl_analysis.h)
 // work in the caller's isl context; the public ones allocate a context per call.
 #include "polytile/polyhedral.h"
 
@@ -23,12 +23,12 @@ IslAnalysis analyze(const Contraction& c, const ProgramTypes& types, const isl::
     IslAnalysis out;
     ContractionAnalysis& a = out.summary;
     a.output = c.output;
-    isl::set domain = out.domain = simplify(isl::set(ctx, domain_text(cc)));
+    isl::set domain = out.domain = simplify(domain_set(ctx, cc));
     if (accesses) {
-      out.write_function = isl::map(ctx, access_text(cc, 0));
+      out.write_function = access_map(ctx, cc, 0);
       out.write = simplify(out.write_function.intersect_domain(domain));
       for (size_t i = 1; i < cc.accesses.size(); ++i) {
-        out.read_functions.emplace_back(ctx, access_text(cc, i));
+        out.read_functions.push_back(access_map(ctx, cc, i));
         out.reads.push_back(simplify(out.read_functions.back().intersect_domain(domain)));
       }
     }
@@ -83,20 +83,23 @@ bool writes_each_output_once_on(const Contraction& c, const ProgramTypes& types,
   for (const auto& p : c.output_indices)
     for (const auto& [v, coeff] : p.index_terms())
       if (std::find(out_vars.begin(), out_vars.end(), v) == out_vars.end()) out_vars.push_back(v);
-  std::vector<std::string> ov_names;
-  for (const auto& v : out_vars) ov_names.push_back(isl_name(v));
-  std::string proj = "{ " + cc.tuple + " -> T[" + join(ov_names, ", ") + "] }";
-  // The write map from output variables: the output forms only involve out_vars.
+  // T[out vars] from the domain's points; the write map from T (the output forms only involve out_vars).
+  std::vector<Form> pick;
+  for (const auto& v : out_vars) {
+    Form f;
+    f.coeffs.assign(cc.vars.size(), 0);
+    f.coeffs[static_cast<size_t>(std::find(cc.vars.begin(), cc.vars.end(), v) - cc.vars.begin())] = 1;
+    pick.push_back(f);
+  }
   ConcreteContraction on_out = cc;
   on_out.vars = out_vars;
-  on_out.tuple = "T[" + join(ov_names, ", ") + "]";
+  on_out.name = "T";
   std::vector<Form> forms;
   for (const auto& p : c.output_indices) forms.push_back(make_form(p.bind_dims(types.dims), out_vars));
-  on_out.accesses = {{c.output, forms}};
   return with_isl_errors("proving single writes of " + c.output, [&] {
     isl::ctx ctx = domain.ctx();
-    isl::set projected = domain.apply(isl::map(ctx, proj));
-    isl::map write = isl::map(ctx, access_text(on_out, 0)).intersect_domain(projected);
+    isl::set projected = domain.apply(form_map(ctx, cc, "T", pick));
+    isl::map write = form_map(ctx, on_out, c.output, forms).intersect_domain(projected);
     return write.is_injective();
   });
 }
@@ -142,7 +145,7 @@ bool writes_each_output_once(const Contraction& c, const ProgramTypes& types) {
   ConcreteContraction cc = concretize(c, types);
   IslContext ctx;
   return with_isl_errors("proving single writes of " + c.output,
-                         [&] { return internal::writes_each_output_once_on(c, types, cc, isl::set(ctx.get(), domain_text(cc))); });
+                         [&] { return internal::writes_each_output_once_on(c, types, cc, domain_set(ctx.get(), cc)); });
 }
 
 }  // namespace polytile::poly

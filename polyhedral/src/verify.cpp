@@ -1,7 +1,8 @@
-// Translation validation (verify.h). Data model: the isl text of isl_text.h for each contraction, with the
-// domain tuples named Before and After; every access is a map to a tuple E<position>, and the
-// range product of them all is the map from a valid point to the tuple of elements it names. The proofs
-// are isl equalities and injectivity tests on those maps and on the pass's change of variables.
+// Translation validation (verify.h). Data model: the isl sets and maps of isl_text.h for each contraction
+// (isl text where sizes are parameters), with the domain tuples named Before and After; every access is a
+// map to a tuple E<position>, and the range product of them all is the map from a valid point to the tuple
+// of elements it names. The proofs are isl equalities and injectivity tests on those maps and on the pass's
+// change of variables.
 #include "polytile/verify.h"
 
 #include <functional>
@@ -152,7 +153,7 @@ isl::map tuple_map(isl::ctx ctx, const ConcreteContraction& cc, const isl::set& 
                    const std::vector<std::string>& expected, const std::function<void(const std::string&)>& fail) {
   std::optional<isl::map> tuple;
   for (size_t i = 0; i < cc.accesses.size(); ++i) {
-    isl::map access = isl::map(ctx, access_text(cc, i)).intersect_domain(domain);
+    isl::map access = access_map(ctx, cc, i).intersect_domain(domain);
     const std::string& tensor = cc.accesses[i].first;
     if (tensor != expected[i]) {
       auto copy = rc.copies.find(tensor);
@@ -162,9 +163,9 @@ isl::map tuple_map(isl::ctx ctx, const ConcreteContraction& cc, const isl::set& 
           !copy->second->init) {
         // P element -> source element: the copy's write reversed, then its read, over its domain.
         ConcreteContraction def = concretize(*copy->second, *rc.types, "Copy");
-        isl::set def_domain(ctx, domain_text(def));
-        isl::map write = isl::map(ctx, access_text(def, 0)).intersect_domain(def_domain);
-        isl::map read = isl::map(ctx, access_text(def, 1)).intersect_domain(def_domain);
+        isl::set def_domain = domain_set(ctx, def);
+        isl::map write = access_map(ctx, def, 0).intersect_domain(def_domain);
+        isl::map read = access_map(ctx, def, 1).intersect_domain(def_domain);
         isl::map through = write.reverse().apply_range(read);
         if (!through.is_single_valued()) fail("the copy " + tensor + " does not hold one element of " + expected[i] + " per element");
         isl::map composed = access.apply_range(through);
@@ -278,22 +279,16 @@ void verify_rewrite(const std::string& pass, const Contraction& before, const Co
   ConcreteContraction cb = concretize(before, *rc.types, "Before"), ca = concretize(after, *rc.types, "After");
   IslContext ctx;
   with_isl_errors("validating " + pass + " of " + before.output, [&] {
-    isl::set db(ctx.get(), domain_text(cb)), da(ctx.get(), domain_text(ca));
+    isl::set db = domain_set(ctx.get(), cb), da = domain_set(ctx.get(), ca);
     isl::map tb = tuple_map(ctx.get(), cb, db, rc, expected, fail);
     isl::map ta = tuple_map(ctx.get(), ca, da, rc, expected, fail);
     if (substitution) {
       // phi: After[z] -> Before[x] with x_k = value_k(z); range names o<k> never clash with user names.
       const auto& sub = *substitution;
       POLYTILE_CHECK(sub.old_variables == cb.vars, "substitution of ", pass, " does not list ", before.output, "'s variables");
-      std::vector<std::string> outs, eqs;
-      for (size_t k = 0; k < sub.values.size(); ++k) {
-        Form f = make_form(sub.values[k].bind_dims(rc.types->dims), ca.vars);
-        std::string o = "o" + std::to_string(k);
-        outs.push_back(o);
-        eqs.push_back((f.den == 1 ? o : std::to_string(f.den) + "*" + o) + " = " + form_text(f, ca.vars));
-      }
-      std::string text = "{ " + ca.tuple + " -> Before[" + join(outs, ", ") + "]" + (eqs.empty() ? "" : " : " + join(eqs, " and ")) + " }";
-      prove_bijection(isl::map(ctx.get(), text).intersect_domain(da), db, tb, ta, "", fail);
+      std::vector<Form> forms;
+      for (const auto& value : sub.values) forms.push_back(make_form(value.bind_dims(rc.types->dims), ca.vars));
+      prove_bijection(form_map(ctx.get(), ca, "Before", forms).intersect_domain(da), db, tb, ta, "", fail);
       return;
     }
     if (!tb.is_injective() || !ta.is_injective())
