@@ -418,20 +418,29 @@ class MicrokernelNest {
 
   // The marked tree over the steps: parallel outer band, reduction tiles, block band, the vector mark.
   isl::schedule tree(bool weight_mode) {
-    auto band = [this](isl::schedule_node node, const std::vector<std::string>& members) {
-      isl::union_map m(nb_.ctx.get(), "{ Step" + l_tuple_ + " -> [" + join(members) + "] }");
-      return node.insert_partial_schedule(isl_support::partial_schedule(m));
+    // A band without its members that take one value over all steps (a single column of blocks, a tile
+    // of all the rows, a whole reduction range): they order nothing, and each would cost isl a loop
+    // level of AST generation (about 0.6 ms) to find that out. The first member stays where `lead` says
+    // so (the parallel one) and a band keeps at least one.
+    auto band = [this](isl::schedule_node node, const std::vector<std::string>& members, bool lead) {
+      isl::map m = map("{ Step" + l_tuple_ + " -> [" + join(members) + "] }");
+      const isl::set values = steps_.apply(m);
+      for (int k = static_cast<int>(members.size()); k-- > (lead ? 1 : 0);) {
+        if (m.range_tuple_dim() == 1) break;
+        if (values.dim_min_val(k).eq(values.dim_max_val(k))) m = isl_support::project_out_output(m, static_cast<unsigned>(k));
+      }
+      return node.insert_partial_schedule(isl_support::partial_schedule(isl::union_map(m)));
     };
     auto mark = [this](isl::schedule_node node, const std::string& name) { return node.insert_mark(isl::id(nb_.ctx.get(), name)); };
     isl::set steps = isl_support::set_tuple_id(steps_, nb_.statements.block_step);
     isl::schedule_node node = isl::schedule::from_domain(isl::union_set(steps)).root().child(0);
     // Distinct output blocks write distinct elements: the leading member of the block band is coincident.
-    node = band(node, outer_).as<isl::schedule_node_band>().member_set_coincident(0, 1);
+    node = band(node, outer_, true).as<isl::schedule_node_band>().member_set_coincident(0, 1);
     node = node.insert_mark(nb_.statements.parallel_mark).child(0);
     node = mark(node, weight_mode ? "tile_split" : "tile").child(0).child(0);
-    node = band(node, tiles_);
+    node = band(node, tiles_, false);
     node = mark(node, "reduction_tile").child(0).child(0);
-    node = band(node, inner_);
+    node = band(node, inner_, false);
     node = mark(node, "point").child(0).child(0);
     return mark(node, "vector_" + s(R_) + "x" + s(mk_.chunks) + "x" + s(mk_.lanes)).schedule();
   }

@@ -60,6 +60,10 @@ inline isl::set bound(isl::set s, unsigned pos, int64_t lo, int64_t hi) {
 inline isl::map project_out_input(isl::map m, unsigned pos) {
   return isl::manage(isl_map_project_out(m.release(), isl_dim_in, pos, 1));
 }
+// The map without output dimension `pos`.
+inline isl::map project_out_output(isl::map m, unsigned pos) {
+  return isl::manage(isl_map_project_out(m.release(), isl_dim_out, pos, 1));
+}
 // A band's partial schedule from a union map (one piece per statement).
 inline isl::multi_union_pw_aff partial_schedule(const isl::union_map& m) {
   return isl::manage(isl_multi_union_pw_aff_from_union_map(m.copy()));
