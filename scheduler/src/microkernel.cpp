@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "affine.h"
 #include "nest_builder.h"
 #include "plan.h"
 #include "polytile/error.h"
@@ -131,17 +132,6 @@ class MicrokernelNest {
     for (size_t k : mk.reductions) reds_.push_back(vars[k]);
     for (size_t k = 0; k < reds_.size(); ++k) tiles_.push_back("t" + s(static_cast<int64_t>(k)));
     block_dims_ = cat(others_, {"bb", "bv"});
-    f_tuple_ = "[" + join(cat(block_dims_, reds_)) + "]";
-    l_tuple_ = "[" + join(cat(block_dims_, tiles_)) + "]";
-    s_tuple_ = "S[" + join(vars) + "]";
-    for (size_t k = 0; k < vars.size(); ++k) {
-      if (k == mk.block) at_row_.push_back(s(mk.block_lo) + " + " + s(R_) + "*bb + dd");
-      else if (k == mk.vector) at_row_.push_back(s(mk.vector_lo) + " + " + s(VL_) + "*bv");
-      else at_row_.push_back(vars[k]);
-    }
-    at_lane_ = at_row_;
-    at_lane_[mk.vector] = s(mk.vector_lo) + " + " + s(VL_) + "*bv + l";
-    y_tuple_ = "Y[" + join(cat(block_dims_, {"dd", "l"})) + "]";
     n_bb_ = (range[mk.block].second - mk.block_lo + R_) / R_;
     n_bv_ = (mk.vector_hi - mk.vector_lo + VL_) / VL_;
   }
@@ -149,22 +139,30 @@ class MicrokernelNest {
   // The blocks, split into uniform ones (every row has the reduction points of row 0, every lane is in
   // range: they run unpredicated) and the others.
   void classify_blocks(const isl::set& domain, const isl::set& lanes) {
-    const std::string bb_expr = "floor(" + shifted(vars_[mk_.block], mk_.block_lo) + "/" + s(R_) + ")";
-    const std::string bv_expr = "floor(" + shifted(vars_[mk_.vector], mk_.vector_lo) + "/" + s(VL_) + ")";
-    hull_ = domain.apply(map("{ " + s_tuple_ + " -> F[" + join(cat(cat(others_, {bb_expr, bv_expr}), reds_)) + "] }"));
+    const Tuple S = named("S", vars_);
+    std::vector<isl::aff> to_f = S.vars(others_);
+    to_f.push_back(floor_div(S.var(vars_[mk_.block]), mk_.block_lo, R_));
+    to_f.push_back(floor_div(S.var(vars_[mk_.vector]), mk_.vector_lo, VL_));
+    for (const isl::aff& r : S.vars(reds_)) to_f.push_back(r);
+    hull_ = domain.apply(S.to(unnamed("F", to_f.size()), to_f));
     // Rows that differ from row 0 of their block: X = (block dims, reductions, row).
-    const std::vector<std::string> x_vars = cat(cat(block_dims_, reds_), {"dd"});
-    isl::set rows = domain.apply(map("{ X[" + join(x_vars) + "] -> S[" + join(at_row_) + "] : 0 <= dd < " + s(R_) + " }").reverse());
-    std::vector<std::string> x_row0 = x_vars;
-    x_row0.back() = "e";
-    isl::set row0 = rows.apply(map("{ X[" + join(x_vars) + "] -> X[" + join(x_row0) + "] : dd = 0 and 0 <= e < " + s(R_) + " }"));
+    const Tuple X = named("X", cat(cat(block_dims_, reds_), {"dd"}));
+    isl::set rows = domain.apply(X.to(unnamed("S", vars_.size()), at(X, false)).intersect_domain(between(X.var("dd"), 0, R_ - 1)).reverse());
+    // { X[.., dd = 0] -> X[.., e] : 0 <= e < R }
+    std::vector<std::string> e_vars = X.dims();
+    e_vars.back() = "e";
+    const Tuple E = named("X", e_vars);
+    std::vector<isl::aff> at_row0 = E.vars(cat(block_dims_, reds_));
+    at_row0.push_back(E.constant(0));
+    isl::set row0 = rows.apply(E.to(unnamed("X", at_row0.size()), at_row0).intersect_domain(between(E.var("e"), 0, R_ - 1)).reverse());
     isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
-    blocks_ = hull_.apply(map("{ F" + f_tuple_ + " -> B[" + join(block_dims_) + "] }"));
+    blocks_ = hull_.apply(to_blocks(named("F", cat(block_dims_, reds_))));
     // Blocks with a lane outside v's range (past its end, or past a padded panel's columns): the lanes of
     // row 0 (any row: `lanes` has no block variable) not in `lanes`.
-    const isl::map lane_points = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : dd = 0 and 0 <= l < " + s(VL_) + " }")
-                                     .apply_range(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
-    isl::set bad = differ.apply(map("{ X[" + join(x_vars) + "] -> B[" + join(block_dims_) + "] }"))
+    const Tuple Y = lane_tuple();
+    const isl::map lane_points =
+        to_blocks(Y).intersect_domain(zero(Y.var("dd")).intersect(between(Y.var("l"), 0, VL_ - 1))).reverse().apply_range(lane_points_of());
+    isl::set bad = differ.apply(to_blocks(X))
                        .unite(lane_points.subtract(lane_points.intersect_range(lanes)).domain())
                        .intersect(blocks_);
     good_ = blocks_.subtract(bad).coalesce();
@@ -181,13 +179,12 @@ class MicrokernelNest {
     red_lo_.assign(reds_.size(), 0);
     isl::set representative = blocks_.lexmin();
     if (weight_mode) {
-      std::vector<std::string> any_column = block_dims_;
-      any_column.back() = "bv2";
-      representative = representative.apply(map("{ B[" + join(block_dims_) + "] -> B[" + join(any_column) + "] }")).intersect(blocks_);
+      // The blocks of the representative's row in every column: { B[.., bv] -> B[.., bv2] }.
+      const Tuple B = named("B", block_dims_);
+      const isl::map row = B.to(unnamed("Row", block_dims_.size() - 1), B.vars(cat(others_, {"bb"})));
+      representative = representative.apply(row.apply_range(row.reverse())).intersect(blocks_);
     }
-    isl::set points = representative
-                          .apply(map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " + s(VL_) + " }"))
-                          .apply(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
+    isl::set points = representative.apply(block_lanes());
     auto footprint = [&]() {
       isl::set piece = points;  // bounded by the tile (not through isl text: this runs ~10 times a nest)
       for (size_t k = 0; k < reds_.size(); ++k)
@@ -218,8 +215,6 @@ class MicrokernelNest {
       tile_[k] = equal_tiles(e, lo);
       if (tile_[k] < e) break;     // the outer reduction variables stay at one value per tile
     }
-    for (size_t k = 0; k < reds_.size(); ++k)
-      tile_exprs_.push_back("floor(" + shifted(reds_[k], red_lo_[k]) + "/" + s(tile_[k]) + ")");
   }
 
   // The steps (every block and reduction tile with points, over Step[block dims, tiles]) and what each
@@ -230,10 +225,12 @@ class MicrokernelNest {
     using Kind = BlockStep::Condition::Kind;
     const std::vector<std::string> step_dims = cat(block_dims_, tiles_);
     // Each reduction point with its step: { F[...] -> [Step[block dims, tiles] -> F[...]] }.
-    std::vector<std::string> in_tile;
-    for (size_t k = 0; k < tiles_.size(); ++k) in_tile.push_back(tiles_[k] + " = " + tile_exprs_[k]);
-    isl::map by_step = map("{ F" + f_tuple_ + " -> [Step[" + join(step_dims) + "] -> F" + f_tuple_ + "]" +
-                           (in_tile.empty() ? "" : " : " + join(in_tile, " and ")) + " }");
+    const Tuple F = named("F", cat(block_dims_, reds_));
+    std::vector<isl::aff> to_step = F.vars(block_dims_);
+    for (size_t k = 0; k < reds_.size(); ++k) to_step.push_back(floor_div(F.var(reds_[k]), red_lo_[k], tile_[k]));
+    std::vector<std::string> step_names(block_dims_.size(), "");
+    step_names.insert(step_names.end(), tiles_.begin(), tiles_.end());
+    const isl::map by_step = F.to(named("Step", step_names), to_step).range_product(F.to(unnamed("F", F.dims().size()), F.vars(F.dims())));
     const isl::map step_points = hull_.apply(by_step).unwrap();
     steps_ = step_points.domain().coalesce();
     BlockStep step;
@@ -244,17 +241,10 @@ class MicrokernelNest {
       return ids;
     };
     auto bind = [&](const isl::set& x, size_t n) { return x.bind(isl::multi_id(x.space(), first_params(n))); };
-    // Tiles of the same block, the later on the right.
-    std::vector<std::string> earlier_tiles, lexless;
-    for (size_t k = 0; k < tiles_.size(); ++k) earlier_tiles.push_back("s" + s(static_cast<int64_t>(k)));
-    for (size_t k = 0; k < tiles_.size(); ++k) {
-      std::string term;
-      for (size_t j = 0; j < k; ++j) term += earlier_tiles[j] + " = " + tiles_[j] + " and ";
-      lexless.push_back("(" + term + earlier_tiles[k] + " < " + tiles_[k] + ")");
-    }
-    isl::map later = tiles_.empty() ? map("{ Step[" + join(block_dims_) + "] -> Step[" + join(block_dims_) + "] : 1 = 0 }")
-                                    : map("{ Step[" + join(cat(block_dims_, earlier_tiles)) + "] -> Step" + l_tuple_ + " : " +
-                                          join(lexless, " or ") + " }");
+    // Tiles of the same block, the later on the right: lexicographically later steps of the same block.
+    const Tuple L = step_tuple();
+    const isl::map block = L.to(unnamed("B", block_dims_.size()), L.vars(block_dims_));
+    const isl::map later = isl::manage(isl_map_lex_lt(L.space().copy())).intersect(block.apply_range(block.reverse()));
     const isl::set first = bind(steps_.subtract(steps_.apply(later)), step_dims.size());
     const isl::set last = bind(steps_.subtract(steps_.apply(later.reverse())), step_dims.size());
     std::vector<isl::id> iterators;
@@ -300,7 +290,8 @@ class MicrokernelNest {
       const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
       isl::schedule tree = isl::schedule::from_domain(isl::union_set(isl_support::set_tuple_id(domain, fma)));
       if (!reds_.empty()) {
-        isl::union_map order(nb_.ctx.get(), "{ " + fma.name() + f_tuple_ + " -> [" + join(reds_) + "] }");
+        const Tuple points_of_fma = named(fma.name(), cat(block_dims_, reds_));
+        isl::union_map order(points_of_fma.to(unnamed("", reds_.size()), points_of_fma.vars(reds_)));
         tree = tree.root().child(0).insert_partial_schedule(isl_support::partial_schedule(order)).schedule();
       }
       v.fma = isl_support::with_iterators(isl::ast_build(nb_.ctx.get()), iterators).node_from(tree);
@@ -327,9 +318,7 @@ class MicrokernelNest {
 
   // The points of S whose output elements the blocks store: their rows and in-range lanes.
   isl::set stored_points(const isl::set& lanes) {
-    isl::map block_rows = map("{ B[" + join(block_dims_) + "] -> " + y_tuple_ + " : 0 <= dd < " + s(R_) + " and 0 <= l < " + s(VL_) + " }")
-                              .apply_range(map("{ " + y_tuple_ + " -> S[" + join(at_lane_) + "] }"));
-    return blocks_.apply(block_rows).intersect(lanes);
+    return blocks_.apply(block_lanes()).intersect(lanes);
   }
 
   // The outer band (over which the threads split) and the block band inside the reduction tiles.
@@ -352,18 +341,19 @@ class MicrokernelNest {
         if (idle(counts[split]) > 0 && idle(counts[k]) * counts[split] < idle(counts[split]) * counts[k]) split = k;
       int64_t chunk = (counts[split] + threads - 1) / threads;
       int64_t lo = split < mk_.others.size() ? range_[mk_.others[split]].first : 0;
-      outer_.push_back("floor(" + shifted(block_dims_[split], lo) + "/" + s(chunk) + ")");
+      const Tuple L = step_tuple();
+      outer_.push_back(floor_div(L.var(block_dims_[split]), lo, chunk));
       // The blocks of one column of the vector operand (the other variables that pick columns, then Bv)
       // run one after another: the column's part of the reduction tile stays in L1 for all of them. (A
       // 3x3 256->256 14x14 conv's four 64-channel column blocks, inside its rows, took their 32 KiB
       // tiles of the weights from L2 at every block: forward and data gradient 0.97 and 0.91 of oneDNN,
       // 0.99 and 0.99 this way.)
       for (size_t k = 0; k < others_.size(); ++k)
-        if (picks_columns[k]) inner_.push_back(others_[k]);
-      inner_.push_back("bv");
+        if (picks_columns[k]) inner_.push_back(L.var(others_[k]));
+      inner_.push_back(L.var("bv"));
       for (size_t k = 0; k < others_.size(); ++k)
-        if (!picks_columns[k]) inner_.push_back(others_[k]);
-      inner_.push_back("bb");
+        if (!picks_columns[k]) inner_.push_back(L.var(others_[k]));
+      inner_.push_back(L.var("bb"));
       return;
     }
     // One block column (Bv) at a time; the rows of a tile of Bb blocks share it while their broadcast
@@ -405,15 +395,15 @@ class MicrokernelNest {
         per_tile *= other_tile[k];
       }
     }
+    const Tuple L = step_tuple();
     for (size_t k = 0; k < others_.size(); ++k)
-      outer_.push_back(other_tile[k] == 1 ? others_[k]
-                                          : "floor(" + shifted(others_[k], range_[mk_.others[k]].first) + "/" + s(other_tile[k]) + ")");
-    outer_.push_back("bv");
-    outer_.push_back("floor(bb/" + s(tb) + ")");
+      outer_.push_back(other_tile[k] == 1 ? L.var(others_[k]) : floor_div(L.var(others_[k]), range_[mk_.others[k]].first, other_tile[k]));
+    outer_.push_back(L.var("bv"));
+    outer_.push_back(floor_div(L.var("bb"), 0, tb));
     std::rotate(outer_.begin(), outer_.begin() + static_cast<long>(lead), outer_.begin() + static_cast<long>(lead) + 1);
     for (size_t k = 0; k < others_.size(); ++k)
-      if (other_tile[k] > 1) inner_.push_back(others_[k]);
-    inner_.push_back("bb");
+      if (other_tile[k] > 1) inner_.push_back(L.var(others_[k]));
+    inner_.push_back(L.var("bb"));
   }
 
   // The marked tree over the steps: parallel outer band, reduction tiles, block band, the vector mark.
@@ -422,8 +412,9 @@ class MicrokernelNest {
     // of all the rows, a whole reduction range): they order nothing, and each would cost isl a loop
     // level of AST generation (about 0.6 ms) to find that out. The first member stays where `lead` says
     // so (the parallel one) and a band keeps at least one.
-    auto band = [this](isl::schedule_node node, const std::vector<std::string>& members, bool lead) {
-      isl::map m = map("{ Step" + l_tuple_ + " -> [" + join(members) + "] }");
+    const Tuple L = step_tuple();
+    auto band = [this, &L](isl::schedule_node node, const std::vector<isl::aff>& members, bool lead) {
+      isl::map m = L.to(unnamed("", members.size()), members);
       const isl::set values = steps_.apply(m);
       for (int k = static_cast<int>(members.size()); k-- > (lead ? 1 : 0);) {
         if (m.range_tuple_dim() == 1) break;
@@ -438,7 +429,7 @@ class MicrokernelNest {
     node = band(node, outer_, true).as<isl::schedule_node_band>().member_set_coincident(0, 1);
     node = node.insert_mark(nb_.statements.parallel_mark).child(0);
     node = mark(node, weight_mode ? "tile_split" : "tile").child(0).child(0);
-    node = band(node, tiles_, false);
+    node = band(node, L.vars(tiles_), false);
     node = mark(node, "reduction_tile").child(0).child(0);
     node = band(node, inner_, false);
     node = mark(node, "point").child(0).child(0);
@@ -447,25 +438,58 @@ class MicrokernelNest {
 
  private:
   static std::string s(int64_t v) { return std::to_string(v); }
-  static std::string shifted(const std::string& v, int64_t lo) { return lo == 0 ? v : "(" + v + " - (" + s(lo) + "))"; }
   static std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
-  isl::set set(const std::string& t) const { return isl::set(nb_.ctx.get(), t); }
-  isl::map map(const std::string& t) const { return isl::map(nb_.ctx.get(), t); }
+  Tuple named(const std::string& name, const std::vector<std::string>& dims) const { return Tuple(nb_.ctx.get(), name, dims); }
+  // A tuple of n unnamed dimensions: the target of a map whose positions are expressions.
+  Tuple unnamed(const std::string& name, size_t n) const { return Tuple(nb_.ctx.get(), name, std::vector<std::string>(n, "")); }
+  // Step[block dims, tiles].
+  Tuple step_tuple() const { return named("Step", cat(block_dims_, tiles_)); }
+  // Y[block dims, dd, l]: a block's row dd and lane l.
+  Tuple lane_tuple() const { return named("Y", cat(block_dims_, {"dd", "l"})); }
+  // { t[..] -> B[block dims] } for a tuple t with the block dimensions.
+  isl::map to_blocks(const Tuple& t) const { return t.to(unnamed("B", block_dims_.size()), t.vars(block_dims_)); }
+  // The point of S at row dd (and with `lane`, lane l) of block (bb, bv), over a tuple with those dims.
+  std::vector<isl::aff> at(const Tuple& t, bool lane) const {
+    std::vector<isl::aff> out;
+    for (size_t k = 0; k < vars_.size(); ++k) {
+      if (k == mk_.block) {
+        out.push_back(plus(times(t.var("bb"), R_), mk_.block_lo).add(t.var("dd")));
+      } else if (k == mk_.vector) {
+        isl::aff column = plus(times(t.var("bv"), VL_), mk_.vector_lo);
+        out.push_back(lane ? column.add(t.var("l")) : column);
+      } else {
+        out.push_back(t.var(vars_[k]));
+      }
+    }
+    return out;
+  }
+  // { B[block dims] -> S[..] }: every row and lane of a block.
+  isl::map block_lanes() const {
+    const Tuple Y = lane_tuple();
+    const isl::set in_block = between(Y.var("dd"), 0, R_ - 1).intersect(between(Y.var("l"), 0, VL_ - 1));
+    return to_blocks(Y).intersect_domain(in_block).reverse().apply_range(lane_points_of());
+  }
+  // { Y[block dims, dd, l] -> S[..] }: the points of a row's lane, at any reduction point.
+  isl::map lane_points_of() const {
+    const Tuple YR = named("Y", cat(cat(block_dims_, {"dd", "l"}), reds_));
+    isl_map* m = isl_map_project_out(YR.to(unnamed("S", vars_.size()), at(YR, true)).release(), isl_dim_in,
+                                     static_cast<unsigned>(block_dims_.size() + 2), static_cast<unsigned>(reds_.size()));
+    return isl::manage(isl_map_set_tuple_name(m, isl_dim_in, "Y"));
+  }
 
   NestBuilder& nb_;
   const Microkernel& mk_;
   const std::vector<std::string>& vars_;
   const std::vector<std::pair<int64_t, int64_t>>& range_;
   const int64_t eb_, R_, VL_;
-  std::vector<std::string> others_, reds_, tiles_, block_dims_, at_row_, at_lane_;
-  std::string f_tuple_, l_tuple_, s_tuple_, y_tuple_;
+  std::vector<std::string> others_, reds_, tiles_, block_dims_;
   int64_t n_bb_ = 0, n_bv_ = 0;
   isl::set hull_, blocks_, good_, steps_;
   std::vector<int64_t> tile_, red_lo_;
-  std::vector<std::string> tile_exprs_, outer_, inner_;
+  std::vector<isl::aff> outer_, inner_;  // over step_tuple()
 };
 
 }  // namespace

@@ -7,14 +7,6 @@
 
 namespace polytile::sched::internal {
 
-std::string box_text(const std::string& tuple, const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
-  std::vector<std::string> conds;
-  for (size_t k = 0; k < vars.size(); ++k) conds.push_back("0 <= " + vars[k] + " < " + std::to_string(shape[k]));
-  std::string s = "{ " + tuple + "[" + join(vars) + "]";
-  if (!conds.empty()) s += " : " + join(conds, " and ");
-  return s + " }";
-}
-
 // The target-neutral tree of a plain nest: its domain scheduled by one band of `members` (isl expressions
 // of vars; the variables in band order, or a fused leading pair), permutable (distinct points write
 // distinct elements, or aggregate associatively), the first `coincident` members proven free of

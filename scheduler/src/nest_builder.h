@@ -21,8 +21,6 @@
 namespace polytile::sched::internal {
 
 using isl_support::join;
-// "{ tuple[vars] : 0 <= var_k < shape_k }"
-std::string box_text(const std::string& tuple, const std::vector<std::string>& vars, const std::vector<int64_t>& shape);
 
 // Statement identity in the schedule trees: every statement's tuple id is one of these (the names are
 // for printing only: S in plain nests; Z, L, F, T, E with a p suffix in predicated micro-kernel blocks),

@@ -14,6 +14,7 @@
 #include "polytile/isl_analysis.h"
 #include "polytile/isl_support.h"
 #include "polytile/polyhedral.h"
+#include "affine.h"
 #include "nest_builder.h"
 #include "nest_fusion.h"
 #include "plan.h"
@@ -22,7 +23,6 @@ namespace polytile::sched {
 
 using internal::NestBuilder;
 using internal::NestFacts;
-using internal::box_text;
 using internal::join;
 
 namespace {
@@ -170,7 +170,7 @@ class ProgramScheduler {
 
  private:
   isl::set box(const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
-    return isl::set(builder_.ctx.get(), box_text("S", vars, shape));
+    return internal::box(builder_.ctx.get(), "S", vars, shape);
   }
 
   // Row groups: what each nest of out_.nests reads and writes by outer iteration (rows_[k] for nest k),
