@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -639,6 +640,40 @@ TEST(CpuTest, ElementwiseChainsFuseWithoutChangingRounding) {
   EXPECT_EQ(compiled->program().statements.size(), 3u) << print(compiled->program());
   TensorMap got = compiled->run(in), want = interpret(p, in);
   for (const char* o : {"O", "P"}) EXPECT_EQ(got.at(o).to_doubles(), want.at(o).to_doubles()) << o;
+}
+
+// A cheap producer read by a few elementwise statements is computed in each of them (no pass of its own);
+// one with a transcendental call, or with two operands of its full shape, stays a tensor.
+TEST(CpuTest, CheapProducersOfSeveralReadersAreComputedInEach) {
+  auto statements = [](const std::string& text, const Shapes& shapes) {
+    Program p = parse_program(text);
+    TensorMap in = inputs_for(shapes, DType::f64, 5);
+    std::map<std::string, TensorType> types;
+    for (const auto& [name, b] : in) types[name] = {DType::f64, b.shape()};
+    expect_same(p, in, text);
+    auto compiled = compile(p, types);
+    std::set<std::string> kept;
+    for (const auto& st : compiled->program().statements) kept.insert(statement_output(st));
+    return kept;
+  };
+  const Shapes shapes{{"X", {6, 40}}, {"Y", {6, 40}}, {"R", {6, 1}}};
+  auto kept = statements("function (X[N, C], Y[N, C], R[N, 1]) -> (O, P) { T = X * (1.0 / R) + 2; O = T * Y; P = T - Y; }", shapes);
+  EXPECT_FALSE(kept.count("T"));
+  kept = statements("function (X[N, C], Y[N, C], R[N, 1]) -> (O, P) { T = exp(X) + R; O = T * Y; P = T - Y; }", shapes);
+  EXPECT_TRUE(kept.count("T"));
+  kept = statements("function (X[N, C], Y[N, C], R[N, 1]) -> (O, P) { T = X * Y + R; O = T * Y; P = T - Y; }", shapes);
+  EXPECT_TRUE(kept.count("T"));
+  // The softmax gradient's DE_2 and the maxima's adjoint: D is computed in M, which the row sum then
+  // evaluates where it reads it (casts count for nothing in that budget), and in DX.
+  Program g = parse_program(
+      "function (DO[N, C], E[N, C], S[N, 1], B[N, 1]) -> (DM, DX) {\n"
+      "  A = DO * (1.0 / S);\n  D = A + (B + 0);\n  M = -(D * E);\n  DM[i, 0 : N, 1] = +(M[i, j]);\n  DX = D * E;\n}\n");
+  TensorMap in = inputs_for({{"DO", {64, 300}}, {"E", {64, 300}}, {"S", {64, 1}}, {"B", {64, 1}}}, DType::f32, 9);
+  expect_same(g, in, "softmax-like gradient");
+  auto compiled = compile(g, types_of(in));
+  std::vector<std::string> nests;
+  for (const auto& n : compiled->schedule().nests) nests.push_back(n.name);
+  EXPECT_EQ(nests, (std::vector<std::string>{"DM.init", "DM.update", "DX.elementwise"}));
 }
 
 // Semantic mutants: the examples with one integer literal changed (strides, offsets, dims, constraint

@@ -1,4 +1,5 @@
 // Elementwise fusion and its translation validation (scheduler.h): a program pass before scheduling.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -21,6 +22,29 @@ size_t expression_nodes(const Expr& e) {
     for (const auto& a : x.args()) stack.push_back(a);
   }
   return n;
+}
+
+// Cheap to compute again in each of a few readers: no transcendental call, at most 12 nodes besides
+// casts, and at most one leaf of the producer's full shape (the others are broadcasts: row vectors,
+// scalars), so that each copy reads about what the producer's own output would have cost to read back.
+bool duplicable(const Elementwise& e, const ProgramTypes& types) {
+  int nodes = 0, full = 0;
+  bool ok = true;
+  const auto& shape = types.tensors.at(e.output).shape;
+  std::vector<Expr> stack{e.expr};
+  while (!stack.empty()) {
+    Expr x = stack.back();
+    stack.pop_back();
+    if (x.kind() == Expr::Kind::call) {
+      Intrinsic f = x.intrinsic();
+      ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
+            f == Intrinsic::select || f == Intrinsic::cast || f == Intrinsic::ident || f == Intrinsic::sign;
+    }
+    if (x.kind() == Expr::Kind::tensor) full += types.tensors.at(x.name()).shape == shape;
+    if (x.kind() != Expr::Kind::call || x.intrinsic() != Intrinsic::cast) ++nodes;
+    for (const auto& a : x.args()) stack.push_back(a);
+  }
+  return ok && nodes <= 12 && full <= 1;
 }
 
 }  // namespace
@@ -58,16 +82,23 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     if (!producer) continue;
     const std::string& name = producer->output;
     if (std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end()) continue;
+    // Its readers: one elementwise statement, or a few that each read it once when it is cheap to compute
+    // again (a softmax gradient's DE_2 = DO * (1 / S) + DS_1, read by the maxima's adjoint and by DX:
+    // computed in both, it is no pass of its own over the rows).
     const auto& r = readers[name];
-    if (r.size() != 1 || !std::holds_alternative<Elementwise>(p.statements[r[0]])) continue;
-    if (nodes[i] + nodes[r[0]] > kMaxFusedNodes) continue;
-    auto& consumer = std::get<Elementwise>(p.statements[r[0]]);
+    const bool all_elementwise = std::all_of(r.begin(), r.end(), [&](size_t k) { return std::holds_alternative<Elementwise>(p.statements[k]); });
+    const bool distinct = std::set<size_t>(r.begin(), r.end()).size() == r.size();
+    if (r.empty() || !all_elementwise || (r.size() > 1 && !(r.size() <= 3 && distinct && duplicable(*producer, types)))) continue;
+    if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[i] + nodes[k] > kMaxFusedNodes; })) continue;
     Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
-    consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
-      if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
-      return std::nullopt;
-    });
-    nodes[r[0]] += nodes[i];
+    for (size_t k : r) {
+      auto& consumer = std::get<Elementwise>(p.statements[k]);
+      consumer.expr = consumer.expr.replace_leaves([&](const Expr& leaf) -> std::optional<Expr> {
+        if (leaf.kind() == Expr::Kind::tensor && leaf.name() == name) return value;
+        return std::nullopt;
+      });
+      nodes[k] += nodes[i];
+    }
     erased[i] = true;
   }
   std::vector<Statement> kept;

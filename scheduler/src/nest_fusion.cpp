@@ -7,7 +7,8 @@
 namespace polytile::sched::internal {
 namespace {
 
-// Cheap enough to recompute at every read of an input element.
+// Cheap enough to recompute at every read of an input element (casts, which fusion wraps around every
+// substituted producer, count for nothing).
 bool cheap(const Expr& e) {
   int nodes = 0;
   bool ok = true;
@@ -15,7 +16,7 @@ bool cheap(const Expr& e) {
   while (!stack.empty()) {
     Expr x = stack.back();
     stack.pop_back();
-    ++nodes;
+    if (x.kind() != Expr::Kind::call || x.intrinsic() != Intrinsic::cast) ++nodes;  // a cast to its own dtype is free
     if (x.kind() == Expr::Kind::call) {
       Intrinsic f = x.intrinsic();
       ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
