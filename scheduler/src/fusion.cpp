@@ -7,6 +7,7 @@
 
 #include "polytile/error.h"
 #include "polytile/scheduler.h"
+#include "nest_fusion.h"
 
 namespace polytile::sched {
 
@@ -24,27 +25,15 @@ size_t expression_nodes(const Expr& e) {
   return n;
 }
 
-// Cheap to compute again in each of a few readers: no transcendental call, at most 12 nodes besides
-// casts, and at most one leaf of the producer's full shape (the others are broadcasts: row vectors,
-// scalars), so that each copy reads about what the producer's own output would have cost to read back.
+// Cheap to compute again in each of a few readers (internal::cheap), with at most one leaf of the
+// producer's full shape (the others are broadcasts: row vectors, scalars), so that each copy reads about
+// what reading the producer's output back would have cost.
 bool duplicable(const Elementwise& e, const ProgramTypes& types) {
-  int nodes = 0, full = 0;
-  bool ok = true;
+  if (!internal::cheap(e.expr)) return false;
+  std::vector<std::string> leaves;
+  e.expr.collect_tensors(leaves);
   const auto& shape = types.tensors.at(e.output).shape;
-  std::vector<Expr> stack{e.expr};
-  while (!stack.empty()) {
-    Expr x = stack.back();
-    stack.pop_back();
-    if (x.kind() == Expr::Kind::call) {
-      Intrinsic f = x.intrinsic();
-      ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
-            f == Intrinsic::select || f == Intrinsic::cast || f == Intrinsic::ident || f == Intrinsic::sign;
-    }
-    if (x.kind() == Expr::Kind::tensor) full += types.tensors.at(x.name()).shape == shape;
-    if (x.kind() != Expr::Kind::call || x.intrinsic() != Intrinsic::cast) ++nodes;
-    for (const auto& a : x.args()) stack.push_back(a);
-  }
-  return ok && nodes <= 12 && full <= 1;
+  return std::count_if(leaves.begin(), leaves.end(), [&](const std::string& t) { return types.tensors.at(t).shape == shape; }) <= 1;
 }
 
 }  // namespace

@@ -5,10 +5,7 @@
 #include <vector>
 
 namespace polytile::sched::internal {
-namespace {
 
-// Cheap enough to recompute at every read of an input element (casts, which fusion wraps around every
-// substituted producer, count for nothing).
 bool cheap(const Expr& e) {
   int nodes = 0;
   bool ok = true;
@@ -16,7 +13,7 @@ bool cheap(const Expr& e) {
   while (!stack.empty()) {
     Expr x = stack.back();
     stack.pop_back();
-    if (x.kind() != Expr::Kind::call || x.intrinsic() != Intrinsic::cast) ++nodes;  // a cast to its own dtype is free
+    if (x.kind() != Expr::Kind::call || x.intrinsic() != Intrinsic::cast) ++nodes;
     if (x.kind() == Expr::Kind::call) {
       Intrinsic f = x.intrinsic();
       ok &= f == Intrinsic::relu || f == Intrinsic::max || f == Intrinsic::min || f == Intrinsic::abs ||
@@ -26,8 +23,6 @@ bool cheap(const Expr& e) {
   }
   return ok && nodes <= 12;
 }
-
-}  // namespace
 
 NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types) {
   NestFusion out;

@@ -27,4 +27,8 @@ struct NestFusion {
 
 NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types);
 
+// Cheap enough to compute again wherever it is read: no transcendental call and at most 12 nodes, casts
+// not counted (fusion wraps one around every producer it substitutes, most to the value's own dtype).
+bool cheap(const Expr& e);
+
 }  // namespace polytile::sched::internal
