@@ -149,10 +149,16 @@ Basic add_constraint(Basic b, bool equality, const std::vector<int64_t>& in, con
 
 // The space of the contraction's domain (`extra` unnamed dims after its variables).
 inline isl::space domain_space(isl::ctx ctx, const ConcreteContraction& cc, unsigned extra = 0) {
-  isl_space* s = isl_space_set_alloc(ctx.get(), 0, static_cast<unsigned>(cc.vars.size()) + extra);
-  s = isl_space_set_tuple_name(s, isl_dim_set, cc.name.c_str());
-  for (size_t k = 0; k < cc.vars.size(); ++k) s = isl_space_set_dim_name(s, isl_dim_set, static_cast<unsigned>(k), isl_name(cc.vars[k]).c_str());
-  return isl::manage(s);
+  std::vector<std::string> dims;
+  for (const auto& v : cc.vars) dims.push_back(isl_name(v));
+  dims.resize(dims.size() + extra);
+  return isl_support::set_space(ctx, cc.name, dims);
+}
+
+inline std::vector<int64_t> negated(const std::vector<int64_t>& coeffs) {
+  std::vector<int64_t> out;
+  for (int64_t c : coeffs) out.push_back(-c);
+  return out;
 }
 
 // The contraction's domain: its points where every access is in bounds and every constraint holds.
@@ -163,8 +169,7 @@ inline isl::set domain_set(isl::ctx ctx, const ConcreteContraction& cc) {
   isl::basic_set b = isl::manage(isl_basic_set_universe(domain_space(ctx, cc, strided).release()));
   size_t e = n;  // the next existential
   for (const auto& c : cc.conditions) {
-    std::vector<int64_t> neg(c.form.coeffs.size());
-    for (size_t k = 0; k < neg.size(); ++k) neg[k] = -c.form.coeffs[k];
+    const std::vector<int64_t> neg = negated(c.form.coeffs);
     if (!c.strided) {
       b = add_constraint(b, false, {}, c.form.coeffs, c.form.constant);
       b = add_constraint(b, false, {}, neg, c.hi - c.form.constant);
@@ -194,11 +199,9 @@ inline isl::map form_map(isl::ctx ctx, const ConcreteContraction& cc, const std:
   for (size_t k = 0; k < forms.size(); ++k) s = isl_space_set_dim_name(s, isl_dim_out, static_cast<unsigned>(k), ("o" + std::to_string(k)).c_str());
   isl::basic_map b = isl::manage(isl_basic_map_universe(s));
   for (size_t k = 0; k < forms.size(); ++k) {
-    std::vector<int64_t> neg(forms[k].coeffs.size());
-    for (size_t v = 0; v < neg.size(); ++v) neg[v] = -forms[k].coeffs[v];
     std::vector<int64_t> out(k + 1, 0);
     out[k] = forms[k].den;
-    b = add_constraint(b, true, neg, out, -forms[k].constant);
+    b = add_constraint(b, true, negated(forms[k].coeffs), out, -forms[k].constant);
   }
   return isl::map(b);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "polytile/error.h"
+#include "polytile/isl_support.h"
 
 namespace polytile::sched::internal {
 
@@ -21,24 +22,23 @@ namespace polytile::sched::internal {
 // "" is unnamed (isl prints it as i<k>), as a tuple position given by an expression in isl text is.
 class Tuple {
  public:
-  Tuple(isl::ctx ctx, const std::string& name, std::vector<std::string> dims) : dims_(std::move(dims)) {
-    isl_space* s = isl_space_set_alloc(ctx.get(), 0, static_cast<unsigned>(dims_.size()));
-    if (!name.empty()) s = isl_space_set_tuple_name(s, isl_dim_set, name.c_str());
-    for (size_t k = 0; k < dims_.size(); ++k)
-      if (!dims_[k].empty()) s = isl_space_set_dim_name(s, isl_dim_set, static_cast<unsigned>(k), dims_[k].c_str());
-    space_ = isl::manage(s);
-  }
+  Tuple(isl::ctx ctx, const std::string& name, std::vector<std::string> dims)
+      : space_(isl_support::set_space(ctx, name, dims)), dims_(std::move(dims)) {}
   const isl::space& space() const { return space_; }
   const std::vector<std::string>& dims() const { return dims_; }
-  isl::set universe() const { return isl::set::universe(space_); }
 
+  size_t index(const std::string& dim) const {
+    auto it = std::find(dims_.begin(), dims_.end(), dim);
+    POLYTILE_CHECK(it != dims_.end() && !dim.empty(), "no dimension ", dim, " in a tuple");
+    return static_cast<size_t>(it - dims_.begin());
+  }
   isl::aff var(size_t k) const {
     return isl::manage(isl_aff_var_on_domain(isl_local_space_from_space(space_.copy()), isl_dim_set, static_cast<unsigned>(k)));
   }
-  isl::aff var(const std::string& dim) const {
-    auto it = std::find(dims_.begin(), dims_.end(), dim);
-    POLYTILE_CHECK(it != dims_.end() && !dim.empty(), "no dimension ", dim, " in a tuple");
-    return var(static_cast<size_t>(it - dims_.begin()));
+  isl::aff var(const std::string& dim) const { return var(index(dim)); }
+  // The points where lo <= dim <= hi.
+  isl::set where(const std::string& dim, int64_t lo, int64_t hi) const {
+    return isl_support::bound(isl::set::universe(space_), static_cast<unsigned>(index(dim)), lo, hi);
   }
   std::vector<isl::aff> vars(const std::vector<std::string>& dims) const {
     std::vector<isl::aff> out;
@@ -76,20 +76,11 @@ inline isl::aff floor_div(const isl::aff& a, int64_t lo, int64_t d) {
   isl_aff* shifted = isl_aff_add_constant_val(a.copy(), isl_val_int_from_si(a.ctx().get(), -lo));
   return isl::manage(isl_aff_floor(isl_aff_scale_down_val(shifted, isl_val_int_from_si(a.ctx().get(), d))));
 }
-// The points where lo <= a <= hi.
-inline isl::set between(const isl::aff& a, int64_t lo, int64_t hi) {
-  isl_aff* low = isl_aff_val_on_domain(isl_aff_get_domain_local_space(a.get()), isl_val_int_from_si(a.ctx().get(), lo));
-  isl_aff* high = isl_aff_val_on_domain(isl_aff_get_domain_local_space(a.get()), isl_val_int_from_si(a.ctx().get(), hi));
-  return isl::manage(isl_set_intersect(isl_aff_ge_set(a.copy(), low), isl_aff_le_set(a.copy(), high)));
-}
 // { name[vars] : 0 <= var_k < shape_k }
 inline isl::set box(isl::ctx ctx, const std::string& name, const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
-  const Tuple t(ctx, name, vars);
-  isl::set s = t.universe();
-  for (size_t k = 0; k < vars.size(); ++k) s = s.intersect(between(t.var(k), 0, shape[k] - 1));
+  isl::set s = isl::set::universe(isl_support::set_space(ctx, name, vars));
+  for (size_t k = 0; k < vars.size(); ++k) s = isl_support::bound(s, static_cast<unsigned>(k), 0, shape[k] - 1);
   return s;
 }
-// The points where a = 0.
-inline isl::set zero(const isl::aff& a) { return isl::manage(isl_set_from_basic_set(isl_aff_zero_basic_set(a.copy()))); }
 
 }  // namespace polytile::sched::internal

@@ -38,9 +38,10 @@ bool duplicable(const Elementwise& e, const ProgramTypes& types) {
 
 }  // namespace
 
-// One pass in program order: a producer's operands were decided before it, and substituting a producer
-// into its only reader moves the producer's reads to that reader without changing how often anything is
-// read, so the reader counts of the original program stay right. A fused expression stops growing at
+// One pass in program order: a producer's operands were decided before it. Substituting a producer moves
+// its reads into its readers (into several, for a duplicable one, which reads its operands more often);
+// every operand comes before the producer and was decided already, so the reader counts of the original
+// program are right for every statement still to decide. A fused expression stops growing at
 // kMaxFusedNodes nodes, so ten thousand chained statements become nests of bounded size (compile time
 // linear, no deep recursion in the emitter) instead of one expression ten thousand levels deep.
 Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
@@ -75,10 +76,12 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     // again (a softmax gradient's DE_2 = DO * (1 / S) + DS_1, read by the maxima's adjoint and by DX:
     // computed in both, it is no pass of its own over the rows).
     const auto& r = readers[name];
-    const bool all_elementwise = std::all_of(r.begin(), r.end(), [&](size_t k) { return std::holds_alternative<Elementwise>(p.statements[k]); });
-    const bool distinct = std::set<size_t>(r.begin(), r.end()).size() == r.size();
-    if (r.empty() || !all_elementwise || (r.size() > 1 && !(r.size() <= 3 && distinct && duplicable(*producer, types)))) continue;
-    if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[i] + nodes[k] > kMaxFusedNodes; })) continue;
+    if (r.empty() || r.size() > 3) continue;
+    if (r.size() > 1 && (std::set<size_t>(r.begin(), r.end()).size() < r.size() || !duplicable(*producer, types))) continue;
+    if (std::any_of(r.begin(), r.end(), [&](size_t k) {
+          return !std::holds_alternative<Elementwise>(p.statements[k]) || nodes[i] + nodes[k] > kMaxFusedNodes;
+        }))
+      continue;
     Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
     for (size_t k : r) {
       auto& consumer = std::get<Elementwise>(p.statements[k]);

@@ -147,21 +147,21 @@ class MicrokernelNest {
     hull_ = domain.apply(S.to(unnamed("F", to_f.size()), to_f));
     // Rows that differ from row 0 of their block: X = (block dims, reductions, row).
     const Tuple X = named("X", cat(cat(block_dims_, reds_), {"dd"}));
-    isl::set rows = domain.apply(X.to(unnamed("S", vars_.size()), at(X, false)).intersect_domain(between(X.var("dd"), 0, R_ - 1)).reverse());
+    isl::set rows = domain.apply(X.to(unnamed("S", vars_.size()), at(X, false)).intersect_domain(X.where("dd", 0, R_ - 1)).reverse());
     // { X[.., dd = 0] -> X[.., e] : 0 <= e < R }
     std::vector<std::string> e_vars = X.dims();
     e_vars.back() = "e";
     const Tuple E = named("X", e_vars);
     std::vector<isl::aff> at_row0 = E.vars(cat(block_dims_, reds_));
     at_row0.push_back(E.constant(0));
-    isl::set row0 = rows.apply(E.to(unnamed("X", at_row0.size()), at_row0).intersect_domain(between(E.var("e"), 0, R_ - 1)).reverse());
+    isl::set row0 = rows.apply(E.to(unnamed("X", at_row0.size()), at_row0).intersect_domain(E.where("e", 0, R_ - 1)).reverse());
     isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
     blocks_ = hull_.apply(to_blocks(named("F", cat(block_dims_, reds_))));
     // Blocks with a lane outside v's range (past its end, or past a padded panel's columns): the lanes of
     // row 0 (any row: `lanes` has no block variable) not in `lanes`.
     const Tuple Y = lane_tuple();
     const isl::map lane_points =
-        to_blocks(Y).intersect_domain(zero(Y.var("dd")).intersect(between(Y.var("l"), 0, VL_ - 1))).reverse().apply_range(lane_points_of());
+        to_blocks(Y).intersect_domain(Y.where("dd", 0, 0).intersect(Y.where("l", 0, VL_ - 1))).reverse().apply_range(lane_points_of());
     isl::set bad = differ.apply(to_blocks(X))
                        .unite(lane_points.subtract(lane_points.intersect_range(lanes)).domain())
                        .intersect(blocks_);
@@ -469,7 +469,7 @@ class MicrokernelNest {
   // { B[block dims] -> S[..] }: every row and lane of a block.
   isl::map block_lanes() const {
     const Tuple Y = lane_tuple();
-    const isl::set in_block = between(Y.var("dd"), 0, R_ - 1).intersect(between(Y.var("l"), 0, VL_ - 1));
+    const isl::set in_block = Y.where("dd", 0, R_ - 1).intersect(Y.where("l", 0, VL_ - 1));
     return to_blocks(Y).intersect_domain(in_block).reverse().apply_range(lane_points_of());
   }
   // { Y[block dims, dd, l] -> S[..] }: the points of a row's lane, at any reduction point.

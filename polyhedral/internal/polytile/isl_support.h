@@ -72,6 +72,14 @@ inline isl::multi_union_pw_aff partial_schedule(const isl::union_map& m) {
 inline isl::space set_space(isl::ctx ctx, unsigned dims) {
   return isl::manage(isl_space_set_alloc(ctx.get(), 0, dims));
 }
+// The space of sets name[dims...] ("" leaves the tuple or a dimension unnamed).
+inline isl::space set_space(isl::ctx ctx, const std::string& name, const std::vector<std::string>& dims) {
+  isl_space* s = isl_space_set_alloc(ctx.get(), 0, static_cast<unsigned>(dims.size()));
+  if (!name.empty()) s = isl_space_set_tuple_name(s, isl_dim_set, name.c_str());
+  for (size_t k = 0; k < dims.size(); ++k)
+    if (!dims[k].empty()) s = isl_space_set_dim_name(s, isl_dim_set, static_cast<unsigned>(k), dims[k].c_str());
+  return isl::manage(s);
+}
 // The number of schedule dimensions above a node: the first loop a band at `n` generates is c<depth>.
 inline int schedule_depth(const isl::schedule_node& n) { return isl_schedule_node_get_schedule_depth(n.get()); }
 inline isl::id mark_id(const isl::schedule_node& mark) { return isl::manage(isl_schedule_node_mark_get_id(mark.get())); }
