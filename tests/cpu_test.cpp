@@ -68,10 +68,12 @@ void expect_same(const Program& p, const TensorMap& in, const std::string& what,
 
 using testing::types_of;
 
-// Register-blocked paths wherever they apply, however small the nest, for a given vector width.
-CompileOptions microkernels_forced(int vector_bits) {
+// Register-blocked paths wherever they apply, however small the nest, for a given vector width and
+// register file (32: the tests' blocks are the same on every host; the plan follows the registers).
+CompileOptions microkernels_forced(int vector_bits, int vector_registers = 32) {
   CompileOptions o;
   o.target.cpu.vector_bits = vector_bits;
+  o.target.cpu.vector_registers = vector_registers;
   o.target.cpu.microkernel_min_points = 0;
   o.threads = 2;
   return o;
@@ -1084,6 +1086,20 @@ TEST(CpuTest, MicrokernelColumnsFitTheVectorExtent) {
       EXPECT_EQ(nest.microkernel->chunks, 4) << channels << " channels";
     }
     expect_same(conv, in, std::to_string(channels) + " output channels", o);
+  }
+  // AVX2's 16 registers (8 f32 lanes): columns of 2 chunks, so that up to 6 rows of accumulators, the 2
+  // vector operands and the broadcast fit without spilling (4 chunks would leave 2 rows: 8 accumulators,
+  // too few to cover the FMA latency on two ports).
+  CompileOptions avx2 = microkernels_forced(256, 16);
+  for (int64_t channels : {64, 256}) {
+    TensorMap in = inputs_for({{"I", {1, 12, 12, 8}}, {"K", {3, 3, 8, channels}}}, DType::f32, 72);
+    auto compiled = compile(conv, types_of(in), avx2);
+    const sched::Nest& nest = compiled->schedule().nests.back();
+    ASSERT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
+    const sched::Microkernel& mk = *nest.microkernel;
+    EXPECT_EQ(mk.chunks, 2) << channels << " channels";
+    EXPECT_LE(mk.rows * mk.chunks + mk.chunks + 1, 16) << mk.rows << "x" << mk.chunks;
+    expect_same(conv, in, std::to_string(channels) + " output channels, 16 registers", avx2);
   }
 }
 

@@ -17,7 +17,9 @@ sched::Target host_target() {
   if (l1 > 0) t.cpu.l1_bytes = l1;
   if (l2 > 0) t.cpu.l2_bytes = l2;
   t.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  t.cpu.vector_bits = __builtin_cpu_supports("avx512f") ? 512 : __builtin_cpu_supports("avx2") ? 256 : 128;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  t.cpu.vector_bits = avx512 ? 512 : __builtin_cpu_supports("avx2") ? 256 : 128;
+  t.cpu.vector_registers = avx512 ? 32 : 16;  // zmm0-31 with AVX-512, else ymm/xmm0-15
   return t;
 }
 

@@ -351,7 +351,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     std::string block;
     int rows = 1, chunks = 1;
   };
-  const int64_t default_chunks = std::min<int64_t>(most_chunks, 4);
+  const int64_t default_chunks = std::min<int64_t>(most_chunks, std::max(1, target.cpu.vector_registers / 8));
   auto choose = [&](int64_t nc) {
     Choice best;
     best.chunks = static_cast<int>(nc);
