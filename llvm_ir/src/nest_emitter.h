@@ -198,6 +198,7 @@ class NestEmitter {
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
   void microkernel_statement(const sched::LoopNode& n);
+  void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0, bool predicated);
   void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars);
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
