@@ -1103,6 +1103,23 @@ TEST(CpuTest, MicrokernelColumnsFitTheVectorExtent) {
   }
 }
 
+// A 1x1 conv's kernel variables take one value each, so they push no row of a block past the image's
+// border: its blocks are planned as a matmul's (6 rows of 2 chunks with 16 registers over 56 columns),
+// not as a padded conv's border blocks (4 rows, which leave 8 accumulators). Against the interpreter.
+TEST(CpuTest, OneByOneConvsBlockTheirRowsAsAMatmulDoes) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  CompileOptions o = microkernels_forced(256, 16);
+  TensorMap in = inputs_for({{"I", {1, 2, 56, 16}}, {"K", {1, 1, 16, 64}}}, DType::f32, 73);
+  auto compiled = compile(conv, types_of(in), o);
+  const sched::Nest& nest = compiled->schedule().nests.back();
+  ASSERT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
+  EXPECT_EQ(nest.microkernel->rows, 6) << sched::print_loops(compiled->schedule());
+  EXPECT_EQ(nest.microkernel->chunks, 2);
+  expect_same(conv, in, "1x1 conv", o);
+}
+
 // A long reduction whose output overflows half of each thread's L2 (a large matmul) sizes its reduction
 // tiles for L2 (plan.h long_tiles): each tile reloads the accumulators from beyond L2, so fewer, longer
 // tiles. The same matmul with a short reduction keeps the L1-sized tiles.

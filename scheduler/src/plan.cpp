@@ -309,12 +309,12 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   // vector operand; ties go to the later (more contiguous) variable.
   std::vector<std::vector<Polynomial>> coupling = in;
   for (const auto& k : c.constraints) coupling.push_back({k.poly.bind_dims(types.dims)});
-  auto coupled = [&](const std::string& b) {
+  auto coupled = [&](const std::string& b) {  // a reduction variable of one value (a 1x1 conv's) moves nothing
     for (const auto& idx : coupling)
       for (const auto& p : idx)
         if (p.coefficient(b) != Rational(0))
           for (const auto& r : reductions)
-            if (p.coefficient(r) != Rational(0)) return true;
+            if (p.coefficient(r) != Rational(0) && extent[r] > 1) return true;
     return false;
   };
   // The chunks per block column: up to 6 (at least two rows in the registers), each weighed by the lanes
