@@ -48,10 +48,20 @@ def main():
         sys.exit(f"run_bench: {args.binary} failed (exit {r.returncode}) and wrote no results")
     with open(out) as f:
         benches = json.load(f)["benchmarks"]
+    # With --benchmark_repetitions (after --), each case's median over its repetitions: on a shared machine
+    # whose speed drifts, interleaved repetitions (--benchmark_enable_random_interleaving=true) pair
+    # polytile and its peers over the same stretch of time.
     by_name = {}
+    medians = {}
     for b in benches:
-        name = re.sub(r"/iterations:\d+", "", b["name"].replace("/real_time", "").replace("/manual_time", ""))
-        by_name[name] = b
+        name = re.sub(r"/iterations:\d+", "", b["run_name"] if "run_name" in b else b["name"])
+        name = name.replace("/real_time", "").replace("/manual_time", "")
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[name] = b
+        else:
+            by_name[name] = b
+    by_name.update(medians)
     rows = []
     for name, b in sorted(by_name.items()):
         parts = name.split("/")
