@@ -1,8 +1,8 @@
 // polytile's CPU backend against the vendor peers, in the same run and on the same thread count:
 // conv2d NHWC f32 forward, backward-data and backward-weights against oneDNN 2.6 (layouts left `any`;
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
-// NHWC), sgemm against OpenBLAS (its kernels selected with OPENBLAS_CORETYPE=Cooperlake: OpenBLAS
-// 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
+// NHWC), sgemm against OpenBLAS (on AVX-512 CPUs its kernels selected with OPENBLAS_CORETYPE=Cooperlake:
+// OpenBLAS 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
 // its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage
 // (its peer, JAX compiling the same conv, is timed by framework_peers.py in the same run_bench.py --frameworks run), and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
@@ -385,13 +385,15 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenBLAS reads OPENBLAS_CORETYPE when it loads and misdetects this CPU without it: re-run ourselves
-  // with it set, so the peer runs its AVX-512 kernels.
-  if (!std::getenv("OPENBLAS_CORETYPE")) {
+  // OpenBLAS reads OPENBLAS_CORETYPE when it loads and misdetects AVX-512 Intel CPUs without it: re-run
+  // ourselves with it set there, so the peer runs its AVX-512 kernels. Elsewhere its own detection stands
+  // (a Zen 3 is "Zen"; forced to Cooperlake, OpenBLAS falls back to its Haswell kernels).
+  __builtin_cpu_init();
+  if (!std::getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx512f")) {
     setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
     execv("/proc/self/exe", argv);
   }
-  std::cerr << "OpenBLAS core type: " << std::getenv("OPENBLAS_CORETYPE") << ", threads: " << bench_threads() << "\n";
+  std::cerr << "OpenBLAS core type: " << openblas_get_corename() << ", threads: " << bench_threads() << "\n";
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
