@@ -1103,6 +1103,14 @@ TEST(CpuTest, MicrokernelColumnsFitTheVectorExtent) {
   }
 }
 
+// The host target's register file goes with its vectors: AVX-512's 32 zmm registers, else AVX2's (or
+// SSE's) 16 -- planning AVX2 micro-kernels for 32 registers spilled their accumulators (half speed).
+TEST(CpuTest, HostTargetCountsItsVectorRegisters) {
+  const sched::Target host = host_target();
+  EXPECT_EQ(host.cpu.vector_registers, host.cpu.vector_bits == 512 ? 32 : 16) << host.cpu.vector_bits << "-bit vectors";
+  EXPECT_EQ(host.cpu.vector_bits == 512, static_cast<bool>(__builtin_cpu_supports("avx512f")));
+}
+
 // A 1x1 conv's kernel variables take one value each, so they push no row of a block past the image's
 // border: its blocks are planned as a matmul's (6 rows of 2 chunks with 16 registers over 56 columns),
 // not as a padded conv's border blocks (4 rows, which leave 8 accumulators). Against the interpreter.

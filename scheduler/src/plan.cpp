@@ -319,9 +319,10 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   };
   // The chunks per block column: up to 6 (at least two rows in the registers), each weighed by the lanes
   // it computes that are in v's range and by its partial column -- 96 channels run as one column of 6
-  // chunks or two of 3, not as a column of 4 and a half-empty one. min(4, v's extent in vectors) where its
-  // columns fill v's range (a multiple of 64 f32 channels: as before, the layouts and the blocks tuned for
-  // it), else the count better than it by more than the model's noise.
+  // chunks or two of 3, not as a column of 4 and a half-empty one. The default, min(registers / 8, v's
+  // extent in vectors) -- 4 with AVX-512's 32 registers, 2 with AVX2's 16, where 4 would leave 2 rows --
+  // where its columns fill v's range (with AVX-512, a multiple of 64 f32 channels: as before, the layouts
+  // and the blocks tuned for it), else the count better than it by more than the model's noise.
   const int64_t v_extent = extent[plan.vector];
   const int64_t most_chunks = std::clamp<int64_t>((v_extent + lanes - 1) / lanes, 1, 6);
   // What each candidate block variable brings, whatever the chunks: its score (rows reading distinct
