@@ -100,38 +100,46 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   const int64_t lanes = mk.lanes, vl = lanes * mk.chunks;
   Value* b0 = b_.CreateAdd(b_.getInt64(mk.block_lo), b_.CreateMul(vals[no], b_.getInt64(mk.rows)));
   Value* v0 = b_.CreateAdd(b_.getInt64(mk.vector_lo), b_.CreateMul(vals[no + 1], b_.getInt64(vl)));
-  // A predicated block's fused multiply-adds at a reduction point that every row has and with every lane
-  // in range run as the uniform blocks' do: a branch on the rows' validity (scalar compares, the same
-  // at every point of the innermost reduction loop where the border depends on an outer one), instead
-  // of a select per FMA. Without AVX-512's merge masking that select is a blend on the FMA ports: the
-  // border blocks ran at half speed (a third of a padded 3x3 conv's time on AVX2).
-  if (n.statement == St::fma && n.predicated) {
-    Value* every = b_.getTrue();
-    for (int d = 0; d < mk.rows; ++d) {
-      vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
-      vars[names[mk.vector]] = v0;
-      every = b_.CreateAnd(every, valid(vars, false));
-    }
-    for (int k = 0; k < mk.chunks; ++k)
-      every = b_.CreateAnd(every, b_.CreateAndReduce(lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes))));
-    auto* all_bb = llvm::BasicBlock::Create(ctx_, "fma.all", fn_);
-    auto* some_bb = llvm::BasicBlock::Create(ctx_, "fma.some", fn_);
-    auto* join_bb = llvm::BasicBlock::Create(ctx_, "fma.join", fn_);
-    b_.CreateCondBr(every, all_bb, some_bb);
-    b_.SetInsertPoint(all_bb);
-    microkernel_rows(n, vars, b0, v0, false);
-    b_.CreateBr(join_bb);
-    b_.SetInsertPoint(some_bb);
-    microkernel_rows(n, vars, b0, v0, true);
-    b_.CreateBr(join_bb);
-    b_.SetInsertPoint(join_bb);
+  if (!n.predicated) {
+    microkernel_rows(n, vars, b0, v0, nullptr);
     return;
   }
-  microkernel_rows(n, vars, b0, v0, n.predicated);
+  // A predicated block: each row's validity and each chunk's lanes in range, made once for the statement.
+  BlockValidity valid_at;
+  for (int d = 0; d < mk.rows; ++d) {
+    vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
+    vars[names[mk.vector]] = v0;
+    valid_at.rows.push_back(valid(vars, n.statement != St::fma));
+  }
+  for (int k = 0; k < mk.chunks; ++k) valid_at.lanes.push_back(lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
+  if (n.statement != St::fma) {
+    microkernel_rows(n, vars, b0, v0, &valid_at);
+    return;
+  }
+  // Its fused multiply-adds at a reduction point that every row has and with every lane in range run as
+  // the uniform blocks' do: a branch on the rows' validity (scalar compares, the same at every point of
+  // the innermost reduction loop where the border depends on an outer one), instead of a select per FMA.
+  // Without AVX-512's merge masking that select is a blend on the FMA ports: the border blocks ran at half
+  // speed (a third of a padded 3x3 conv's time on AVX2).
+  Value* every = b_.getTrue();
+  for (Value* row : valid_at.rows) every = b_.CreateAnd(every, row);
+  for (Value* in_range : valid_at.lanes) every = b_.CreateAnd(every, b_.CreateAndReduce(in_range));
+  auto* all_bb = llvm::BasicBlock::Create(ctx_, "fma.all", fn_);
+  auto* some_bb = llvm::BasicBlock::Create(ctx_, "fma.some", fn_);
+  auto* join_bb = llvm::BasicBlock::Create(ctx_, "fma.join", fn_);
+  b_.CreateCondBr(every, all_bb, some_bb);
+  b_.SetInsertPoint(all_bb);
+  microkernel_rows(n, vars, b0, v0, nullptr);
+  b_.CreateBr(join_bb);
+  b_.SetInsertPoint(some_bb);
+  microkernel_rows(n, vars, b0, v0, &valid_at);
+  b_.CreateBr(join_bb);
+  b_.SetInsertPoint(join_bb);
 }
 
-// The statement on every row of the block, predicated (rows and lanes checked) or not.
-void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0, bool predicated) {
+// The statement on every row of the block: predicated by `valid_at` (rows and lanes), or not (null).
+void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
+                                   const BlockValidity* valid_at) {
   using St = sched::LoopNode::Statement;
   const auto& mk = *nest_.microkernel;
   const Contraction& c = nest_.contraction;
@@ -142,9 +150,8 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
   auto* vty = llvm::FixedVectorType::get(ety, static_cast<unsigned>(lanes));
   const llvm::Align align(dtype_bytes(t));
   // Lanes of chunk k inside the vector variable's range (predicated blocks only).
-  std::vector<Value*> lane_mask;
-  if (predicated)
-    for (int k = 0; k < mk.chunks; ++k) lane_mask.push_back(lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
+  const std::vector<Value*> no_mask;
+  const std::vector<Value*>& lane_mask = valid_at ? valid_at->lanes : no_mask;
   auto address = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     std::vector<Value*> at;
     for (const auto& p : idx) at.push_back(poly(p, vars));
@@ -169,8 +176,7 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
     vars[names[mk.vector]] = v0;
-    Value* row = nullptr;
-    if (predicated) row = valid(vars, n.statement != St::fma);
+    Value* row = valid_at ? valid_at->rows[static_cast<size_t>(d)] : nullptr;
     std::vector<Value*> scalars(c.inputs.size(), nullptr);
     if (n.statement == St::fma) {
       for (size_t i = 0; i < c.inputs.size(); ++i) {

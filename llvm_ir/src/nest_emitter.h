@@ -198,7 +198,13 @@ class NestEmitter {
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
   void microkernel_statement(const sched::LoopNode& n);
-  void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0, bool predicated);
+  // A predicated block's validity at a statement: per row (its accesses and constraints hold), per chunk
+  // (the lanes in the vector variable's range).
+  struct BlockValidity {
+    std::vector<Value*> rows, lanes;
+  };
+  void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
+                        const BlockValidity* valid_at);
   void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars);
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
