@@ -37,7 +37,9 @@ class NestEmitter {
   NestEmitter(llvm::Module& m, const sched::Nest& nest, const ProgramTypes& types,
               const std::map<std::string, int>& buffer_index, bool device = false)
       : m_(m), ctx_(m.getContext()), b_(ctx_, llvm::InstSimplifyFolder(m.getDataLayout())), nest_(nest), types_(types),
-        buffer_index_(buffer_index), device_(device) {}
+        buffer_index_(buffer_index), device_(device),
+        copy_(nest.kind == sched::Nest::Kind::update && nest.contraction.aggregation == AggregationOp::assign &&
+              nest.contraction.combination == CombinationOp::none && !nest.microkernel) {}
 
   // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
   // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array. A
@@ -79,6 +81,8 @@ class NestEmitter {
   // for (*it = start; condition(); *it += step) body(); returns the branch back to the condition
   llvm::BranchInst* emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
                  const std::function<void()>& body);
+  // Marks the loop whose back edge is `latch` with the loop hint `hint` (llvm.loop.unroll.full, ...).
+  void hint_loop(llvm::BranchInst* latch, const char* hint);
   // A register loop (LoopNode::unroll): over [0, unroll), the body where the loop's own range holds, fully
   // unrolled (llvm.loop.unroll.full), so that accumulator positions become constants.
   void register_loop(const sched::LoopNode& n);
@@ -226,6 +230,7 @@ class NestEmitter {
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
   std::map<std::string, Value*> ptrs_;
   const bool device_;
+  const bool copy_;  // an update that copies one tensor: its loops are not unrolled (see node)
   llvm::AllocaInst* hardware_[2][3] = {};  // block and thread indices (x, y, z) of kernel nests
   bool in_threads_ = false;                // host: inside the loop over a block's threads
   std::vector<Value*> shared_;             // each shared tile's array (addrspace 3 on the device)
