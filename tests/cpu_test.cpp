@@ -1042,6 +1042,43 @@ TEST(CpuTest, BlocksOfOneColumnRunTogether) {
   }
 }
 
+// A transposition steps through a row of its input per element of the output's contiguous variable: that
+// variable's tile is one cache line of the output (16 f32), the others longer (cpu_strategy.cpp), while a
+// copy keeps its long runs of vectors; both compute what the interpreter does, also where the tiles do
+// not divide the extents and in a 4-d transposition (NHWC to NCHW).
+TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
+  CompileOptions o;
+  o.target.cpu.vector_bits = 256;
+  o.target.cpu.l1_bytes = 32 * 1024;
+  o.threads = 2;
+  // The innermost loop's range, read off the printed loops: "for cK = (W * cJ) while (cK <= ((W * cJ) + W-1))".
+  auto inner_tile = [](const std::string& loops) {
+    const size_t statement = loops.rfind("S(");
+    const size_t loop = loops.rfind("for ", statement);
+    const size_t open = loops.find("= (", loop), times = loops.find(" * ", loop);
+    if (statement == std::string::npos || loop == std::string::npos || open > statement || times > statement) return int64_t{-1};
+    return static_cast<int64_t>(std::stoll(loops.substr(open + 3, times - open - 3)));
+  };
+  struct Case {
+    std::string program;
+    Shapes shapes;
+    int64_t least, most;  // of the innermost tile (equal_tiles evens them out: 530 is 34 tiles of 16)
+  };
+  const Case cases[] = {
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}, 8, 16},
+      {"function (I[M, N]) -> (O) { O[i, j : M, N] = =(I[i, j]); }", {{"I", {650, 530}}}, 64, 128},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 37, 41, 96}}}, 8, 16},
+  };
+  for (const Case& c : cases) {
+    Program p = parse_program(c.program);
+    TensorMap in = inputs_for(c.shapes, DType::f32, 17);
+    const std::string loops = sched::print_loops(compile(p, types_of(in), o)->schedule());
+    EXPECT_GE(inner_tile(loops), c.least) << c.program << "\n" << loops;
+    EXPECT_LE(inner_tile(loops), c.most) << c.program << "\n" << loops;
+    expect_same(p, in, c.program, o);
+  }
+}
+
 // Nests are compiled by worker threads while the scheduler goes on (cpu.cpp lower_and_emit): when a
 // later statement is a user error, the first statement's micro-kernel nest may already be compiling. The
 // error reaches the caller with its message, nothing hangs, and compiling again afterwards works.

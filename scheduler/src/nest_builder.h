@@ -88,6 +88,9 @@ struct NestFacts {
   // Update nests that reduce, whose inputs' elements are read again by other outputs soon if at all (a row
   // sum, a pooling gradient; see near_reuse_only in scheduler.cpp): cache tiles have nothing to keep.
   bool near_reuse_only = false;
+  // Update nests: the widest step in memory (bytes) that the band's last member takes through an input
+  // (a transposition's reads: a row of the input per step).
+  int64_t innermost_input_stride = 0;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
