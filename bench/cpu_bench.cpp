@@ -3,7 +3,8 @@
 // "onednn" times the primitive on its preferred layouts, "onednn_reorders" adds the reorders from and to
 // NHWC), sgemm against OpenBLAS (on AVX-512 CPUs its kernels selected with OPENBLAS_CORETYPE=Cooperlake:
 // OpenBLAS 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
-// its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), compile time per stage
+// its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), transpositions against
+// oneDNN's reorder (GB/s), compile time per stage
 // (its peer, JAX compiling the same conv, is timed by framework_peers.py in the same run_bench.py --frameworks run), and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
 // and weight gradients against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <dnnl.hpp>
 #include <iostream>
 #include <random>
@@ -279,6 +281,29 @@ const char* kSoftmax =
     "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
     "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n";
 
+// A transposition, 2-d (a matrix) and 4-d (NHWC to NCHW), against oneDNN's reorder between the same two
+// layouts (plain ab -> ba, acdb -> abcd: the same elements moved the same way).
+const char* kTranspose2d = "function (I[M, N]) -> (O) {\n  O[i, j : N, M] = =(I[j, i]);\n}\n";
+const char* kTransposeNhwc = "function (I[N, H, W, C]) -> (O) {\n  O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]);\n}\n";
+
+void BM_OneDnnTranspose(benchmark::State& state, memory::dims dims, memory::format_tag from, memory::format_tag to) {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream s{eng};
+  memory src({dims, memory::data_type::f32, from}, eng), dst({dims, memory::data_type::f32, to}, eng);
+  int64_t elements = 1;
+  for (auto d : dims) elements *= d;
+  Buffer values = random_f32({elements}, 8);
+  std::memcpy(src.get_data_handle(), values.data(), static_cast<size_t>(elements) * 4);
+  dnnl::reorder r(src, dst);
+  r.execute(s, src, dst);
+  s.wait();
+  for (auto _ : state) {
+    r.execute(s, src, dst);
+    s.wait();
+  }
+  state.counters["GB/s"] = benchmark::Counter(8.0 * static_cast<double>(elements) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // ---------------------------------------------------------------------------------------------- compile time
 
 void BM_CompileConvForwardAndBackward(benchmark::State& state) {
@@ -365,6 +390,12 @@ void register_all() {
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
   benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit)->Unit(benchmark::kMillisecond)->UseRealTime();
+  TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
+  benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("transpose/nhwc_to_nchw/polytile", BM_Polytile, kTransposeNhwc, nhwc_in, false, 8.0 * 8 * 56 * 56 * 64, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  // oneDNN's dims are N, C, H, W whatever the layout: acdb is NHWC, abcd NCHW.
+  benchmark::RegisterBenchmark("transpose/nhwc_to_nchw/onednn", BM_OneDnnTranspose, memory::dims{8, 64, 56, 56}, memory::format_tag::acdb, memory::format_tag::abcd)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
   double sm_bytes = 4.0 * 4096 * 1000 * 2;
   for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}}) {
