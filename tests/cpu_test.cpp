@@ -1042,6 +1042,16 @@ TEST(CpuTest, BlocksOfOneColumnRunTogether) {
   }
 }
 
+// Contractions without index variables (one element from constant indices) are nests with an empty band:
+// the schedule's facts about the band's innermost member (the transposition tiles) have none to look at.
+TEST(CpuTest, ContractionsWithoutVariablesMatchTheInterpreter) {
+  for (const char* text : {"function (X[N]) -> (O) { O[0 : 1] = =(X[2]); }",
+                           "function (X[N]) -> (O) { O[0 : 1] = +(X[1] * X[3]); }"}) {
+    Program p = parse_program(text);
+    expect_same(p, inputs_for({{"X", {5}}}, DType::f32, 3), text);
+  }
+}
+
 // A transposition steps through a row of its input per element of the output's contiguous variable: that
 // variable's tile is one cache line of the output (16 f32), the others longer (cpu_strategy.cpp), while a
 // copy keeps its long runs of vectors; both compute what the interpreter does, also where the tiles do

@@ -339,9 +339,10 @@ class ProgramScheduler {
       }
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
       facts.near_reuse_only = near_reuse_only(c, analysis.summary.bounds, t, static_cast<double>(target_.cpu.l2_bytes) / 2);
-      const std::string& last = update.variables[band.order.back()];
       for (const auto& a : c.inputs) {
+        if (band.order.empty()) break;  // no variables (a copy of one element)
         const TensorType& in = types_.tensors.at(a.tensor);
+        const std::string& last = update.variables[band.order.back()];
         const double stride = output_stride(a.indices, last, in.shape) * static_cast<double>(dtype_bytes(in.dtype));
         facts.innermost_input_stride = std::max(facts.innermost_input_stride, static_cast<int64_t>(std::min(stride, 1e15)));
       }
