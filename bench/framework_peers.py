@@ -5,7 +5,7 @@ the Google Benchmark JSON in one table and one plot. Neither framework is needed
 each is used where it imports (build/python-venv/bin/pip install jax).
 
 The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes, max pool 2x2 on 8x112x112x64, softmax on
-4096x1000 and the bias gradient of 64x28x28x32, with the same flop and byte counts); a polytile case with no spec here is reported, never
+4096x1000, the bias gradient of 64x28x28x32 and the transpositions, with the same flop and byte counts); a polytile case with no spec here is reported, never
 silently dropped.
 """
 import statistics
@@ -24,6 +24,8 @@ CONVS = {
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
 BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
+# transpose/<name>: the input's shape and the permutation of its axes (as kTranspose* in cpu_bench.cpp).
+TRANSPOSES = {"2048x2048": ((2048, 2048), (1, 0)), "nhwc_to_nchw": ((8, 56, 56, 64), (0, 3, 1, 2))}
 
 
 def conv_out(size, k, stride, dilation, pad):
@@ -51,6 +53,12 @@ def parse(case):
         return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
     if case == "bias_grad":
         return "bias_grad", (), BIAS_BYTES, "GB/s"
+    if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
+        shape, perm = TRANSPOSES[parts[1]]
+        elements = 1
+        for d in shape:
+            elements *= d
+        return "transpose", (shape, perm), 8.0 * elements, "GB/s"
     # softmax/bwd_stop_max: polytile's gradient with the row maxima held constant; the frameworks' own
     # softmax gradients are computed that way, so their step is the same as for softmax/bwd.
     directions = ("fwd", "bwd") if parts[0] == "maxpool" else ("fwd", "bwd", "bwd_stop_max")
@@ -117,6 +125,11 @@ def jax_step(kind, args):
         d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
         f = jax.jit(lambda d: jnp.sum(d, axis=(0, 1, 2)))
         return lambda: f(d)
+    if kind == "transpose":
+        shape, perm = args
+        x = jax.random.normal(key, shape, jnp.float32)
+        f = jax.jit(lambda x: jnp.transpose(x, perm))
+        return lambda: f(x)
     if kind == "sgemm":
         (n,) = args
         a = jax.random.normal(key, (n, n), jnp.float32)
@@ -166,6 +179,10 @@ def torch_step(kind, args):
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
         return lambda: d.sum(dim=(0, 2, 3))
+    if kind == "transpose":
+        shape, perm = args
+        x = torch.randn(*shape, generator=g)
+        return lambda: x.permute(*perm).contiguous()
     if kind == "sgemm":
         (n,) = args
         a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
