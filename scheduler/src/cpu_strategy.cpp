@@ -28,11 +28,12 @@ namespace {
 std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t parallel_members, const Target& t,
                                 size_t element_bytes, int64_t innermost_input_stride) {
   constexpr int64_t line = 64;
+  const int64_t line_elements = line / static_cast<int64_t>(element_bytes);
   const size_t n = extents.size();
   std::vector<int64_t> sizes(extents);
   int64_t lanes = std::max<int64_t>(1, t.cpu.vector_bits / static_cast<int64_t>(8 * element_bytes));
   const bool strided = innermost_input_stride > line;
-  int64_t inner = std::min<int64_t>(extents[n - 1], strided ? std::max<int64_t>(lanes, line / static_cast<int64_t>(element_bytes)) : 16 * lanes);
+  int64_t inner = std::min<int64_t>(extents[n - 1], strided ? std::max(lanes, line_elements) : 16 * lanes);
   int64_t l1_elems = t.cpu.l1_bytes / static_cast<int64_t>(element_bytes);
   int64_t l2_elems = t.cpu.l2_bytes / static_cast<int64_t>(element_bytes);
   int64_t outer = std::clamp<int64_t>(l1_elems / (2 * std::max<int64_t>(1, inner)), 1, strided ? 1024 : 64);
@@ -42,7 +43,7 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
     // Long tiles leave the threads few to share: the first member keeps two tiles per thread or more,
     // as long as a tile still reuses a line of the input (its elements along a line).
     if (strided && k == 0 && k + 1 < n)
-      want = std::min(want, std::max(line / static_cast<int64_t>(element_bytes), extents[0] / (2 * std::max(1, t.threads))));
+      want = std::min(want, std::max(line_elements, extents[0] / (2 * std::max(1, t.threads))));
     // A strided innermost tile stays one whole line where the extent allows (56 is 16, 16, 16, 8, not
     // four 14s): each run of it is then whole vectors, not a vector and a scalar remainder of six.
     sizes[k] = strided && k + 1 == n ? std::min(extents[k], want) : equal_tiles(extents[k], want);

@@ -339,12 +339,13 @@ class ProgramScheduler {
       }
       NestFacts facts{dtype_bytes(t.dtype), /*update=*/true, band.innermost, out_bytes, {}};
       facts.near_reuse_only = near_reuse_only(c, analysis.summary.bounds, t, static_cast<double>(target_.cpu.l2_bytes) / 2);
-      for (const auto& a : c.inputs) {
-        if (band.order.empty()) break;  // no variables (a copy of one element)
-        const TensorType& in = types_.tensors.at(a.tensor);
+      if (!band.order.empty()) {  // none without variables (a copy of one element)
         const std::string& last = update.variables[band.order.back()];
-        const double stride = output_stride(a.indices, last, in.shape) * static_cast<double>(dtype_bytes(in.dtype));
-        facts.innermost_input_stride = std::max(facts.innermost_input_stride, static_cast<int64_t>(std::min(stride, 1e15)));
+        for (const auto& a : c.inputs) {
+          const TensorType& in = types_.tensors.at(a.tensor);
+          const double stride = output_stride(a.indices, last, in.shape) * static_cast<double>(dtype_bytes(in.dtype));
+          facts.innermost_input_stride = std::max(facts.innermost_input_stride, static_cast<int64_t>(std::min(stride, 1e15)));
+        }
       }
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
