@@ -199,10 +199,19 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   EXPECT_EQ(print(compile(rows, types_of(x), two)->program()).find("_slices"), std::string::npos);
 }
 
+// The chunk tensors of a row group (sched::ChunkTensor), by name.
+std::vector<std::string> chunk_tensor_names(const sched::NestGroup& g) {
+  std::vector<std::string> out;
+  for (const auto& t : g.chunk_tensors) out.push_back(t.tensor);
+  return out;
+}
+
 // Row groups (sched::NestGroup): a softmax and its gradient run as one group of row-local nests, chunk by
 // chunk, on the JIT's runtime and through an exported object's entry point; a nest that reads another row
 // of what an earlier nest wrote starts a new group. Small chunks (a tiny L2) make every boundary count:
-// grouping the shifted read wrongly would read rows the chunk has not computed yet.
+// grouping the shifted read wrongly would read rows the chunk has not computed yet. The tensors only a
+// group touches live in each chunk's own memory (chunk tensors): a chunk tensor placed wrongly reads
+// another row's or another tensor's values.
 TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   CompileOptions small;
   small.target.cpu.l2_bytes = 4096;
@@ -225,6 +234,14 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     EXPECT_EQ(groups[0].first, 0u) << what;
     EXPECT_EQ(groups[0].last, compiled->schedule().nests.size() - 1) << what;
     EXPECT_LT(groups[0].rows, 8) << what;
+    // Everything but the inputs and outputs: M, E and S; the gradient's own temporaries.
+    const std::vector<std::string> chunked = chunk_tensor_names(groups[0]);
+    if (p.inputs.size() == 1) EXPECT_EQ(chunked, (std::vector<std::string>{"E", "M", "S"})) << what;
+    else EXPECT_GE(chunked.size(), 5u) << what << "\n" << sched::print_loops(compiled->schedule());
+    for (const auto& t : chunked) {
+      EXPECT_EQ(std::count(p.outputs.begin(), p.outputs.end(), t), 0) << what << ": output " << t << " in a chunk's memory";
+      EXPECT_FALSE(used.count(t)) << what << ": input " << t << " in a chunk's memory";
+    }
     // The exported entry point runs the group the same way.
     const TensorMap jit = compiled->run(used);
     const TensorMap loaded = load(export_object(p, types_of(used), "grouped", verified))->run(used, 2);
@@ -250,6 +267,27 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     EXPECT_EQ(schedule.groups[0].first, 0u);
     EXPECT_EQ(schedule.groups[0].last, schedule.nests.size() - 1) << sched::print_loops(schedule);
     EXPECT_EQ(schedule.nests[0].outer_hi - schedule.nests[0].outer_lo + 1, 3 * 4) << sched::print_loops(schedule);
+    // The maxima, their counts and the scaled gradient: iteration (n, y) touches elements n*4*6*5 + y*6*5
+    // on, 30 of them (isl proves it of the row-major offsets).
+    EXPECT_EQ(chunk_tensor_names(schedule.groups[0]), (std::vector<std::string>{"GO", "NO", "O"})) << sched::print_loops(schedule);
+    for (const auto& t : schedule.groups[0].chunk_tensors) EXPECT_EQ(t.row_elements, 6 * 5) << t.tensor;
+    const TensorMap loaded = load(export_object(gradient, types_of(pool_in), "pool", pool_options))->run(pool_in, 2);
+    EXPECT_EQ(loaded.at("DI").to_doubles(), compiled->run(pool_in).at("DI").to_doubles());
+  }
+  // E, read by P's update in another row of it, outside the group, keeps its full-size memory; M and S
+  // do not.
+  {
+    const Program read_later = parse_program(
+        "function (X[N, C]) -> (O, P) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
+        "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n  P[i, j : N, C] = +(E[N - 1 - i, j]);\n}\n");
+    TensorMap x = inputs_for({{"X", {37, 50}}}, DType::f32, 5);
+    expect_same(read_later, x, "softmax with a later read of E", small);
+    CompileOptions verified = small;
+    verified.verify = true;
+    auto compiled = compile(read_later, types_of(x), verified);
+    ASSERT_GE(compiled->schedule().groups.size(), 1u) << sched::print_loops(compiled->schedule());
+    EXPECT_EQ(chunk_tensor_names(compiled->schedule().groups[0]), (std::vector<std::string>{"M", "S"}))
+        << sched::print_loops(compiled->schedule());
   }
   // B's row i reads row N - 1 - i of A: B's update starts a new group, with O. (Each element of B has one
   // term: B's update stores it, and B has no init nest.)
@@ -273,6 +311,7 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   EXPECT_EQ(compiled->schedule().groups[0].first, b);
   EXPECT_EQ(compiled->schedule().groups[0].last, index("O.elementwise"));
   EXPECT_TRUE(nests[b].stores);
+  EXPECT_EQ(chunk_tensor_names(compiled->schedule().groups[0]), (std::vector<std::string>{"B"}));
   const TensorMap loaded = load(export_object(shifted, types_of(x), "shifted", verified))->run(x, 2);
   EXPECT_EQ(loaded.at("O").to_doubles(), compiled->run(x).at("O").to_doubles());
 }

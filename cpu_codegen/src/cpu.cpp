@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -537,10 +539,43 @@ void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const { e
 
 void CompiledProgram::run(const ViewMap& inputs, const ViewMap& outputs) const { execute(*impl_, inputs, outputs); }
 
+std::vector<ChunkSlot> chunk_slots(const CompiledProgram::Impl& m, const sched::NestGroup& g, int64_t& bytes) {
+  std::vector<ChunkSlot> out;
+  bytes = 0;
+  for (const sched::ChunkTensor& t : g.chunk_tensors) {
+    const auto slot = std::find(m.buffers.begin(), m.buffers.end(), t.tensor);
+    POLYTILE_CHECK(slot != m.buffers.end(), "chunk tensor ", t.tensor, " has no buffer");
+    const int64_t row_bytes = t.row_elements * static_cast<int64_t>(dtype_bytes(m.types.tensors.at(t.tensor).dtype));
+    out.push_back(ChunkSlot{static_cast<size_t>(slot - m.buffers.begin()), row_bytes, bytes});
+    bytes += (g.rows * row_bytes + 63) / 64 * 64;
+  }
+  return out;
+}
+
 namespace {
 
+// This thread's memory for the chunk tensors of row groups: at least `bytes`, 64-byte aligned, kept for the
+// thread's next chunks (the same cache lines, chunk after chunk).
+char* chunk_memory(int64_t bytes) {
+  struct Memory {
+    void* data = nullptr;
+    int64_t size = 0;
+    ~Memory() { std::free(data); }
+  };
+  thread_local Memory memory;
+  if (memory.size < bytes) {
+    std::free(memory.data);
+    memory.size = 0;
+    memory.data = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64));
+    if (!memory.data) throw std::bad_alloc();
+    memory.size = bytes;
+  }
+  return static_cast<char*>(memory.data);
+}
+
 // Runs the nests on the buffer table `ptrs`: inputs and outputs are in place; every other slot a nest
-// touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws).
+// touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws), except
+// the row groups' chunk tensors, which live in the memory of the thread that runs a chunk.
 void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
   TensorMap scratch = m.scratch_pool.take();
   struct GiveBack {  // also when a nest throws
@@ -548,9 +583,12 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     TensorMap& scratch;
     ~GiveBack() { m.scratch_pool.give(std::move(scratch)); }
   } give_back{m, scratch};
+  std::set<std::string> in_chunks;
+  for (const auto& g : m.schedule.groups)
+    for (const auto& t : g.chunk_tensors) in_chunks.insert(t.tensor);
   for (size_t i = 0; i < m.buffers.size(); ++i) {
     const std::string& name = m.buffers[i];
-    if (ptrs[i] || !m.touched.count(name) || m.inputs.count(name)) continue;
+    if (ptrs[i] || !m.touched.count(name) || m.inputs.count(name) || in_chunks.count(name)) continue;
     const TensorType& t = m.types.tensors.at(name);
     auto kept = scratch.find(name);
     if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
@@ -563,9 +601,17 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     NestFn fn = m.nests[k];
     if (group != m.schedule.groups.end() && group->first == k) {  // a row group: every nest on a chunk, chunk after chunk
       const sched::NestGroup& g = *group++;
+      int64_t bytes = 0;
+      const std::vector<ChunkSlot> slots = chunk_slots(m, g, bytes);
       auto chunks = [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; c += g.rows)
-          for (size_t j = g.first; j <= g.last; ++j) m.nests[j](ptrs.data(), c, std::min(end, c + g.rows));
+        std::vector<char*> table = ptrs;  // this task's: the chunk tensors in this thread's memory
+        char* memory = slots.empty() ? nullptr : chunk_memory(bytes);
+        for (int64_t c = begin; c < end; c += g.rows) {
+          for (const ChunkSlot& s : slots)  // integer arithmetic: the shifted pointer is outside the memory
+            table[s.slot] = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(memory + s.offset) -
+                                                    static_cast<uintptr_t>((c - nest.outer_lo) * s.row_bytes));
+          for (size_t j = g.first; j <= g.last; ++j) m.nests[j](table.data(), c, std::min(end, c + g.rows));
+        }
       };
       if (m.threads <= 1) {
         chunks(nest.outer_lo, nest.outer_hi + 1);

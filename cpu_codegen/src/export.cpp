@@ -113,12 +113,16 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
 }
 
 // A row group's task, void NAME(ptr buffers, i64 lo, i64 hi): for each chunk of `rows` outer iterations
-// in [lo, hi), every nest of the group on it (sched::NestGroup).
+// in [lo, hi), every nest of the group on it (sched::NestGroup). With chunk tensors, the task mallocs a
+// chunk's memory for them once and runs the nests on its own copy of the table, their slots pointed into
+// that memory for each chunk (ChunkSlot); when malloc fails, on the caller's table, whose slots hold the
+// tensors' full-size memory in the workspace -- slower, the same values.
 llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched::NestGroup& group,
-                           const std::vector<llvm::Function*>& nests) {
+                           const std::vector<llvm::Function*>& nests, const CompiledProgram::Impl& impl) {
   llvm::LLVMContext& ctx = m.getContext();
   llvm::IRBuilder<> b(ctx);
   llvm::Type* i64 = b.getInt64Ty();
+  llvm::Type* ptr = b.getPtrTy();
   auto* fn = llvm::Function::Create(nests[group.first]->getFunctionType(), llvm::Function::InternalLinkage, name, m);
   fn->addFnAttr(llvm::Attribute::NoUnwind);
   llvm::Value *table = fn->getArg(0), *lo = fn->getArg(1), *hi = fn->getArg(2);
@@ -127,6 +131,16 @@ llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched
   auto* body = llvm::BasicBlock::Create(ctx, "nests", fn);
   auto* done = llvm::BasicBlock::Create(ctx, "done", fn);
   b.SetInsertPoint(start);
+  int64_t bytes = 0;
+  const std::vector<ChunkSlot> slots = chunk_slots(impl, group, bytes);
+  llvm::Value *memory = nullptr, *own = nullptr, *used = table;
+  if (!slots.empty()) {
+    own = b.CreateAlloca(llvm::ArrayType::get(ptr, impl.buffers.size()), nullptr, "chunk_buffers");
+    b.CreateMemCpy(own, llvm::MaybeAlign(8), table, llvm::MaybeAlign(8), impl.buffers.size() * 8);
+    llvm::FunctionCallee malloc_fn = m.getOrInsertFunction("malloc", llvm::FunctionType::get(ptr, {i64}, false));
+    memory = b.CreateCall(malloc_fn, {b.getInt64(bytes)}, "chunk_memory");
+    used = b.CreateSelect(b.CreateIsNull(memory), table, own, "table");
+  }
   b.CreateBr(loop);
   b.SetInsertPoint(loop);
   llvm::PHINode* c = b.CreatePHI(i64, 2, "c");
@@ -135,10 +149,19 @@ llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched
   b.SetInsertPoint(body);
   llvm::Value* next = b.CreateAdd(c, llvm::ConstantInt::get(i64, group.rows), "next");
   llvm::Value* end = b.CreateSelect(b.CreateICmpSLT(next, hi), next, hi, "end");
-  for (size_t j = group.first; j <= group.last; ++j) b.CreateCall(nests[j], {table, c, end});
+  // Each slot at memory + offset - (c - outer_lo) x row_bytes: a plain (not inbounds) GEP, pointer
+  // arithmetic that may leave the memory; the nests' addresses from it land inside. Stored in the task's
+  // own table whether or not malloc gave memory (without, the nests run on the caller's).
+  llvm::Value* row = b.CreateSub(c, b.getInt64(impl.schedule.nests[group.first].outer_lo));
+  for (const ChunkSlot& s : slots) {
+    llvm::Value* at = b.CreateGEP(b.getInt8Ty(), memory, b.CreateSub(b.getInt64(s.offset), b.CreateMul(row, b.getInt64(s.row_bytes))));
+    b.CreateStore(at, b.CreateConstGEP1_64(ptr, own, s.slot));
+  }
+  for (size_t j = group.first; j <= group.last; ++j) b.CreateCall(nests[j], {used, c, end});
   c->addIncoming(next, body);
   b.CreateBr(loop);
   b.SetInsertPoint(done);
+  if (memory) b.CreateCall(m.getOrInsertFunction("free", llvm::FunctionType::get(b.getVoidTy(), {ptr}, false)), {memory});
   b.CreateRetVoid();
   return fn;
 }
@@ -204,7 +227,7 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     llvm::Function* task = nests[k];
     if (group != impl.schedule.groups.end() && group->first == k) {
       const sched::NestGroup& g = *group++;
-      task = emit_group(m, "group_" + std::to_string(k), g, nests);
+      task = emit_group(m, "group_" + std::to_string(k), g, nests, impl);
       k = g.last;
       whole[1] = b.getInt64(nest.outer_lo);
       whole[2] = b.getInt64(nest.outer_hi + 1);

@@ -83,6 +83,18 @@ struct CompiledProgram::Impl {
   ReusePool<TensorMap> scratch_pool;
 };
 
+// A row group's chunk tensor (sched::ChunkTensor) as the runtimes place it: its slot in the buffer table,
+// its bytes per outer iteration, and its offset in a chunk's memory (each tensor rows x row_bytes, 64-byte
+// aligned). Before running the group's nests on chunk [c, ...), a runtime points the slot at its chunk
+// memory + offset - (c - outer_lo) x row_bytes: the nests' addresses of rows c... land in that memory.
+struct ChunkSlot {
+  size_t slot = 0;
+  int64_t row_bytes = 0, offset = 0;
+};
+
+// The chunk slots of group `g` and, in `bytes`, the memory a chunk needs for them.
+std::vector<ChunkSlot> chunk_slots(const CompiledProgram::Impl& m, const sched::NestGroup& g, int64_t& bytes);
+
 template <typename T>
 T check(llvm::Expected<T> v, const std::string& what) {
   if (!v) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(v.takeError()));

@@ -289,37 +289,6 @@ void NestEmitter::in_range_body(Value* in_range, const std::vector<sched::LoopNo
   b_.SetInsertPoint(cont_bb);
 }
 
-std::vector<std::string> NestEmitter::nest_tensors(const sched::Nest& nest_) {
-  std::vector<std::string> used{nest_.tensor};
-  auto add = [&used](const std::string& t) {
-    if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
-  };
-  if (nest_.kind == sched::Nest::Kind::elementwise) {
-    std::vector<std::string> leaves;
-    nest_.elementwise.expr.collect_tensors(leaves);
-    for (const auto& t : leaves) add(t);
-  } else {
-    for (const auto& a : nest_.contraction.inputs) {
-      auto in = nest_.inlined.find(a.tensor);
-      if (in == nest_.inlined.end() || nest_.kind != sched::Nest::Kind::update) {
-        add(a.tensor);
-        continue;
-      }
-      std::vector<std::string> leaves;
-      in->second.expr.collect_tensors(leaves);
-      for (const auto& t : leaves) add(t);
-    }
-    if (nest_.contraction.init) add(*nest_.contraction.init);
-    if (nest_.epilogue) {
-      add(nest_.epilogue->output);
-      std::vector<std::string> leaves;
-      nest_.epilogue->expr.collect_tensors(leaves);
-      for (const auto& t : leaves) add(t);
-    }
-  }
-  return used;
-}
-
 Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
   using K = sched::LoopExpr::Kind;
   auto* i64 = b_.getInt64Ty();
@@ -483,7 +452,7 @@ namespace polytile::llvm_ir {
 
 using internal::NestEmitter;
 
-std::vector<std::string> nest_tensors(const sched::Nest& nest) { return NestEmitter::nest_tensors(nest); }
+std::vector<std::string> nest_tensors(const sched::Nest& nest) { return sched::nest_tensors(nest); }
 
 namespace {
 

@@ -56,10 +56,7 @@ class NestEmitter {
   llvm::Function* emit_part(const std::string& name, size_t part);
   // The separate blocks of a nest's loop IR, in emission order.
   static std::vector<const sched::LoopNode*> separate_blocks(const sched::Nest& nest);
-  std::vector<std::string> tensors_used() const { return nest_tensors(nest_); }
-
- public:
-  static std::vector<std::string> nest_tensors(const sched::Nest& nest_);
+  std::vector<std::string> tensors_used() const { return sched::nest_tensors(nest_); }
 
  private:
   // ------------------------------------------------------------------ loops

@@ -238,8 +238,9 @@ bool spans(const isl::map& outer, int64_t lo, int64_t hi);
 // The row groups of a CPU schedule (NestGroup): runs of consecutive nests with accesses (rows[k]: the
 // scheduler gives them only to nests whose outer loop the runtime splits, never to a micro-kernel or a GPU
 // kernel), the same outer range, and every dependence between one and the nests before it in the run
-// relating equal outer iterations.
+// relating equal outer iterations; with their chunk tensors, none of them in `kept` (the program's inputs
+// and outputs).
 std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::vector<std::optional<RowAccess>>& rows,
-                                   const ProgramTypes& types, const Target& target);
+                                   const ProgramTypes& types, const Target& target, const std::set<std::string>& kept);
 
 }  // namespace polytile::sched::internal

@@ -1,10 +1,42 @@
 // Row groups (NestGroup in scheduler.h): which consecutive nests may run chunk by chunk together, proven
-// with isl on each nest's accesses as functions of its outer loop, and how many rows a chunk takes.
+// with isl on each nest's accesses as functions of its outer loop, how many rows a chunk takes, and which
+// tensors live in a chunk's own memory.
 #include <algorithm>
 #include <set>
 #include <string>
 
 #include "nest_builder.h"
+
+namespace polytile::sched {
+
+std::vector<std::string> nest_tensors(const Nest& nest) {
+  std::vector<std::string> used{nest.tensor};
+  auto add = [&used](const std::string& t) {
+    if (std::find(used.begin(), used.end(), t) == used.end()) used.push_back(t);
+  };
+  auto add_leaves = [&add](const Expr& e) {
+    std::vector<std::string> leaves;
+    e.collect_tensors(leaves);
+    for (const auto& t : leaves) add(t);
+  };
+  if (nest.kind == Nest::Kind::elementwise) {
+    add_leaves(nest.elementwise.expr);
+    return used;
+  }
+  for (const auto& a : nest.contraction.inputs) {
+    auto in = nest.inlined.find(a.tensor);
+    if (in == nest.inlined.end() || nest.kind != Nest::Kind::update) add(a.tensor);
+    else add_leaves(in->second.expr);
+  }
+  if (nest.contraction.init) add(*nest.contraction.init);
+  if (nest.epilogue) {
+    add(nest.epilogue->output);
+    add_leaves(nest.epilogue->expr);
+  }
+  return used;
+}
+
+}  // namespace polytile::sched
 
 namespace polytile::sched::internal {
 
@@ -53,17 +85,58 @@ int64_t chunk_rows(const RowAccess& group, int64_t extent, const ProgramTypes& t
   return std::clamp<int64_t>(fit, 1, balanced);
 }
 
+// The group's chunk tensors (NestGroup::chunk_tensors): of the tensors it writes, those that no nest
+// outside it touches, that are not in `kept` (the program's inputs and outputs), and that iteration c
+// touches only in the c-th run of row_elements elements (from `lo`, the outer loop's first value).
+std::vector<ChunkTensor> chunk_tensors(const NestGroup& g, const RowAccess& group, const std::vector<Nest>& nests,
+                                       const ProgramTypes& types, const std::set<std::string>& kept, int64_t lo, int64_t extent) {
+  std::set<std::string> outside = kept;
+  for (size_t k = 0; k < nests.size(); ++k)
+    if (k < g.first || k > g.last)
+      for (const auto& t : nest_tensors(nests[k])) outside.insert(t);
+  const isl::union_map touched = group.writes.unite(group.reads);
+  std::vector<ChunkTensor> out;
+  for (const auto& [name, type] : types.tensors) {
+    if (outside.count(name) || type.shape.empty()) continue;
+    int64_t elements = 1;
+    for (int64_t d : type.shape) elements *= d;
+    if (elements % extent != 0) continue;
+    std::vector<std::string> vars;
+    for (size_t d = 0; d < type.shape.size(); ++d) vars.push_back("i" + std::to_string(d));
+    const isl::union_set universe(touched.ctx(), "{ " + name + "[" + join(vars) + "] }");
+    const isl::union_map mine = group.writes.intersect_range(universe);
+    if (mine.is_empty()) continue;
+    // { T[e] -> [f] }: f the element's offset in row-major storage; iteration c may touch f in
+    // [(c - lo) * W, (c - lo + 1) * W).
+    std::string offset = "0";
+    int64_t stride = 1;
+    for (size_t d = type.shape.size(); d-- > 0;) {
+      offset += " + " + std::to_string(stride) + "*i" + std::to_string(d);
+      stride *= type.shape[d];
+    }
+    const int64_t row = elements / extent;
+    const isl::union_map storage(touched.ctx(), "{ " + name + "[" + join(vars) + "] -> [" + offset + "] }");
+    const isl::union_map in_row(touched.ctx(), "{ [c] -> [f] : " + std::to_string(row) + "*(c - " + std::to_string(lo) +
+                                                   ") <= f < " + std::to_string(row) + "*(c - " + std::to_string(lo) + " + 1) }");
+    if (touched.intersect_range(universe).apply_range(storage).is_subset(in_row)) out.push_back(ChunkTensor{name, row});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::vector<std::optional<RowAccess>>& rows,
-                                   const ProgramTypes& types, const Target& target) {
+                                   const ProgramTypes& types, const Target& target, const std::set<std::string>& kept) {
   constexpr size_t kMaxNests = 64;  // bounds the union maps the proofs grow
   std::vector<NestGroup> groups;
   std::optional<RowAccess> group;
   NestGroup current;
   auto close = [&] {
     if (group && current.last > current.first) {
-      current.rows = chunk_rows(*group, nests[current.first].outer_hi - nests[current.first].outer_lo + 1, types, target);
+      const Nest& first = nests[current.first];
+      const int64_t extent = first.outer_hi - first.outer_lo + 1;
+      current.rows = chunk_rows(*group, extent, types, target);
+      current.chunk_tensors = chunk_tensors(current, *group, nests, types, kept, first.outer_lo, extent);
       groups.push_back(current);
     }
     group.reset();
@@ -84,7 +157,7 @@ std::vector<NestGroup> group_nests(const std::vector<Nest>& nests, const std::ve
     }
     close();
     group = rows[k];
-    current = NestGroup{k, k, 1};
+    current = NestGroup{k, k, 1, {}};
   }
   close();
   return groups;

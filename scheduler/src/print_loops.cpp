@@ -124,7 +124,12 @@ std::string print_loops(const Schedule& schedule) {
     const Nest& nest = schedule.nests[k];
     if (group != schedule.groups.end() && group->first == k) {
       out += "row group of nests " + schedule.nests[group->first].name + " .. " + schedule.nests[group->last].name + ": " +
-             std::to_string(group->rows) + " outer iterations at a time, every nest in turn\n";
+             std::to_string(group->rows) + " outer iterations at a time, every nest in turn";
+      for (size_t t = 0; t < group->chunk_tensors.size(); ++t)
+        out += (t ? ", " : "; in each chunk's own memory: ") + group->chunk_tensors[t].tensor + " (" +
+               std::to_string(group->chunk_tensors[t].row_elements) +
+               (group->chunk_tensors[t].row_elements == 1 ? " element" : " elements") + " an iteration)";
+      out += "\n";
       ++group;
     }
     std::string vars;

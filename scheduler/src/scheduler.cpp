@@ -164,7 +164,11 @@ class ProgramScheduler {
       }
       for (; sink_ && final < out_.nests.size(); ++final) sink_(final, out_.nests[final]);
     }
-    if (!target_.gpu && target_.cpu.row_groups) out_.groups = internal::group_nests(out_.nests, rows_, types_, target_);
+    if (!target_.gpu && target_.cpu.row_groups) {
+      std::set<std::string> kept(program_.outputs.begin(), program_.outputs.end());
+      for (const auto& in : program_.inputs) kept.insert(in.name);
+      out_.groups = internal::group_nests(out_.nests, rows_, types_, target_, kept);
+    }
     return std::move(out_);
   }
 

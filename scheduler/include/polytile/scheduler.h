@@ -257,6 +257,10 @@ struct Nest {
   std::string ast;                    // isl's C rendering of the loops
 };
 
+// The tensors a nest's code reads or writes (its buffers): the tensor written first, then the others in
+// the order its statement names them.
+std::vector<std::string> nest_tensors(const Nest& nest);
+
 // Nests that run together, a few rows at a time (the CPU): consecutive nests first..last, each with a
 // parallel outer loop over the same range, where isl proves that iteration c of every nest reads and writes
 // only elements that the group's earlier nests write in their own iteration c, or that no nest of the group
@@ -265,9 +269,23 @@ struct Nest {
 // before the next chunk (chunks on different threads at once), so that what one nest writes is still in
 // cache when the next reads it: a softmax and its gradient pass over memory a few times instead of
 // fifteen. `rows` keeps the group's data per chunk within half the L2 cache.
+//
+// A tensor that only the group's nests touch, that is not a program input or output, and whose elements
+// iteration c touches all lie in the c-th run of `row_elements` elements of its row-major storage
+// (counted from outer_lo; isl proves it: a softmax's exponentials, row c of them, or a max pool gradient's
+// maxima when c runs over (image, row) pairs) is a chunk tensor: the runtime gives each chunk memory of
+// rows x row_elements elements for it, reused chunk after chunk, and passes the nests that memory shifted
+// back by the chunk's first row, so their addresses land in it. It never takes memory of its own full
+// size: the chunks' values stay in cache, and are never written back to memory.
+struct ChunkTensor {
+  std::string tensor;
+  int64_t row_elements = 0;
+};
+
 struct NestGroup {
   size_t first = 0, last = 0;  // indices into Schedule::nests, inclusive
   int64_t rows = 1;
+  std::vector<ChunkTensor> chunk_tensors;  // by tensor name
 };
 
 struct Schedule {
