@@ -78,20 +78,24 @@ int main() {
   std::cout << "layer.o: " << aot.object.size() << " bytes of machine code for " << aot.cpu << ", workspace "
             << aot.workspace_bytes << " bytes\n" << aot.header.substr(0, aot.header.find('\n', aot.header.find("int layer("))) << "\n";
 
-  // Row groups: a softmax's nests (row maxima, exp, row sums, division) run together, a few rows at a time.
+  // Row groups: a softmax's nests (row maxima, exp, row sums, division) run together, a few rows at a time;
+  // M, E and S, which only the group touches, live in each chunk's own memory (chunk tensors).
   Program softmax = parse_program(
       "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }");
   auto grouped = cpu::compile(softmax, {{"X", {DType::f32, {512, 1000}}}}, options);
-  for (const auto& g : grouped->schedule().groups)
+  for (const auto& g : grouped->schedule().groups) {
     std::cout << "row group " << grouped->schedule().nests[g.first].name << " .. " << grouped->schedule().nests[g.last].name
-              << ": " << g.rows << " rows at a time\n";
+              << ": " << g.rows << " rows at a time; chunk tensors";
+    for (const auto& t : g.chunk_tensors) std::cout << " " << t.tensor << " (" << t.row_elements << " a row)";
+    std::cout << "\n";
+  }
 
   // Tuning: a few target variants timed on this machine; the fastest is kept (and cached).
   options.tune = true;
   auto tuned = cpu::compile(layer, types, options);
   for (const auto& [variant, seconds] : tuned->tuning().candidates) std::cout << variant << ": " << seconds * 1e3 << " ms\n";
   return worst < 1e-4 && reported == lowered.schedule.nests.size() && compiled->schedule().nests.back().epilogue && !tuned->tuning().candidates.empty() &&
-                 !grouped->schedule().groups.empty() &&
+                 !grouped->schedule().groups.empty() && grouped->schedule().groups[0].chunk_tensors.size() == 3 &&
                  aot.object.compare(0, 4, "\x7f" "ELF") == 0
              ? 0
              : 1;
