@@ -77,6 +77,7 @@ struct Plan {
   std::vector<int> slot_argument;   // per slot: argument index, or -1
   std::vector<int64_t> slot_offset; // per slot without an argument: workspace offset, or -1
   int64_t workspace_bytes = 0;
+  int64_t chunk_bytes = 0;  // the most a row group's task mallocs for its chunk tensors (0: none)
 };
 
 Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
@@ -108,6 +109,11 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
       p.workspace_bytes += (byte_size(impl.types.tensors.at(name)) + 63) / 64 * 64;  // every tensor 64-byte aligned
     }
     p.slot_offset.push_back(offset);
+  }
+  for (const auto& g : impl.schedule.groups) {
+    int64_t bytes = 0;
+    chunk_slots(impl, g, bytes);
+    p.chunk_bytes = std::max(p.chunk_bytes, bytes);
   }
   return p;
 }
@@ -313,6 +319,10 @@ std::string header_text(const std::string& entry, const Plan& plan, const Progra
     << " *   makes parallel_for(parallel_user, begin, end, task, closure), which must call task(closure, b, e)\n"
     << " *   for ranges [b, e) that partition [begin, end), on any threads, and return once they have all\n"
     << " *   returned (calling task(closure, begin, end) once is a valid serial implementation).\n"
+    << (plan.chunk_bytes > 0
+            ? " * Row groups run each task's chunks of rows in malloc'ed memory of up to " + std::to_string(plan.chunk_bytes) +
+                  " bytes\n *   (freed before the task returns; where malloc fails, in the workspace instead).\n"
+            : std::string())
     << " * Returns 0, or 1 when workspace was NULL and malloc failed (nothing was written).\n"
     << " * Concurrent calls need disjoint outputs and workspaces.\n"
     << " *\n"
