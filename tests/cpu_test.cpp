@@ -276,6 +276,25 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     const TensorMap loaded = load(export_object(gradient, types_of(pool_in), "pool", pool_options))->run(pool_in, 2);
     EXPECT_EQ(loaded.at("DI").to_doubles(), compiled->run(pool_in).at("DI").to_doubles());
   }
+  // Chunk tensors of every element size: bool (1 byte), f16, f32 and f64 rows of 37 elements, placed at
+  // their offsets in the chunk memory, in the JIT and in an exported object.
+  {
+    const Program mixed = parse_program(
+        "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  B = X < M * 0.5;\n  H = exp(cast(X - M, f16));\n"
+        "  S[i, 0 : N, 1] = +(H[i, j]);\n  K[i, 0 : N, 1] = +(B[i, j]);\n  D = cast(X, f64) * 2;\n  T[i, 0 : N, 1] = +(D[i, j]);\n"
+        "  O = select(B, H / S, K + T);\n}\n");
+    TensorMap x = inputs_for({{"X", {41, 37}}}, DType::f32, 6);
+    expect_same(mixed, x, "chunk tensors of every element size", small);
+    CompileOptions verified = small;
+    verified.verify = true;
+    auto compiled = compile(mixed, types_of(x), verified);
+    ASSERT_EQ(compiled->schedule().groups.size(), 1u) << sched::print_loops(compiled->schedule());
+    const std::vector<std::string> chunked = chunk_tensor_names(compiled->schedule().groups[0]);
+    for (const char* t : {"B", "H", "M", "T"})
+      EXPECT_EQ(std::count(chunked.begin(), chunked.end(), t), 1) << t << "\n" << sched::print_loops(compiled->schedule());
+    const TensorMap loaded = load(export_object(mixed, types_of(x), "mixed", verified))->run(x, 2);
+    EXPECT_EQ(loaded.at("O").to_doubles(), compiled->run(x).at("O").to_doubles());
+  }
   // E, read by P's update in another row of it, outside the group, keeps its full-size memory; M and S
   // do not.
   {
