@@ -217,6 +217,13 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   small.target.cpu.l2_bytes = 4096;
   small.target.threads = 2;
   small.threads = 2;
+  CompileOptions verified = small;
+  verified.verify = true;  // the program expect_same ran, proven pass by pass
+  // Checked against the interpreter, then compiled again to inspect its schedule.
+  auto checked = [&](const Program& p, const TensorMap& in, const std::string& what) {
+    expect_same(p, in, what, small);
+    return compile(p, types_of(in), verified);
+  };
   const Program softmax = parse_program(
       "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
       "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n");
@@ -225,10 +232,7 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   for (const auto& [what, p] : {std::pair{"softmax", softmax}, std::pair{"softmax gradient", backward}}) {
     TensorMap used = in;
     if (p.inputs.size() == 1) used.erase("DO");
-    expect_same(p, used, what, small);
-    CompileOptions verified = small;
-    verified.verify = true;  // the program expect_same ran
-    auto compiled = compile(p, types_of(used), verified);
+    auto compiled = checked(p, used, what);
     const auto& groups = compiled->schedule().groups;
     ASSERT_EQ(groups.size(), 1u) << what << "\n" << sched::print_loops(compiled->schedule());
     EXPECT_EQ(groups[0].first, 0u) << what;
@@ -284,10 +288,7 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
         "  S[i, 0 : N, 1] = +(H[i, j]);\n  K[i, 0 : N, 1] = +(B[i, j]);\n  D = cast(X, f64) * 2;\n  T[i, 0 : N, 1] = +(D[i, j]);\n"
         "  O = select(B, H / S, K + T);\n}\n");
     TensorMap x = inputs_for({{"X", {41, 37}}}, DType::f32, 6);
-    expect_same(mixed, x, "chunk tensors of every element size", small);
-    CompileOptions verified = small;
-    verified.verify = true;
-    auto compiled = compile(mixed, types_of(x), verified);
+    auto compiled = checked(mixed, x, "chunk tensors of every element size");
     ASSERT_EQ(compiled->schedule().groups.size(), 1u) << sched::print_loops(compiled->schedule());
     const std::vector<std::string> chunked = chunk_tensor_names(compiled->schedule().groups[0]);
     for (const char* t : {"B", "H", "M", "T"})
@@ -302,10 +303,7 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
         "function (X[N, C]) -> (O, P) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
         "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n  P[i, j : N, C] = +(E[N - 1 - i, j]);\n}\n");
     TensorMap x = inputs_for({{"X", {37, 50}}}, DType::f32, 5);
-    expect_same(read_later, x, "softmax with a later read of E", small);
-    CompileOptions verified = small;
-    verified.verify = true;
-    auto compiled = compile(read_later, types_of(x), verified);
+    auto compiled = checked(read_later, x, "softmax with a later read of E");
     ASSERT_GE(compiled->schedule().groups.size(), 1u) << sched::print_loops(compiled->schedule());
     EXPECT_EQ(chunk_tensor_names(compiled->schedule().groups[0]), (std::vector<std::string>{"M", "S"}))
         << sched::print_loops(compiled->schedule());
@@ -315,10 +313,7 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
   const Program shifted = parse_program(
       "function (X[N, C]) -> (O) {\n  A = exp(X);\n  B[i, j : N, C] = +(A[N - 1 - i, j]);\n  O = B * 2;\n}\n");
   TensorMap x = inputs_for({{"X", {29, 40}}}, DType::f32, 4);
-  expect_same(shifted, x, "shifted rows", small);
-  CompileOptions verified = small;
-  verified.verify = true;
-  auto compiled = compile(shifted, types_of(x), verified);
+  auto compiled = checked(shifted, x, "shifted rows");
   const auto& nests = compiled->schedule().nests;
   auto index = [&](const std::string& name) {
     for (size_t k = 0; k < nests.size(); ++k)
