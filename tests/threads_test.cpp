@@ -1,6 +1,6 @@
 // What the headers promise about threads, exercised by several threads at once (and, in build-tsan/ from
 // ./setup.sh --tsan, under ThreadSanitizer: `ctest -L threads`): concurrent runs of one compiled program
-// on the callers' own memory, concurrent compiles of the same and of different programs with the program
+// on the callers' own memory and of a row group whose temporaries live in chunk memory, concurrent compiles of the same and of different programs with the program
 // cache being cleared meanwhile, concurrent users of one persistent kernel cache directory, and the
 // interpreter and parser in parallel. Every result is checked against the interpreter.
 #include <gtest/gtest.h>
@@ -90,6 +90,32 @@ TEST(ThreadsTest, ConcurrentRunsOfOneProgramOnCallersMemory) {
     for (int r = 0; r < 8; ++r) {
       compiled->run(inputs, outputs);
       if (!close(out, want)) return "run " + std::to_string(r) + " differs from the interpreter";
+    }
+    return "";
+  }));
+}
+
+// A softmax's row group, whose exponentials, maxima and sums live in chunk memory (sched::ChunkTensor):
+// four threads run it at once, each run's chunks on two TBB threads, every chunk in the memory of the
+// thread that runs it.
+TEST(ThreadsTest, ConcurrentRunsOfARowGroupInChunkMemory) {
+  Program p = parse_program(
+      "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]); O = E / S; }");
+  cpu::CompileOptions options;
+  options.threads = 2;
+  options.target.cpu.l2_bytes = 16384;  // chunks of a few rows: many chunks per run
+  options.target.threads = 2;
+  const TensorMap shapes{{"X", testing::random_buffer({96, 70}, 1, DType::f32)}};
+  auto compiled = cpu::compile(p, types_of(shapes), options);
+  ASSERT_EQ(compiled->schedule().groups.size(), 1u);
+  ASSERT_EQ(compiled->schedule().groups[0].chunk_tensors.size(), 3u);
+  expect_none(on_threads([&](int k) -> std::string {
+    TensorMap in{{"X", testing::random_buffer({96, 70}, 200 + static_cast<uint64_t>(k), DType::f32)}};
+    const Buffer want = interpret(p, in).at("O");
+    TensorMap out;
+    for (int r = 0; r < 8; ++r) {
+      compiled->run(in, out);
+      if (!close(out.at("O"), want)) return "run " + std::to_string(r) + " differs from the interpreter";
     }
     return "";
   }));
