@@ -1,8 +1,9 @@
 // What the headers promise about threads, exercised by several threads at once (and, in build-tsan/ from
 // ./setup.sh --tsan, under ThreadSanitizer: `ctest -L threads`): concurrent runs of one compiled program
-// on the callers' own memory and of a row group whose temporaries live in chunk memory, concurrent compiles of the same and of different programs with the program
-// cache being cleared meanwhile, concurrent users of one persistent kernel cache directory, and the
-// interpreter and parser in parallel. Every result is checked against the interpreter.
+// on the callers' own memory and of a row group whose temporaries live in chunk memory, concurrent
+// compiles of the same and of different programs with the program cache being cleared meanwhile,
+// concurrent users of one persistent kernel cache directory, and the interpreter and parser in parallel.
+// Every result is checked against the interpreter.
 #include <gtest/gtest.h>
 
 #include <atomic>
