@@ -233,6 +233,9 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     TensorMap used = in;
     if (p.inputs.size() == 1) used.erase("DO");
     auto compiled = checked(p, used, what);
+    CompileOptions one_thread = small;  // the runtime's serial path: every chunk on the caller's thread
+    one_thread.threads = 1;
+    expect_same(p, used, std::string(what) + " on one thread", one_thread);
     const auto& groups = compiled->schedule().groups;
     ASSERT_EQ(groups.size(), 1u) << what << "\n" << sched::print_loops(compiled->schedule());
     EXPECT_EQ(groups[0].first, 0u) << what;
