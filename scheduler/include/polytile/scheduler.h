@@ -275,8 +275,8 @@ std::vector<std::string> nest_tensors(const Nest& nest);
 // (counted from outer_lo; isl proves it: a softmax's exponentials, row c of them, or a max pool gradient's
 // maxima when c runs over (image, row) pairs) is a chunk tensor: the runtime gives each chunk memory of
 // rows x row_elements elements for it, reused chunk after chunk, and passes the nests that memory shifted
-// back by the chunk's first row, so their addresses land in it. It never takes memory of its own full
-// size: the chunks' values stay in cache, and are never written back to memory.
+// back by the chunk's first row, so their addresses land in it. It never takes memory of its full size:
+// the same few cache lines serve chunk after chunk, instead of a stream of them going out to memory.
 struct ChunkTensor {
   std::string tensor;
   int64_t row_elements = 0;
