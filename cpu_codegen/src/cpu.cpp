@@ -368,6 +368,10 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     }
   for (const auto& nest : impl.schedule.nests)
     for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
+  for (const auto& g : impl.schedule.groups) {
+    GroupChunks& chunks = impl.chunks.emplace_back();
+    chunks.slots = chunk_slots(impl, g, chunks.bytes);
+  }
   impl.times.optimize_and_jit = seconds_since(t0);
   return modules;
 }
@@ -583,12 +587,12 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     TensorMap& scratch;
     ~GiveBack() { m.scratch_pool.give(std::move(scratch)); }
   } give_back{m, scratch};
-  std::set<std::string> in_chunks;
-  for (const auto& g : m.schedule.groups)
-    for (const auto& t : g.chunk_tensors) in_chunks.insert(t.tensor);
+  std::vector<bool> in_chunks(m.buffers.size(), false);
+  for (const GroupChunks& g : m.chunks)
+    for (const ChunkSlot& s : g.slots) in_chunks[s.slot] = true;
   for (size_t i = 0; i < m.buffers.size(); ++i) {
     const std::string& name = m.buffers[i];
-    if (ptrs[i] || !m.touched.count(name) || m.inputs.count(name) || in_chunks.count(name)) continue;
+    if (ptrs[i] || in_chunks[i] || !m.touched.count(name) || m.inputs.count(name)) continue;
     const TensorType& t = m.types.tensors.at(name);
     auto kept = scratch.find(name);
     if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
@@ -600,17 +604,23 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     const sched::Nest& nest = m.schedule.nests[k];
     NestFn fn = m.nests[k];
     if (group != m.schedule.groups.end() && group->first == k) {  // a row group: every nest on a chunk, chunk after chunk
+      const GroupChunks& in_memory = m.chunks[static_cast<size_t>(group - m.schedule.groups.begin())];
       const sched::NestGroup& g = *group++;
-      int64_t bytes = 0;
-      const std::vector<ChunkSlot> slots = chunk_slots(m, g, bytes);
       auto chunks = [&](int64_t begin, int64_t end) {
-        std::vector<char*> table = ptrs;  // this task's: the chunk tensors in this thread's memory
-        char* memory = slots.empty() ? nullptr : chunk_memory(bytes);
+        // With chunk tensors, this task's own table: their slots in this thread's chunk memory.
+        std::vector<char*> own;
+        char** table = ptrs.data();
+        char* memory = nullptr;
+        if (!in_memory.slots.empty()) {
+          own = ptrs;
+          table = own.data();
+          memory = chunk_memory(in_memory.bytes);
+        }
         for (int64_t c = begin; c < end; c += g.rows) {
-          for (const ChunkSlot& s : slots)  // integer arithmetic: the shifted pointer is outside the memory
+          for (const ChunkSlot& s : in_memory.slots)  // integer arithmetic: the shifted pointer is outside the memory
             table[s.slot] = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(memory + s.offset) -
                                                     static_cast<uintptr_t>((c - nest.outer_lo) * s.row_bytes));
-          for (size_t j = g.first; j <= g.last; ++j) m.nests[j](table.data(), c, std::min(end, c + g.rows));
+          for (size_t j = g.first; j <= g.last; ++j) m.nests[j](table, c, std::min(end, c + g.rows));
         }
       };
       if (m.threads <= 1) {

@@ -110,11 +110,7 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
     }
     p.slot_offset.push_back(offset);
   }
-  for (const auto& g : impl.schedule.groups) {
-    int64_t bytes = 0;
-    chunk_slots(impl, g, bytes);
-    p.chunk_bytes = std::max(p.chunk_bytes, bytes);
-  }
+  for (const GroupChunks& g : impl.chunks) p.chunk_bytes = std::max(p.chunk_bytes, g.bytes);
   return p;
 }
 
@@ -123,7 +119,7 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
 // chunk's memory for them once and runs the nests on its own copy of the table, their slots pointed into
 // that memory for each chunk (ChunkSlot); when malloc fails, on the caller's table, whose slots hold the
 // tensors' full-size memory in the workspace -- slower, the same values.
-llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched::NestGroup& group,
+llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched::NestGroup& group, const GroupChunks& chunks,
                            const std::vector<llvm::Function*>& nests, const CompiledProgram::Impl& impl) {
   llvm::LLVMContext& ctx = m.getContext();
   llvm::IRBuilder<> b(ctx);
@@ -137,14 +133,13 @@ llvm::Function* emit_group(llvm::Module& m, const std::string& name, const sched
   auto* body = llvm::BasicBlock::Create(ctx, "nests", fn);
   auto* done = llvm::BasicBlock::Create(ctx, "done", fn);
   b.SetInsertPoint(start);
-  int64_t bytes = 0;
-  const std::vector<ChunkSlot> slots = chunk_slots(impl, group, bytes);
+  const std::vector<ChunkSlot>& slots = chunks.slots;
   llvm::Value *memory = nullptr, *own = nullptr, *used = table;
   if (!slots.empty()) {
     own = b.CreateAlloca(llvm::ArrayType::get(ptr, impl.buffers.size()), nullptr, "chunk_buffers");
     b.CreateMemCpy(own, llvm::MaybeAlign(8), table, llvm::MaybeAlign(8), impl.buffers.size() * 8);
     llvm::FunctionCallee malloc_fn = m.getOrInsertFunction("malloc", llvm::FunctionType::get(ptr, {i64}, false));
-    memory = b.CreateCall(malloc_fn, {b.getInt64(bytes)}, "chunk_memory");
+    memory = b.CreateCall(malloc_fn, {b.getInt64(chunks.bytes)}, "chunk_memory");
     used = b.CreateSelect(b.CreateIsNull(memory), table, own, "table");
   }
   b.CreateBr(loop);
@@ -232,8 +227,9 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
     llvm::Value* whole[] = {table, b.getInt64(INT64_MIN), b.getInt64(INT64_MAX)};
     llvm::Function* task = nests[k];
     if (group != impl.schedule.groups.end() && group->first == k) {
+      const GroupChunks& chunks = impl.chunks[static_cast<size_t>(group - impl.schedule.groups.begin())];
       const sched::NestGroup& g = *group++;
-      task = emit_group(m, "group_" + std::to_string(k), g, nests, impl);
+      task = emit_group(m, "group_" + std::to_string(k), g, chunks, nests, impl);
       k = g.last;
       whole[1] = b.getInt64(nest.outer_lo);
       whole[2] = b.getInt64(nest.outer_hi + 1);

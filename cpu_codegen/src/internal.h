@@ -64,6 +64,21 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A row group's chunk tensor (sched::ChunkTensor) as the runtimes place it: its slot in the buffer table,
+// its bytes per outer iteration, and its offset in a chunk's memory (each tensor rows x row_bytes, 64-byte
+// aligned). Before running the group's nests on chunk [c, ...), a runtime points the slot at its chunk
+// memory + offset - (c - outer_lo) x row_bytes: the nests' addresses of rows c... land in that memory.
+struct ChunkSlot {
+  size_t slot = 0;
+  int64_t row_bytes = 0, offset = 0;
+};
+
+// A row group's chunk slots and the memory one chunk needs for them (chunk_slots).
+struct GroupChunks {
+  std::vector<ChunkSlot> slots;
+  int64_t bytes = 0;
+};
+
 struct CompiledProgram::Impl {
   Program program;
   ProgramTypes types;
@@ -74,6 +89,7 @@ struct CompiledProgram::Impl {
   TuningReport tuning;
   std::vector<std::string> buffers;  // index -> tensor
   std::set<std::string> touched;     // tensors some nest reads or writes
+  std::vector<GroupChunks> chunks;   // per row group (Schedule::groups), its chunk tensors' places
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::vector<NestFn> nests;
   int threads = 1;
@@ -81,15 +97,6 @@ struct CompiledProgram::Impl {
   // in flight at once: a run takes a set, or allocates one, and gives it back. Reused memory needs no
   // zeroing either (every nest writes all of its tensor's elements before any read).
   ReusePool<TensorMap> scratch_pool;
-};
-
-// A row group's chunk tensor (sched::ChunkTensor) as the runtimes place it: its slot in the buffer table,
-// its bytes per outer iteration, and its offset in a chunk's memory (each tensor rows x row_bytes, 64-byte
-// aligned). Before running the group's nests on chunk [c, ...), a runtime points the slot at its chunk
-// memory + offset - (c - outer_lo) x row_bytes: the nests' addresses of rows c... land in that memory.
-struct ChunkSlot {
-  size_t slot = 0;
-  int64_t row_bytes = 0, offset = 0;
 };
 
 // The chunk slots of group `g` and, in `bytes`, the memory a chunk needs for them.
