@@ -301,6 +301,23 @@ class NestCompiler {
 
 }  // namespace
 
+namespace {
+
+// Group `g`'s chunk tensors placed in one chunk's memory (ChunkSlot), tensor after tensor.
+GroupChunks place_chunks(const CompiledProgram::Impl& m, const sched::NestGroup& g) {
+  GroupChunks out;
+  for (const sched::ChunkTensor& t : g.chunk_tensors) {
+    const auto slot = std::find(m.buffers.begin(), m.buffers.end(), t.tensor);
+    POLYTILE_CHECK(slot != m.buffers.end(), "chunk tensor ", t.tensor, " has no buffer");
+    const int64_t row_bytes = t.row_elements * static_cast<int64_t>(dtype_bytes(m.types.tensors.at(t.tensor).dtype));
+    out.slots.push_back(ChunkSlot{static_cast<size_t>(slot - m.buffers.begin()), row_bytes, out.bytes});
+    out.bytes += (g.rows * row_bytes + 63) / 64 * 64;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
                                        const CompileOptions& options, bool objects) {
   impl.inputs = inputs;
@@ -368,10 +385,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     }
   for (const auto& nest : impl.schedule.nests)
     for (const auto& t : llvm_ir::nest_tensors(nest)) impl.touched.insert(t);
-  for (const auto& g : impl.schedule.groups) {
-    GroupChunks& chunks = impl.chunks.emplace_back();
-    chunks.slots = chunk_slots(impl, g, chunks.bytes);
-  }
+  for (const auto& g : impl.schedule.groups) impl.chunks.push_back(place_chunks(impl, g));
   impl.times.optimize_and_jit = seconds_since(t0);
   return modules;
 }
@@ -542,19 +556,6 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
 void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const { execute(*impl_, inputs, outputs); }
 
 void CompiledProgram::run(const ViewMap& inputs, const ViewMap& outputs) const { execute(*impl_, inputs, outputs); }
-
-std::vector<ChunkSlot> chunk_slots(const CompiledProgram::Impl& m, const sched::NestGroup& g, int64_t& bytes) {
-  std::vector<ChunkSlot> out;
-  bytes = 0;
-  for (const sched::ChunkTensor& t : g.chunk_tensors) {
-    const auto slot = std::find(m.buffers.begin(), m.buffers.end(), t.tensor);
-    POLYTILE_CHECK(slot != m.buffers.end(), "chunk tensor ", t.tensor, " has no buffer");
-    const int64_t row_bytes = t.row_elements * static_cast<int64_t>(dtype_bytes(m.types.tensors.at(t.tensor).dtype));
-    out.push_back(ChunkSlot{static_cast<size_t>(slot - m.buffers.begin()), row_bytes, bytes});
-    bytes += (g.rows * row_bytes + 63) / 64 * 64;
-  }
-  return out;
-}
 
 namespace {
 

@@ -73,7 +73,7 @@ struct ChunkSlot {
   int64_t row_bytes = 0, offset = 0;
 };
 
-// A row group's chunk slots and the memory one chunk needs for them (chunk_slots).
+// A row group's chunk slots and the memory one chunk needs for them (made by lower_and_emit).
 struct GroupChunks {
   std::vector<ChunkSlot> slots;
   int64_t bytes = 0;
@@ -98,9 +98,6 @@ struct CompiledProgram::Impl {
   // zeroing either (every nest writes all of its tensor's elements before any read).
   ReusePool<TensorMap> scratch_pool;
 };
-
-// The chunk slots of group `g` and, in `bytes`, the memory a chunk needs for them.
-std::vector<ChunkSlot> chunk_slots(const CompiledProgram::Impl& m, const sched::NestGroup& g, int64_t& bytes);
 
 template <typename T>
 T check(llvm::Expected<T> v, const std::string& what) {
