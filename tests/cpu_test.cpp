@@ -1147,35 +1147,44 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
   }
 }
 
-// The loops around a vectorized loop are not unrolled (cpu.cpp KeepLoopsAroundVectorLoops). A conv
-// weight gradient's sum of its slices, O[a, b, c, d] = +(S[s, a, b, c, d]) over two slices and 64
-// channels: the channel loop is vectorized (and may be unrolled into its vectors); the slice loop around
-// it stays a loop, so the update function adds each channel's vector once, not once per slice (the
-// unroller used to copy the whole vector loop for each slice: twice the code, 45 ms of LLVM at the end of
-// a gradient's compile). For every vector width, and against the interpreter.
-TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolled) {
-  const Program p = parse_program("function (S[NS, A, B, C, D]) -> (O) { O[a, b, c, d : A, B, C, D] = +(S[s, a, b, c, d]); }");
-  const TensorMap in = inputs_for({{"S", {2, 3, 3, 5, 64}}}, DType::f32, 23);
+// In a small nest (every tensor under 2^18 elements), the loops around a vectorized loop are not unrolled
+// (cpu.cpp KeepLoopsAroundVectorLoops). A conv weight gradient's sum of its slices, O[a, b, c, d] =
+// +(S[s, a, b, c, d]) over two slices and 64 channels: the channel loop is vectorized (and may be unrolled
+// into its vectors); the slice loop around it stays a loop, so the update function adds each channel's
+// vector once, not once per slice (the unroller used to copy the whole vector loop for each slice: 45 ms
+// of LLVM at the end of a gradient's compile). A large nest keeps the unrolling: a max pool's 2x2 window
+// loops are unrolled around its channel loop, so the update function compares each channel 4 times. For
+// every vector width, and against the interpreter.
+TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
+  // The lanes times the number of vector instructions `op` (e.g. "fadd") in the update nest's function
+  // (nest_1; nest_0 initializes the output).
+  auto vector_lanes = [](const std::string& ir, const std::string& op) {
+    const size_t begin = ir.find("define void @nest_1(");
+    if (begin == std::string::npos) return int64_t{-1};
+    const std::string update = ir.substr(begin, ir.find("\n}\n", begin) - begin);
+    int64_t total = 0;
+    for (size_t at = update.find(" = " + op + " "); at != std::string::npos; at = update.find(" = " + op + " ", at + 1)) {
+      const size_t line_end = update.find('\n', at), vec = update.find(" x float>", at);
+      if (vec > line_end) continue;  // a scalar one
+      const size_t open = update.rfind('<', vec);
+      total += std::stoll(update.substr(open + 1, vec - open - 1));
+    }
+    return total;
+  };
+  const Program sum = parse_program("function (S[NS, A, B, C, D]) -> (O) { O[a, b, c, d : A, B, C, D] = +(S[s, a, b, c, d]); }");
+  const Program pool = parse_program(
+      "function (I[N, H, W, C]) -> (O) { O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2; }");
+  const TensorMap sum_in = inputs_for({{"S", {2, 3, 3, 5, 64}}}, DType::f32, 23);
+  const std::map<std::string, TensorType> pool_types{{"I", {DType::f32, {2, 64, 64, 64}}}};  // 2^19 elements
   for (int bits : {128, 256, 512}) {
     CompileOptions o;
     o.target.cpu.vector_bits = bits;
-    const std::string ir = optimized_llvm_ir(p, types_of(in), o);
-    // The update nest's function (nest_1; nest_0 zeroes O) and its vector adds.
-    const size_t begin = ir.find("define void @nest_1(");
-    ASSERT_NE(begin, std::string::npos) << ir;
-    const std::string update = ir.substr(begin, ir.find("\n}\n", begin) - begin);
-    int adds = 0, lanes = 0;
-    for (size_t at = update.find("fadd"); at != std::string::npos; at = update.find("fadd", at + 1)) {
-      const size_t line_end = update.find('\n', at);
-      const size_t vec = update.find(" x float>", at);
-      if (vec > line_end) continue;  // a scalar add
-      const size_t open = update.rfind('<', vec);
-      lanes = std::stoi(update.substr(open + 1, vec - open - 1));
-      ++adds;
-    }
-    ASSERT_GT(adds, 0) << "the channel loop is not vectorized:\n" << update;
-    EXPECT_LE(adds * lanes, 64) << bits << "-bit vectors: the slice loop was unrolled around the vector loop:\n" << update;
-    expect_same(p, in, "the sum of slices with " + std::to_string(bits) + "-bit vectors", o);
+    const int64_t adds = vector_lanes(optimized_llvm_ir(sum, types_of(sum_in), o), "fadd");
+    EXPECT_GT(adds, 0) << bits << "-bit vectors: the channel loop is not vectorized";
+    EXPECT_LE(adds, 64) << bits << "-bit vectors: the slice loop was unrolled around the vector loop";
+    expect_same(sum, sum_in, "the sum of slices with " + std::to_string(bits) + "-bit vectors", o);
+    EXPECT_GT(vector_lanes(optimized_llvm_ir(pool, pool_types, o), "fcmp ogt"), 64)
+        << bits << "-bit vectors: the large max pool's window loops were not unrolled";
   }
 }
 

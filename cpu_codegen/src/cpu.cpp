@@ -89,9 +89,11 @@ namespace {
 
 // Marks every loop around a vectorized loop `llvm.loop.unroll.disable` (the late unroller then leaves
 // it alone; the vectorized loop itself may still be unrolled). Unrolled, the loops around a short vector
-// loop became copies of it: a conv weight gradient's sum of two slices over 64 channels (8 vectors)
-// turned into 16 copies of the vector body, 600 lines of IR where 60 did, for 20 ms of optimization and
-// 25 ms of machine code instead of 14 and 8, at the end of the gradient's compile.
+// loop become copies of it: that keeps a 2x2 pooling window's maxima in registers across the window (max
+// pool forward ran about 8% faster so), but a conv weight gradient's sum of two slices over 64 channels
+// (8 vectors) turned into 16 copies of the vector body, 600 lines of IR where 150 did, for 20 ms of
+// optimization and 25 ms of machine code instead of 14 and 8, at the end of the gradient's compile, for a
+// nest that runs in microseconds. So only small nests keep these loops (see small_nest).
 struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoops> {
   llvm::PreservedAnalyses run(llvm::Function& f, llvm::FunctionAnalysisManager& fam) {
     std::vector<llvm::Loop*> around;
@@ -105,6 +107,19 @@ struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoo
   }
 };
 
+// A nest whose tensors all have fewer than 2^18 elements (1 MiB of f32) runs in microseconds: the
+// optimizer spends less on it (KeepLoopsAroundVectorLoops).
+bool small_nest(const sched::Nest& nest, const ProgramTypes& types) {
+  const std::vector<std::string> tensors = llvm_ir::nest_tensors(nest);
+  return std::all_of(tensors.begin(), tensors.end(), [&](const std::string& t) {
+    const auto it = types.tensors.find(t);
+    if (it == types.tensors.end()) return false;
+    int64_t elements = 1;
+    for (int64_t d : it->second.shape) elements *= d;
+    return elements < (int64_t{1} << 18);
+  });
+}
+
 }  // namespace
 
 // The optimization pipeline of one nest's module. A register-blocked micro-kernel is vector code already:
@@ -115,16 +130,16 @@ struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoo
 // LICM and induction-variable simplification then work through the unrolled copies. A small CNN's
 // training step (54 modules) compiled in 690 ms with that order and in 415 ms with this one, and a bias
 // gradient's column sums ran 1.6x as fast (its 32 channels stay one vector loop, not 32 scalar copies).
-// The loops around a vectorized loop are not unrolled (KeepLoopsAroundVectorLoops).
-void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already) {
+// In a small nest, the loops around a vectorized loop are not unrolled (KeepLoopsAroundVectorLoops).
+void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already, bool small) {
   llvm::PipelineTuningOptions pto;
   pto.LoopVectorization = true;
   pto.SLPVectorization = true;
   pto.LoopUnrolling = false;  // unrolled after vectorization, below
   llvm::PassBuilder pb(&tm, pto);
-  pb.registerOptimizerLastEPCallback([](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
+  pb.registerOptimizerLastEPCallback([small](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
     llvm::FunctionPassManager late;
-    late.addPass(KeepLoopsAroundVectorLoops());
+    if (small) late.addPass(KeepLoopsAroundVectorLoops());
     late.addPass(llvm::LoopUnrollPass(llvm::LoopUnrollOptions(/*OptLevel=*/3).setPartial(true).setRuntime(true)));
     late.addPass(llvm::InstCombinePass());
     late.addPass(llvm::SimplifyCFGPass());
@@ -371,7 +386,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     if (!tm) tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
-    optimize(*m.module, *tm, n.nest.microkernel.has_value());
+    optimize(*m.module, *tm, n.nest.microkernel.has_value(), small_nest(n.nest, types));
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
     if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);
