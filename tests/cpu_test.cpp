@@ -1174,7 +1174,9 @@ TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
   const Program sum = parse_program("function (S[NS, A, B, C, D]) -> (O) { O[a, b, c, d : A, B, C, D] = +(S[s, a, b, c, d]); }");
   const Program pool = parse_program(
       "function (I[N, H, W, C]) -> (O) { O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2; }");
-  const TensorMap sum_in = inputs_for({{"S", {2, 3, 3, 5, 64}}}, DType::f32, 23);
+  // 2 x 3 x 3 x 128 x 64 points: more than the brief pipeline's 2^17 (NestsOfFewPointsGetTheBriefPipeline),
+  // every tensor under 2^18 elements.
+  const TensorMap sum_in = inputs_for({{"S", {2, 3, 3, 128, 64}}}, DType::f32, 23);
   const std::map<std::string, TensorType> pool_types{{"I", {DType::f32, {2, 64, 64, 64}}}};  // 2^19 elements
   for (int bits : {128, 256, 512}) {
     CompileOptions o;
@@ -1186,6 +1188,82 @@ TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
     EXPECT_GT(vector_lanes(optimized_llvm_ir(pool, pool_types, o), "fcmp ogt"), 64)
         << bits << "-bit vectors: the large max pool's window loops were not unrolled";
   }
+}
+
+// A plain nest of at most 2^17 points (its domain's box, printed with its loops) gets the brief pipeline:
+// the micro-kernels' clean-up passes and the loop vectorizer instead of O3. Its code is vector code all
+// the same and agrees with the interpreter; a nest of more points gets O3, a micro-kernel its own.
+TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
+  // The text of nest k's module and the pipeline its nest function was given.
+  auto module_of = [](const std::string& ir, size_t k) {
+    const size_t begin = ir.find("; ModuleID = 'nest_" + std::to_string(k) + "'");
+    const size_t end = ir.find("; ModuleID = ", begin + 1);
+    return begin == std::string::npos ? std::string() : ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  };
+  auto pipeline_of = [](const std::string& module, size_t k) {
+    const size_t define = module.find("define void @nest_" + std::to_string(k) + "(");
+    const size_t group = module.find(" #", define);
+    if (define == std::string::npos || group == std::string::npos) return std::string("none");
+    const std::string id = module.substr(group + 1, module.find_first_of(" {", group + 1) - group - 1);
+    const size_t attrs = module.find("attributes " + id + " = {");
+    const size_t at = module.find("\"polytile-pipeline\"=\"", attrs);
+    if (attrs == std::string::npos || at == std::string::npos) return std::string("none");
+    const size_t value = at + std::string("\"polytile-pipeline\"=\"").size();
+    return module.substr(value, module.find('"', value) - value);
+  };
+  auto vector_ops = [](const std::string& module) {
+    int64_t n = 0;
+    for (size_t at = module.find(" x float>"); at != std::string::npos; at = module.find(" x float>", at + 1)) ++n;
+    return n;
+  };
+  struct Case {
+    std::string what, tile;
+    Shapes shapes;
+    int64_t exact;      // points of the update's domain, counted by hand
+    bool rectangular;   // its box is the domain itself
+    std::string pipeline;
+  };
+  const std::string sum = "function (S[NS, A, B, C, D]) -> (O) { O[a, b, c, d : A, B, C, D] = +(S[s, a, b, c, d]); }";
+  const std::string triangle = "function (I[N]) -> (O) { O[i : N] = +(I[i + j]), i + j < N; }";
+  const std::vector<Case> cases = {
+      {"a sum of slices", sum, {{"S", {2, 3, 3, 5, 64}}}, 5760, true, "brief"},
+      {"a triangle", triangle, {{"I", {100}}}, 100 * 101 / 2, false, "brief"},
+      {"a larger sum of slices", sum, {{"S", {2, 3, 3, 128, 64}}}, 147456, true, "full"},
+      {"a larger triangle", triangle, {{"I", {600}}}, 600 * 601 / 2, false, "full"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Program p = parse_program(c.tile);
+    const TensorMap in = inputs_for(c.shapes, DType::f32, 29);
+    CompileOptions o;
+    o.cache = false;
+    auto compiled = compile(p, types_of(in), o);
+    const auto& nests = compiled->schedule().nests;
+    const std::string loops = sched::print_loops(compiled->schedule());
+    size_t k = 0;
+    while (k < nests.size() && nests[k].kind != sched::Nest::Kind::update) ++k;
+    ASSERT_LT(k, nests.size()) << loops;
+    ASSERT_FALSE(nests[k].microkernel.has_value()) << loops;
+    if (c.rectangular) {
+      EXPECT_EQ(nests[k].points, c.exact) << loops;
+    }
+    EXPECT_GE(nests[k].points, c.exact) << loops;
+    EXPECT_EQ(nests[k].points <= (int64_t{1} << 17), c.pipeline == "brief") << loops;
+    EXPECT_NE(loops.find("; " + std::to_string(nests[k].points) + " points in its box"), std::string::npos) << loops;
+    const std::string module = module_of(compiled->llvm_ir(), k);
+    EXPECT_EQ(pipeline_of(module, k), c.pipeline) << module;
+    EXPECT_GT(vector_ops(module), 0) << "not vectorized:\n" << module;
+    expect_same(p, in, c.what, o);
+  }
+  // A micro-kernel keeps its own pipeline, whatever its points.
+  const Program matmul = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
+  auto compiled = compile(matmul, {{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}}, microkernels_forced(512));
+  const auto& nests = compiled->schedule().nests;
+  for (size_t k = 0; k < nests.size(); ++k)
+    if (nests[k].microkernel) {
+      EXPECT_EQ(nests[k].points, -1);
+      EXPECT_EQ(pipeline_of(module_of(compiled->llvm_ir(), k), k), "microkernel");
+    }
 }
 
 // Nests are compiled by worker threads while the scheduler goes on (cpu.cpp lower_and_emit): when a

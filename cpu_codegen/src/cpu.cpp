@@ -20,9 +20,12 @@
 #include <llvm/Transforms/Scalar/LICM.h>
 #include <llvm/Transforms/Scalar/LoopPassManager.h>
 #include <llvm/Transforms/Scalar/LoopUnrollPass.h>
+#include <llvm/Transforms/Scalar/LoopRotation.h>
 #include <llvm/Transforms/Scalar/SROA.h>
 #include <llvm/Transforms/Scalar/SimplifyCFG.h>
+#include <llvm/Transforms/Utils/InjectTLIMappings.h>
 #include <llvm/Transforms/Utils/LoopUtils.h>
+#include <llvm/Transforms/Vectorize/LoopVectorize.h>
 #include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -107,6 +110,25 @@ struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoo
   }
 };
 
+// How much of the optimizer a nest's module gets (pipeline_for).
+enum class Pipeline {
+  microkernel,  // register blocks, vector code already: promoted, cleaned up, invariants hoisted
+  brief,        // a nest of few points: the same, then the loop vectorizer alone
+  full,         // O3, its unrolling after the vectorizers
+};
+
+// A nest of at most 2^17 points (a conv's weights packed or transposed, a weight gradient's sum of
+// slices) runs in microseconds even unvectorized. O3's loop passes cost it the most: on a 3x3x64x64 weight
+// packing's five loops, induction-variable simplification and instruction combining took 11-17 ms
+// (scalar evolution on the nested address arithmetic) of a module that becomes one vector copy loop.
+constexpr int64_t kBriefPoints = int64_t{1} << 17;
+
+Pipeline pipeline_for(const sched::Nest& nest) {
+  if (nest.microkernel) return Pipeline::microkernel;
+  if (nest.points >= 0 && nest.points <= kBriefPoints) return Pipeline::brief;
+  return Pipeline::full;
+}
+
 // A nest whose tensors all have fewer than 2^18 elements (1 MiB of f32) runs in microseconds: the
 // optimizer spends less on it (KeepLoopsAroundVectorLoops).
 bool small_nest(const sched::Nest& nest, const ProgramTypes& types) {
@@ -131,7 +153,14 @@ bool small_nest(const sched::Nest& nest, const ProgramTypes& types) {
 // training step (54 modules) compiled in 690 ms with that order and in 415 ms with this one, and a bias
 // gradient's column sums ran 1.6x as fast (its 32 channels stay one vector loop, not 32 scalar copies).
 // In a `small` nest, the loops around a vectorized loop are not unrolled (KeepLoopsAroundVectorLoops).
-void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already, bool small) {
+// A nest of few points gets the micro-kernel's passes and then the loop vectorizer alone (with libmvec's
+// mappings): its loops stay vector loops, without O3's induction-variable work, unrolling and inlining.
+// Every function carries the pipeline it got as "polytile-pipeline" (microkernel, brief, full).
+void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool small) {
+  static const char* const names[] = {"microkernel", "brief", "full"};
+  for (llvm::Function& f : m)
+    if (!f.isDeclaration()) f.addFnAttr("polytile-pipeline", names[static_cast<int>(pipeline)]);
+  const bool vector_already = pipeline == Pipeline::microkernel;
   llvm::PipelineTuningOptions pto;
   pto.LoopVectorization = true;
   pto.SLPVectorization = true;
@@ -190,7 +219,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already, boo
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  if (!vector_already) {
+  if (pipeline == Pipeline::full) {
     pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
     return;
   }
@@ -203,6 +232,13 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, bool vector_already, boo
   fpm.addPass(llvm::GVNPass());
   fpm.addPass(llvm::InstCombinePass());
   fpm.addPass(llvm::SimplifyCFGPass());
+  if (pipeline == Pipeline::brief) {
+    fpm.addPass(llvm::createFunctionToLoopPassAdaptor(llvm::LoopRotatePass(), /*UseMemorySSA=*/false));
+    fpm.addPass(llvm::InjectTLIMappings());  // libmvec's vector variants, for the vectorizer
+    fpm.addPass(llvm::LoopVectorizePass());
+    fpm.addPass(llvm::InstCombinePass());
+    fpm.addPass(llvm::SimplifyCFGPass());
+  }
   llvm::ModulePassManager mpm;
   mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(fpm)));
   mpm.run(m, mam);
@@ -240,6 +276,39 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
 
 namespace {
 
+// The host's target machines, kept between compiles. Making one is cheap; its first modules are not: the
+// subtargets it makes for their functions (X86's instruction lowering and register tables) and what it
+// caches took 5-10 ms of the first module's optimization and machine code on every thread of every
+// compile, when each compile made its own. A machine serves one thread at a time: taken, used, given back.
+class HostMachines {
+ public:
+  std::unique_ptr<llvm::TargetMachine> take() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (!free_.empty()) {
+        std::unique_ptr<llvm::TargetMachine> tm = std::move(free_.back());
+        free_.pop_back();
+        return tm;
+      }
+    }
+    return check(host_machine().createTargetMachine(), "creating the target machine");
+  }
+  void give(std::unique_ptr<llvm::TargetMachine> tm) {
+    if (!tm) return;
+    std::lock_guard<std::mutex> guard(mutex_);
+    free_.push_back(std::move(tm));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<llvm::TargetMachine>> free_;
+};
+
+HostMachines& host_machines() {
+  static HostMachines* machines = new HostMachines;  // never destroyed: no machine outlives LLVM's statics
+  return *machines;
+}
+
 // One nest handed over by the scheduler, and what compiling it made: module 0 is the nest's function,
 // module 1 + j its separate block j (llvm_ir::emit_nest_part), each compiled on its own.
 struct CompiledNest {
@@ -249,9 +318,8 @@ struct CompiledNest {
 
 // Compiles the nests added to it (`compile(nest, index, part, machine)` for each of their modules) on
 // threads - 1 worker threads as they come, and on the caller's thread too once it calls finish(). Each
-// thread has its own target machine (`machine`, null until the first module it compiles makes one): made
-// once per thread instead of once per module, with the subtargets it keeps for the modules' function
-// attributes. Plain threads and one mutex-guarded queue: a ThreadSanitizer build follows every handoff
+// thread holds a target machine while it works (`machine`, null until the first module it compiles takes
+// one from HostMachines; given back when the thread is done). Plain threads and one mutex-guarded queue: a ThreadSanitizer build follows every handoff
 // (TBB's own, inside an uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it
 // starts nothing more and waits for what runs.
 class NestCompiler {
@@ -312,11 +380,15 @@ class NestCompiler {
   }
 
   void work() {  // until the queue is closed and empty, or a nest failed
-    std::unique_ptr<llvm::TargetMachine> machine;  // this thread's
+    std::unique_ptr<llvm::TargetMachine> machine;  // this thread's while it works
     for (;;) {
       std::unique_lock<std::mutex> lock(mutex_);
       ready_.wait(lock, [&] { return claimed_ < jobs_.size() || closed_; });
-      if (claimed_ >= jobs_.size() || failure_) return;
+      if (claimed_ >= jobs_.size() || failure_) {
+        lock.unlock();
+        host_machines().give(std::move(machine));
+        return;
+      }
       const auto [k, part] = jobs_[claimed_++];
       CompiledNest& n = nests_[k];  // a deque: the reference survives later additions
       lock.unlock();
@@ -366,8 +438,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // LLVM work of a gradient's first nests overlaps the scheduling of the others.
   std::map<std::string, int> index;
   ProgramTypes types;
-  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
-  NestCompiler compiler(impl.threads, [&index, &types, &machine, objects](CompiledNest& n, size_t k, size_t part,
+  NestCompiler compiler(impl.threads, [&index, &types, objects](CompiledNest& n, size_t k, size_t part,
                                                                         std::unique_ptr<llvm::TargetMachine>& tm) {
     auto t0 = std::chrono::steady_clock::now();
     NestModule& m = n.modules[part];
@@ -379,11 +450,11 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     if (part == 0) llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
     else llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
     m.emit_seconds = seconds_since(t0);
-    if (!tm) tm = check(llvm::orc::JITTargetMachineBuilder(machine).createTargetMachine(), "creating the target machine");
+    if (!tm) tm = host_machines().take();
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
-    const bool vector_already = n.nest.microkernel.has_value();
-    optimize(*m.module, *tm, vector_already, !vector_already && small_nest(n.nest, types));
+    const Pipeline pipeline = pipeline_for(n.nest);
+    optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
     if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);

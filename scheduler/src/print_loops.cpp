@@ -137,6 +137,7 @@ std::string print_loops(const Schedule& schedule) {
     out += "nest " + nest.name + " (" + kind_name(nest.kind) + " of " + nest.tensor + "; S(" + vars + ")";
     if (nest.parallel_outer)
       out += "; threads split " + std::to_string(nest.outer_lo) + ".." + std::to_string(nest.outer_hi);
+    if (nest.points >= 0) out += "; " + std::to_string(nest.points) + " points in its box";
     if (nest.microkernel)
       out += "; micro-kernel " + std::to_string(nest.microkernel->rows) + "x" + std::to_string(nest.microkernel->chunks) + "x" +
              std::to_string(nest.microkernel->lanes) +

@@ -240,6 +240,10 @@ struct Nest {
   // run concurrently; the runtime splits [outer_lo, outer_hi] (inclusive) across threads.
   bool parallel_outer = false;
   int64_t outer_lo = 0, outer_hi = 0;
+  // CPU nests of plain loops: at most this many statement instances (the product of the domain's extents),
+  // so that the code generator can tell a nest that runs in microseconds; -1 where not counted (micro-kernels,
+  // row reductions, GPU kernels) or unbounded.
+  int64_t points = -1;
   // Update nests of a sum in which isl proves every element is written by one point at most (a pooling
   // gradient's scatter, a strided copy): each point stores 0 + its term, without reading the element, and
   // the init nest covers only the elements no point writes.
