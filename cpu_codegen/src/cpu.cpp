@@ -19,8 +19,8 @@
 #include <llvm/Transforms/Scalar/GVN.h>
 #include <llvm/Transforms/Scalar/LICM.h>
 #include <llvm/Transforms/Scalar/LoopPassManager.h>
-#include <llvm/Transforms/Scalar/LoopUnrollPass.h>
 #include <llvm/Transforms/Scalar/LoopRotation.h>
+#include <llvm/Transforms/Scalar/LoopUnrollPass.h>
 #include <llvm/Transforms/Scalar/SROA.h>
 #include <llvm/Transforms/Scalar/SimplifyCFG.h>
 #include <llvm/Transforms/Utils/InjectTLIMappings.h>
@@ -319,9 +319,9 @@ struct CompiledNest {
 // Compiles the nests added to it (`compile(nest, index, part, machine)` for each of their modules) on
 // threads - 1 worker threads as they come, and on the caller's thread too once it calls finish(). Each
 // thread holds a target machine while it works (`machine`, null until the first module it compiles takes
-// one from HostMachines; given back when the thread is done). Plain threads and one mutex-guarded queue: a ThreadSanitizer build follows every handoff
-// (TBB's own, inside an uninstrumented libtbb, it cannot). Destroyed unfinished (lowering threw), it
-// starts nothing more and waits for what runs.
+// one from HostMachines; given back when the thread is done). Plain threads and one mutex-guarded queue:
+// a ThreadSanitizer build follows every handoff (TBB's own, inside an uninstrumented libtbb, it cannot).
+// Destroyed unfinished (lowering threw), it starts nothing more and waits for what runs.
 class NestCompiler {
  public:
   using Compile = std::function<void(CompiledNest&, size_t, size_t, std::unique_ptr<llvm::TargetMachine>&)>;
