@@ -53,17 +53,15 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
 
 }  // namespace
 
-isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                                          const std::vector<std::string>& members, const NestFacts& facts) {
-  std::optional<NeutralBand> band = read_band(neutral, members);
+isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::optional<NeutralBand>& band,
+                                          const std::vector<std::string>& vars, const NestFacts& facts) {
   if (!band) return neutral;
   isl::schedule_node root = neutral.root().child(0);
   const size_t parallel = band->parallel;
   const std::vector<std::string>& perm = band->members;
   const std::vector<int64_t>& extents = band->extents;  // for the cost model
   const std::vector<int64_t>& lows = band->lows;
-  int64_t points = 1;
-  for (int64_t e : extents) points = points > (int64_t{1} << 40) / std::max<int64_t>(e, 1) ? points : points * e;
+  const int64_t points = band->points();
   // Tiles keep input blocks in cache while the outputs that share them are computed: none when the nest
   // reduces and its outputs share inputs only with outputs computed soon after (a transpose, without
   // reductions, still gains from tiles: both tensors are walked a cache line at a time).

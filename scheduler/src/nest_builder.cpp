@@ -44,21 +44,11 @@ isl::schedule_node NestBuilder::insert_band(const isl::schedule_node& at, const 
   return band;
 }
 
-namespace {
-
-// The points of `domain`'s bounding box (at most 2^62), or -1 when a dimension is unbounded.
-int64_t box_points(const isl::set& domain) {
+int64_t NeutralBand::points() const {
   int64_t points = 1;
-  for (int k = 0; k < static_cast<int>(domain.tuple_dim()); ++k) {
-    const isl::val lo = domain.dim_min_val(k), hi = domain.dim_max_val(k);
-    if (!lo.is_int() || !hi.is_int()) return domain.is_empty() ? 0 : -1;
-    const int64_t extent = std::max<int64_t>(0, hi.get_num_si() - lo.get_num_si() + 1);
-    points = extent == 0 || points <= (int64_t{1} << 62) / extent ? points * extent : int64_t{1} << 62;
-  }
+  for (int64_t e : extents) points = e > 0 && points > (int64_t{1} << 62) / e ? int64_t{1} << 62 : points * e;
   return points;
 }
-
-}  // namespace
 
 std::optional<NeutralBand> NestBuilder::read_band(const isl::schedule& neutral, const std::vector<std::string>& members) {
   isl::schedule_node root = neutral.root().child(0);
@@ -125,8 +115,9 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     return;
   }
   nest.parallel_outer = !vars.empty() && coincident > 0;
-  nest.points = box_points(domain);
-  generate(nest, cpu_plain_nest(neutral, vars, members, facts));
+  const std::optional<NeutralBand> band = read_band(neutral, members);
+  nest.points = !band ? 1 : band->bounded ? band->points() : domain.is_empty() ? 0 : -1;
+  generate(nest, cpu_plain_nest(neutral, band, vars, facts));
 }
 
 }  // namespace polytile::sched::internal

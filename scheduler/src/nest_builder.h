@@ -138,6 +138,9 @@ struct NeutralBand {
   std::vector<std::string> members;    // the variables in band order
   std::vector<int64_t> lows, extents;  // each member's range over the domain (0 and 1 where it is unbounded)
   bool bounded = true;                 // every member's range is finite
+  // The points of the members' box (the product of the extents, at most 2^62): the band maps the domain's
+  // points one to one, so they are at most this many.
+  int64_t points() const;
 };
 
 struct NestBuilder {
@@ -158,8 +161,8 @@ struct NestBuilder {
   // The band under the neutral tree's domain, whose members are `members`; nullopt when there is none (a
   // nest without variables).
   std::optional<NeutralBand> read_band(const isl::schedule& neutral, const std::vector<std::string>& members);
-  isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
-                               const std::vector<std::string>& members, const NestFacts& facts);
+  isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::optional<NeutralBand>& band,
+                               const std::vector<std::string>& vars, const NestFacts& facts);
   // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
   // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
   // can be mapped). An update whose inputs are reused across the block's threads gets a band of
