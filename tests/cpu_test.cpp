@@ -929,6 +929,8 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
 
 // The border blocks of a micro-kernel (its predicated step variant) are a function of their own, in a
 // module of its own, compiled alongside the nest's function, which calls it with the iterators it reads.
+// That module's machine code is made without Loop Strength Reduction (its functions say so with
+// "polytile-no-lsr"); the nest's own module, with the uniform blocks, keeps it.
 TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
   Program conv = parse_program(
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
@@ -938,6 +940,16 @@ TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
   const std::string ir = optimized_llvm_ir(conv, types_of(in), o);
   EXPECT_NE(ir.find("define void @nest_0.part0("), std::string::npos) << ir.substr(0, 2000);
   EXPECT_NE(ir.find("call void @nest_0.part0("), std::string::npos);
+  const size_t border = ir.find("; ModuleID = 'nest_0.part0'");
+  ASSERT_NE(border, std::string::npos) << ir.substr(0, 2000);
+  const size_t uniform = ir.find("; ModuleID = 'nest_0'");
+  ASSERT_LT(uniform, border);
+  EXPECT_EQ(ir.substr(uniform, border - uniform).find("\"polytile-no-lsr\""), std::string::npos);
+  const std::string border_module = ir.substr(border, ir.find("; ModuleID = ", border + 1) - border);
+  const size_t attrs = border_module.find("attributes #0 = {");
+  ASSERT_NE(attrs, std::string::npos) << border_module;
+  EXPECT_NE(border_module.substr(attrs, border_module.find('}', attrs) - attrs).find("\"polytile-no-lsr\""), std::string::npos)
+      << border_module.substr(attrs);
   expect_same(conv, in, "the conv with its border blocks outlined", o);
 }
 

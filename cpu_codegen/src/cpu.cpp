@@ -7,11 +7,14 @@
 
 #include <llvm/Analysis/LoopInfo.h>
 #include <llvm/Analysis/TargetLibraryInfo.h>
-#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/MC/MCContext.h>
+#include <llvm/Support/SmallVectorMemoryBuffer.h>
+#include <llvm/Transforms/Scalar.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Transforms/InstCombine/InstCombine.h>
@@ -156,6 +159,45 @@ bool small_nest(const sched::Nest& nest, const ProgramTypes& types) {
 // A nest of few points gets the micro-kernel's passes and then the loop vectorizer alone (with libmvec's
 // mappings): its loops stay vector loops, without O3's induction-variable work, unrolling and inlining.
 // Every function carries the pipeline it got as "polytile-pipeline" (microkernel, brief, full).
+// A function attribute: the module's machine code is made without Loop Strength Reduction (machine_code).
+constexpr const char* kNoLoopStrengthReduction = "polytile-no-lsr";
+
+// The code generator's legacy pass manager, which drops the pass `drop` when the code generator adds it
+// (LLVM 16 has no per-module switch for a pass of its codegen pipeline, only global options).
+class CodegenPasses : public llvm::legacy::PassManager {
+ public:
+  explicit CodegenPasses(llvm::AnalysisID drop) : drop_(drop) {}
+  void add(llvm::Pass* p) override {
+    if (drop_ != nullptr && p->getPassID() == drop_) {
+      delete p;
+      return;
+    }
+    llvm::legacy::PassManager::add(p);
+  }
+
+ private:
+  llvm::AnalysisID drop_;
+};
+
+// The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where a
+// function of `m` asks (kNoLoopStrengthReduction): a micro-kernel's border blocks. LSR (with the IVUsers
+// analysis it needs) was a third of the machine code's time on the conv's modules -- 4-12 ms of a border
+// module's 25-40 -- and in a border block it only turns a few index computations into pointer bumps
+// (3 lea and a shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on
+// 14x14, about 40% border blocks; the seed's strided dilated conv) ran as fast without it, interleaved
+// medians of 7. The uniform blocks keep it: without it a weight gradient ran at half speed.
+std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm) {
+  static const llvm::AnalysisID lsr = [] { return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID(); }();
+  const bool drop = std::any_of(m.begin(), m.end(), [](const llvm::Function& f) { return f.hasFnAttribute(kNoLoopStrengthReduction); });
+  llvm::SmallVector<char, 0> object;
+  llvm::raw_svector_ostream os(object);
+  CodegenPasses pm(drop ? lsr : nullptr);
+  llvm::MCContext* context = nullptr;
+  if (tm.addPassesToEmitMC(pm, context, os)) throw InternalError("LLVM cannot emit machine code for " + m.getName().str());
+  pm.run(m);
+  return std::make_unique<llvm::SmallVectorMemoryBuffer>(std::move(object), m.getName(), /*RequiresNullTerminator=*/false);
+}
+
 void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool small) {
   static const char* const names[] = {"microkernel", "brief", "full"};
   for (llvm::Function& f : m)
@@ -447,8 +489,13 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     m.module = std::make_unique<llvm::Module>(part == 0 ? name : name + ".part" + std::to_string(part - 1), *m.context);
     // A micro-kernel's border blocks are functions of their own, compiled alongside the rest: the
     // forward conv's one nest is two modules of about equal size on two threads.
-    if (part == 0) llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
-    else llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
+    if (part == 0) {
+      llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
+    } else {
+      llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
+      for (llvm::Function& f : *m.module)
+        if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
+    }
     m.emit_seconds = seconds_since(t0);
     if (!tm) tm = host_machines().take();
     m.module->setDataLayout(tm->createDataLayout());
@@ -457,7 +504,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
-    if (objects) m.object = check(llvm::orc::SimpleCompiler(*tm)(*m.module), "compiling " + n.nest.name);
+    if (objects) m.object = machine_code(*m.module, *tm);
   });
   sched::LowerObserver observer;
   observer.program = [&](const Program& program, const ProgramTypes& t) {
