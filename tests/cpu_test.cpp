@@ -1203,8 +1203,9 @@ TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
 }
 
 // A plain nest of at most 2^17 points (its domain's box, printed with its loops) gets the brief pipeline:
-// the micro-kernels' clean-up passes and the loop vectorizer instead of O3. Its code is vector code all
-// the same and agrees with the interpreter; a nest of more points gets O3, a micro-kernel its own.
+// the micro-kernels' clean-up passes and the loop vectorizer instead of O3, and machine code without Loop
+// Strength Reduction. Its code is vector code all the same and agrees with the interpreter; a nest of more
+// points gets O3, a micro-kernel its own (and both keep LSR).
 TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
   // The text of nest k's module and the pipeline its nest function was given.
   auto module_of = [](const std::string& ir, size_t k) {
@@ -1212,16 +1213,26 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     const size_t end = ir.find("; ModuleID = ", begin + 1);
     return begin == std::string::npos ? std::string() : ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
   };
-  auto pipeline_of = [](const std::string& module, size_t k) {
+  // The attributes of nest k's function, as the module's attribute group lists them.
+  auto attributes_of = [](const std::string& module, size_t k) {
     const size_t define = module.find("define void @nest_" + std::to_string(k) + "(");
     const size_t group = module.find(" #", define);
-    if (define == std::string::npos || group == std::string::npos) return std::string("none");
+    if (define == std::string::npos || group == std::string::npos) return std::string();
     const std::string id = module.substr(group + 1, module.find_first_of(" {", group + 1) - group - 1);
     const size_t attrs = module.find("attributes " + id + " = {");
-    const size_t at = module.find("\"polytile-pipeline\"=\"", attrs);
-    if (attrs == std::string::npos || at == std::string::npos) return std::string("none");
+    if (attrs == std::string::npos) return std::string();
+    return module.substr(attrs, module.find('}', attrs) - attrs);
+  };
+  auto pipeline_of = [&attributes_of](const std::string& module, size_t k) {
+    const std::string attrs = attributes_of(module, k);
+    const size_t at = attrs.find("\"polytile-pipeline\"=\"");
+    if (at == std::string::npos) return std::string("none");
     const size_t value = at + std::string("\"polytile-pipeline\"=\"").size();
-    return module.substr(value, module.find('"', value) - value);
+    return attrs.substr(value, attrs.find('"', value) - value);
+  };
+  // Machine code without Loop Strength Reduction (cpu.cpp machine_code): the brief nests' only.
+  auto without_lsr = [&attributes_of](const std::string& module, size_t k) {
+    return attributes_of(module, k).find("\"polytile-no-lsr\"") != std::string::npos;
   };
   auto vector_ops = [](const std::string& module) {
     int64_t n = 0;
@@ -1264,6 +1275,7 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     EXPECT_NE(loops.find("; " + std::to_string(nests[k].points) + " points in its box"), std::string::npos) << loops;
     const std::string module = module_of(compiled->llvm_ir(), k);
     EXPECT_EQ(pipeline_of(module, k), c.pipeline) << module;
+    EXPECT_EQ(without_lsr(module, k), c.pipeline == "brief") << module;
     EXPECT_GT(vector_ops(module), 0) << "not vectorized:\n" << module;
     expect_same(p, in, c.what, o);
   }
@@ -1275,6 +1287,7 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     if (nests[k].microkernel) {
       EXPECT_EQ(nests[k].points, -1);
       EXPECT_EQ(pipeline_of(module_of(compiled->llvm_ir(), k), k), "microkernel");
+      EXPECT_FALSE(without_lsr(module_of(compiled->llvm_ir(), k), k));
     }
 }
 

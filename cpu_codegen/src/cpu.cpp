@@ -180,12 +180,14 @@ class CodegenPasses : public llvm::legacy::PassManager {
 };
 
 // The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where a
-// function of `m` asks (kNoLoopStrengthReduction): a micro-kernel's border blocks. LSR (with the IVUsers
-// analysis it needs) was a third of the machine code's time on the conv's modules -- 4-12 ms of a border
-// module's 25-40 -- and in a border block it only turns a few index computations into pointer bumps
-// (3 lea and a shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on
-// 14x14, about 40% border blocks; the seed's strided dilated conv) ran as fast without it, interleaved
-// medians of 7. The uniform blocks keep it: without it a weight gradient ran at half speed.
+// function of `m` asks (kNoLoopStrengthReduction): a micro-kernel's border blocks and the nests of the
+// brief pipeline. LSR (with the IVUsers analysis it needs) was a third of the machine code's time on the
+// conv's modules -- 4-12 ms of a border module's 25-40, 30% of the weight transposition's (llc under
+// callgrind). In a border block it only turns a few index computations into pointer bumps (3 lea and a
+// shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on 14x14, about 40%
+// border blocks; the seed's strided dilated conv) ran as fast without it, interleaved medians of 7. A
+// brief nest has at most 2^17 points. The uniform blocks keep it: without it a weight gradient ran at
+// half speed.
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm) {
   static const llvm::AnalysisID lsr = [] { return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID(); }();
   const bool drop = std::any_of(m.begin(), m.end(), [](const llvm::Function& f) { return f.hasFnAttribute(kNoLoopStrengthReduction); });
@@ -507,6 +509,9 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
     const Pipeline pipeline = pipeline_for(n.nest);
+    if (pipeline == Pipeline::brief)  // a nest of few points: its loops' index arithmetic costs little
+      for (llvm::Function& f : *m.module)
+        if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
     optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
