@@ -109,6 +109,32 @@ TEST(KernelCacheTest, ASecondCacheOnTheDirectoryHits) {
   EXPECT_FALSE(cache.get(p, types_of(in)).hit);
 }
 
+// A loaded program run into outputs it was given: a buffer of the compiled type is overwritten in place
+// (what polytile run --repeat does, with no fresh pages at every run); one of another shape is replaced,
+// and a missing one added. Each run computes what the JIT computes.
+TEST(KernelCacheTest, ALoadedProgramRunsIntoTheOutputsItIsGiven) {
+  Program p = parse_program("function (A[M, K], B[K, N]) -> (C, D) { C[m, n : M, N] = +(A[m, k] * B[k, n]); D = exp(A); }");
+  TensorMap in = inputs_for({{"A", {37, 19}}, {"B", {19, 23}}}, DType::f32, 5);
+  KernelCache::Result r = KernelCache(fresh_dir("in_place")).get(p, types_of(in));
+  const TensorMap want = run(p, in);
+  TensorMap outputs;
+  outputs["C"] = Buffer(DType::f32, {37, 23});
+  outputs["D"] = Buffer(DType::f32, {1, 2});  // another shape: replaced
+  const void* c = outputs.at("C").data();
+  r.program->run(in, outputs, 2);
+  EXPECT_EQ(outputs.at("C").data(), c) << "C was not written in place";
+  expect_identical(outputs, want, "the first run");
+  const void* d = outputs.at("D").data();
+  TensorMap other = inputs_for({{"A", {37, 19}}, {"B", {19, 23}}}, DType::f32, 6);
+  r.program->run(other, outputs, 2);
+  EXPECT_EQ(outputs.at("C").data(), c);
+  EXPECT_EQ(outputs.at("D").data(), d) << "D was not reused by the second run";
+  expect_identical(outputs, run(p, other), "the second run, in place");
+  TensorMap none;
+  r.program->run(in, none);
+  expect_identical(none, want, "a run into an empty map");
+}
+
 // Damaged entries: each is detected, removed and compiled again; the next get hits the new entry.
 TEST(KernelCacheTest, DamagedEntriesAreCompiledAgainNeverRun) {
   const std::string dir = fresh_dir("damaged");

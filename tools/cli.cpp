@@ -649,7 +649,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     if (compiled) {
       compiled->run(inputs, results);  // outputs reused from the second run on
     } else if (loaded) {
-      results = loaded->run(inputs, static_cast<int>(threads));
+      loaded->run(inputs, results, static_cast<int>(threads));  // outputs reused from the second run on
     } else if (gpu) {
       results = gpu->run(kernels->bundle, inputs);
     } else {

@@ -34,7 +34,6 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <tbb/blocked_range.h>
-#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -482,6 +481,8 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   impl.inputs = inputs;
   // A GPU target's kernels run here with GPU semantics, their blocks split across the host's threads.
   impl.threads = options.threads > 0 ? options.threads : options.target.gpu ? host_target().threads : options.target.threads;
+  impl.arena = std::make_unique<tbb::task_arena>(std::max(1, impl.threads));
+  impl.arena->initialize();
   initialize_llvm();
   // Each nest is emitted, optimized and compiled as soon as the scheduler has placed it, by the workers
   // while this thread schedules the next statements, and by this thread too once scheduling is done: the
@@ -745,6 +746,8 @@ char* chunk_memory(int64_t bytes) {
   return static_cast<char*>(memory.data);
 }
 
+void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs);
+
 // Runs the nests on the buffer table `ptrs`: inputs and outputs are in place; every other slot a nest
 // touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws), except
 // the row groups' chunk tensors, which live in the memory of the thread that runs a chunk.
@@ -766,7 +769,11 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
     ptrs[i] = static_cast<char*>(kept->second.data());
   }
-  tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(m.threads));
+  m.arena->execute([&] { run_nests_in_arena(m, ptrs); });
+}
+
+// run_nests inside the program's arena.
+void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
   auto group = m.schedule.groups.begin();
   for (size_t k = 0; k < m.nests.size(); ++k) {
     const sched::Nest& nest = m.schedule.nests[k];

@@ -8,6 +8,7 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <tbb/task_arena.h>
 
 #include <chrono>
 #include <map>
@@ -93,6 +94,11 @@ struct CompiledProgram::Impl {
   std::unique_ptr<llvm::orc::LLJIT> jit;
   std::vector<NestFn> nests;
   int threads = 1;
+  // The TBB arena of `threads` in which every run's parallel loops run, made with the program. It limits
+  // polytile's runs alone: the process-wide global_control limit it replaces also held the embedding
+  // application's own TBB work to `threads` while a run was in flight. (The same speed in the bench's
+  // memory-bound cases and the small CNN's step, interleaved.)
+  std::unique_ptr<tbb::task_arena> arena;
   // Scratch tensors (written and read by nests, not outputs) of finished runs, one set per run that was
   // in flight at once: a run takes a set, or allocates one, and gives it back. Reused memory needs no
   // zeroing either (every nest writes all of its tensor's elements before any read).

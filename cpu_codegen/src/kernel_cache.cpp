@@ -40,6 +40,17 @@ struct LoadedProgram::Impl {
   EntryFn entry = nullptr;
   int threads = 1;                               // the machine's, for run(inputs, 0)
   ReusePool<std::unique_ptr<char[]>> workspaces;  // of finished runs
+  // One TBB arena per thread count, kept between runs: a run in a new arena started with the calling
+  // thread alone while TBB's workers joined it (a 16 MB elementwise copy on 2 threads took 2 ms in a new
+  // arena per run, against 1 ms in CompiledProgram::run).
+  std::mutex arenas_mutex;
+  std::map<int, std::unique_ptr<tbb::task_arena>> arenas;
+  tbb::task_arena& arena(int threads) {
+    std::lock_guard<std::mutex> lock(arenas_mutex);
+    std::unique_ptr<tbb::task_arena>& a = arenas[threads];
+    if (!a) a = std::make_unique<tbb::task_arena>(threads);
+    return *a;
+  }
 };
 
 LoadedProgram::LoadedProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -68,26 +79,36 @@ void tbb_parallel_for(void*, int64_t begin, int64_t end, ParallelTask task, void
 }  // namespace
 
 TensorMap LoadedProgram::run(const TensorMap& inputs, int threads) const {
+  TensorMap outputs;
+  run(inputs, outputs, threads);
+  return outputs;
+}
+
+void LoadedProgram::run(const TensorMap& inputs, TensorMap& outputs, int threads) const {
   const ExportedObject& e = impl_->exported;
   std::vector<void*> arguments;
-  TensorMap outputs;
+  TensorMap made;  // outputs allocated by this run, moved into `outputs` once it is done
   for (const auto& a : e.arguments) {
-    if (a.output) {
-      Buffer out(a.type.dtype, a.type.shape);
-      arguments.push_back(out.data());
-      outputs[a.tensor] = std::move(out);  // the buffer's memory stays where it is
+    if (!a.output) {
+      arguments.push_back(const_cast<void*>(compiled_input(inputs, a.tensor, a.type).data()));  // read only
       continue;
     }
-    arguments.push_back(const_cast<void*>(compiled_input(inputs, a.tensor, a.type).data()));  // read only
+    auto reuse = outputs.find(a.tensor);
+    if (reuse != outputs.end() && reuse->second.dtype() == a.type.dtype && reuse->second.shape() == a.type.shape) {
+      arguments.push_back(reuse->second.data());  // the entry point writes every element
+      continue;
+    }
+    Buffer& out = made[a.tensor] = Buffer(a.type.dtype, a.type.shape);
+    arguments.push_back(out.data());  // the buffer's memory stays where it is when it moves
   }
   std::unique_ptr<char[]> workspace = impl_->workspaces.take();
   if (!workspace && e.workspace_bytes > 0) workspace.reset(new char[static_cast<size_t>(e.workspace_bytes)]);
   int status = 0;
-  tbb::task_arena arena(threads > 0 ? threads : impl_->threads);
+  tbb::task_arena& arena = impl_->arena(threads > 0 ? threads : impl_->threads);
   arena.execute([&] { status = impl_->entry(arguments.data(), workspace.get(), tbb_parallel_for, nullptr); });
   if (workspace) impl_->workspaces.give(std::move(workspace));
   if (status != 0) throw InternalError(e.entry + " returned " + std::to_string(status) + " with a workspace given");
-  return outputs;
+  for (auto& [name, buffer] : made) outputs[name] = std::move(buffer);
 }
 
 // ---- the cache's files ----
