@@ -12,12 +12,11 @@
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/LegacyPassManager.h>
-#include <llvm/MC/MCContext.h>
-#include <llvm/Support/SmallVectorMemoryBuffer.h>
-#include <llvm/Transforms/Scalar.h>
 #include <llvm/IR/Module.h>
+#include <llvm/MC/MCContext.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Transforms/InstCombine/InstCombine.h>
+#include <llvm/Transforms/Scalar.h>
 #include <llvm/Transforms/Scalar/EarlyCSE.h>
 #include <llvm/Transforms/Scalar/GVN.h>
 #include <llvm/Transforms/Scalar/LICM.h>
@@ -30,6 +29,7 @@
 #include <llvm/Transforms/Utils/LoopUtils.h>
 #include <llvm/Transforms/Vectorize/LoopVectorize.h>
 #include <llvm/Support/DynamicLibrary.h>
+#include <llvm/Support/SmallVectorMemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -144,20 +144,6 @@ bool small_nest(const sched::Nest& nest, const ProgramTypes& types) {
   });
 }
 
-}  // namespace
-
-// The optimization pipeline of one nest's module. A register-blocked micro-kernel is vector code already:
-// it needs its allocas promoted, redundant address arithmetic removed and invariants hoisted, not the
-// vectorizers and unrollers of O3 (which took 5x as long on it for no speed). Every other nest gets O3
-// with its unrolling moved behind the vectorizers: O3 fully unrolls short constant loops (a nest's
-// channels, a pooling window, 7 columns) before the loop vectorizer sees them, and the SLP vectorizer,
-// LICM and induction-variable simplification then work through the unrolled copies. A small CNN's
-// training step (54 modules) compiled in 690 ms with that order and in 415 ms with this one, and a bias
-// gradient's column sums ran 1.6x as fast (its 32 channels stay one vector loop, not 32 scalar copies).
-// In a `small` nest, the loops around a vectorized loop are not unrolled (KeepLoopsAroundVectorLoops).
-// A nest of few points gets the micro-kernel's passes and then the loop vectorizer alone (with libmvec's
-// mappings): its loops stay vector loops, without O3's induction-variable work, unrolling and inlining.
-// Every function carries the pipeline it got as "polytile-pipeline" (microkernel, brief, full).
 // A function attribute: the module's machine code is made without Loop Strength Reduction (machine_code).
 constexpr const char* kNoLoopStrengthReduction = "polytile-no-lsr";
 
@@ -178,18 +164,28 @@ class CodegenPasses : public llvm::legacy::PassManager {
   llvm::AnalysisID drop_;
 };
 
-// The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where a
-// function of `m` asks (kNoLoopStrengthReduction): a micro-kernel's border blocks and the nests of the
-// brief pipeline. LSR (with the IVUsers analysis it needs) was a third of the machine code's time on the
-// conv's modules -- 4-12 ms of a border module's 25-40, 30% of the weight transposition's (llc under
-// callgrind). In a border block it only turns a few index computations into pointer bumps (3 lea and a
-// shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on 14x14, about 40%
-// border blocks; the seed's strided dilated conv) ran as fast without it, interleaved medians of 7. A
-// brief nest has at most 2^17 points. The uniform blocks keep it: without it a weight gradient ran at
-// half speed.
+// Marks every function of `m` for machine code without Loop Strength Reduction (machine_code).
+void without_lsr(llvm::Module& m) {
+  for (llvm::Function& f : m)
+    if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
+}
+
+// The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where every
+// function of `m` asks (kNoLoopStrengthReduction, without_lsr): a micro-kernel's border blocks and the
+// nests of the brief pipeline. LSR (with the IVUsers analysis it needs) was a third of the machine code's
+// time on the conv's modules -- 4-12 ms of a border module's 25-40, 30% of the weight transposition's
+// (llc under callgrind). In a border block it only turns a few index computations into pointer bumps
+// (3 lea and a shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on
+// 14x14, about 40% border blocks; the seed's strided dilated conv) ran as fast without it, interleaved
+// medians of 7. A brief nest has at most 2^17 points. The uniform blocks keep it: without it a weight
+// gradient ran at half speed. (A module of several nests' functions, as export links them, keeps it.)
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm) {
-  static const llvm::AnalysisID lsr = [] { return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID(); }();
-  const bool drop = std::any_of(m.begin(), m.end(), [](const llvm::Function& f) { return f.hasFnAttribute(kNoLoopStrengthReduction); });
+  static const llvm::AnalysisID lsr = [] {  // LLVM 16 exports no ID of the pass: one made and dropped says it
+    return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID();
+  }();
+  const bool drop = std::all_of(m.begin(), m.end(), [](const llvm::Function& f) {
+    return f.isDeclaration() || f.hasFnAttribute(kNoLoopStrengthReduction);
+  });
   llvm::SmallVector<char, 0> object;
   llvm::raw_svector_ostream os(object);
   CodegenPasses pm(drop ? lsr : nullptr);
@@ -199,6 +195,20 @@ std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMa
   return std::make_unique<llvm::SmallVectorMemoryBuffer>(std::move(object), m.getName(), /*RequiresNullTerminator=*/false);
 }
 
+}  // namespace
+
+// The optimization pipeline of one nest's module. A register-blocked micro-kernel is vector code already:
+// it needs its allocas promoted, redundant address arithmetic removed and invariants hoisted, not the
+// vectorizers and unrollers of O3 (which took 5x as long on it for no speed). Every other nest gets O3
+// with its unrolling moved behind the vectorizers: O3 fully unrolls short constant loops (a nest's
+// channels, a pooling window, 7 columns) before the loop vectorizer sees them, and the SLP vectorizer,
+// LICM and induction-variable simplification then work through the unrolled copies. A small CNN's
+// training step (54 modules) compiled in 690 ms with that order and in 415 ms with this one, and a bias
+// gradient's column sums ran 1.6x as fast (its 32 channels stay one vector loop, not 32 scalar copies).
+// In a `small` nest, the loops around a vectorized loop are not unrolled (KeepLoopsAroundVectorLoops).
+// A nest of few points gets the micro-kernel's passes and then the loop vectorizer alone (with libmvec's
+// mappings): its loops stay vector loops, without O3's induction-variable work, unrolling and inlining.
+// Every function carries the pipeline it got as "polytile-pipeline" (microkernel, brief, full).
 void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool small) {
   static const char* const names[] = {"microkernel", "brief", "full"};
   for (llvm::Function& f : m)
@@ -502,17 +512,14 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
       llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
     } else {
       llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
-      for (llvm::Function& f : *m.module)
-        if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
+      without_lsr(*m.module);
     }
     m.emit_seconds = seconds_since(t0);
     if (!tm) tm = host_machines().take();
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
     const Pipeline pipeline = pipeline_for(n.nest);
-    if (pipeline == Pipeline::brief)  // a nest of few points: its loops' index arithmetic costs little
-      for (llvm::Function& f : *m.module)
-        if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
+    if (pipeline == Pipeline::brief) without_lsr(*m.module);  // few points: little index arithmetic to save
     optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     llvm::raw_string_ostream os(m.ir);
     m.module->print(os, nullptr);
