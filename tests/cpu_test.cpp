@@ -927,6 +927,25 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
   EXPECT_FALSE(overlapping->schedule().nests.back().microkernel->prefetch_next_block);
 }
 
+// The text of module `name` in a compiled program's LLVM IR ("" when it has none).
+std::string module_of(const std::string& ir, const std::string& name) {
+  const size_t begin = ir.find("; ModuleID = '" + name + "'");
+  if (begin == std::string::npos) return std::string();
+  const size_t end = ir.find("; ModuleID = ", begin + 1);
+  return ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// The attributes of function `function` in `module`, as the module's attribute group lists them.
+std::string attributes_of(const std::string& module, const std::string& function) {
+  const size_t define = module.find("define void @" + function + "(");
+  const size_t group = module.find(" #", define);
+  if (define == std::string::npos || group == std::string::npos) return std::string();
+  const std::string id = module.substr(group + 1, module.find_first_of(" {", group + 1) - group - 1);
+  const size_t attrs = module.find("attributes " + id + " = {");
+  if (attrs == std::string::npos) return std::string();
+  return module.substr(attrs, module.find('}', attrs) - attrs);
+}
+
 // The border blocks of a micro-kernel (its predicated step variant) are a function of their own, in a
 // module of its own, compiled alongside the nest's function, which calls it with the iterators it reads.
 // That module's machine code is made without Loop Strength Reduction (its functions say so with
@@ -940,16 +959,11 @@ TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
   const std::string ir = optimized_llvm_ir(conv, types_of(in), o);
   EXPECT_NE(ir.find("define void @nest_0.part0("), std::string::npos) << ir.substr(0, 2000);
   EXPECT_NE(ir.find("call void @nest_0.part0("), std::string::npos);
-  const size_t border = ir.find("; ModuleID = 'nest_0.part0'");
-  ASSERT_NE(border, std::string::npos) << ir.substr(0, 2000);
-  const size_t uniform = ir.find("; ModuleID = 'nest_0'");
-  ASSERT_LT(uniform, border);
-  EXPECT_EQ(ir.substr(uniform, border - uniform).find("\"polytile-no-lsr\""), std::string::npos);
-  const std::string border_module = ir.substr(border, ir.find("; ModuleID = ", border + 1) - border);
-  const size_t attrs = border_module.find("attributes #0 = {");
-  ASSERT_NE(attrs, std::string::npos) << border_module;
-  EXPECT_NE(border_module.substr(attrs, border_module.find('}', attrs) - attrs).find("\"polytile-no-lsr\""), std::string::npos)
-      << border_module.substr(attrs);
+  const std::string uniform = module_of(ir, "nest_0"), border = module_of(ir, "nest_0.part0");
+  ASSERT_FALSE(uniform.empty()) << ir.substr(0, 2000);
+  ASSERT_FALSE(border.empty()) << ir.substr(0, 2000);
+  EXPECT_EQ(uniform.find("\"polytile-no-lsr\""), std::string::npos);
+  EXPECT_NE(attributes_of(border, "nest_0.part0").find("\"polytile-no-lsr\""), std::string::npos) << border;
   expect_same(conv, in, "the conv with its border blocks outlined", o);
 }
 
@@ -1208,31 +1222,17 @@ TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
 // points gets O3, a micro-kernel its own (and both keep LSR).
 TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
   // The text of nest k's module and the pipeline its nest function was given.
-  auto module_of = [](const std::string& ir, size_t k) {
-    const size_t begin = ir.find("; ModuleID = 'nest_" + std::to_string(k) + "'");
-    const size_t end = ir.find("; ModuleID = ", begin + 1);
-    return begin == std::string::npos ? std::string() : ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-  };
-  // The attributes of nest k's function, as the module's attribute group lists them.
-  auto attributes_of = [](const std::string& module, size_t k) {
-    const size_t define = module.find("define void @nest_" + std::to_string(k) + "(");
-    const size_t group = module.find(" #", define);
-    if (define == std::string::npos || group == std::string::npos) return std::string();
-    const std::string id = module.substr(group + 1, module.find_first_of(" {", group + 1) - group - 1);
-    const size_t attrs = module.find("attributes " + id + " = {");
-    if (attrs == std::string::npos) return std::string();
-    return module.substr(attrs, module.find('}', attrs) - attrs);
-  };
-  auto pipeline_of = [&attributes_of](const std::string& module, size_t k) {
-    const std::string attrs = attributes_of(module, k);
+  auto nest_module = [](const std::string& ir, size_t k) { return module_of(ir, "nest_" + std::to_string(k)); };
+  auto pipeline_of = [](const std::string& module, size_t k) {
+    const std::string attrs = attributes_of(module, "nest_" + std::to_string(k));
     const size_t at = attrs.find("\"polytile-pipeline\"=\"");
     if (at == std::string::npos) return std::string("none");
     const size_t value = at + std::string("\"polytile-pipeline\"=\"").size();
     return attrs.substr(value, attrs.find('"', value) - value);
   };
   // Machine code without Loop Strength Reduction (cpu.cpp machine_code): the brief nests' only.
-  auto without_lsr = [&attributes_of](const std::string& module, size_t k) {
-    return attributes_of(module, k).find("\"polytile-no-lsr\"") != std::string::npos;
+  auto without_lsr = [](const std::string& module, size_t k) {
+    return attributes_of(module, "nest_" + std::to_string(k)).find("\"polytile-no-lsr\"") != std::string::npos;
   };
   auto vector_ops = [](const std::string& module) {
     int64_t n = 0;
@@ -1273,7 +1273,7 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     EXPECT_GE(nests[k].points, c.exact) << loops;
     EXPECT_EQ(nests[k].points <= (int64_t{1} << 17), c.pipeline == "brief") << loops;
     EXPECT_NE(loops.find("; " + std::to_string(nests[k].points) + " points in its box"), std::string::npos) << loops;
-    const std::string module = module_of(compiled->llvm_ir(), k);
+    const std::string module = nest_module(compiled->llvm_ir(), k);
     EXPECT_EQ(pipeline_of(module, k), c.pipeline) << module;
     EXPECT_EQ(without_lsr(module, k), c.pipeline == "brief") << module;
     EXPECT_GT(vector_ops(module), 0) << "not vectorized:\n" << module;
@@ -1286,8 +1286,8 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
   for (size_t k = 0; k < nests.size(); ++k)
     if (nests[k].microkernel) {
       EXPECT_EQ(nests[k].points, -1);
-      EXPECT_EQ(pipeline_of(module_of(compiled->llvm_ir(), k), k), "microkernel");
-      EXPECT_FALSE(without_lsr(module_of(compiled->llvm_ir(), k), k));
+      EXPECT_EQ(pipeline_of(nest_module(compiled->llvm_ir(), k), k), "microkernel");
+      EXPECT_FALSE(without_lsr(nest_module(compiled->llvm_ir(), k), k));
     }
 }
 

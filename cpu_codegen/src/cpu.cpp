@@ -170,6 +170,8 @@ void without_lsr(llvm::Module& m) {
     if (!f.isDeclaration()) f.addFnAttr(kNoLoopStrengthReduction);
 }
 
+}  // namespace
+
 // The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where every
 // function of `m` asks (kNoLoopStrengthReduction, without_lsr): a micro-kernel's border blocks and the
 // nests of the brief pipeline. LSR (with the IVUsers analysis it needs) was a third of the machine code's
@@ -195,7 +197,6 @@ std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMa
   return std::make_unique<llvm::SmallVectorMemoryBuffer>(std::move(object), m.getName(), /*RequiresNullTerminator=*/false);
 }
 
-}  // namespace
 
 // The optimization pipeline of one nest's module. A register-blocked micro-kernel is vector code already:
 // it needs its allocas promoted, redundant address arithmetic removed and invariants hoisted, not the
@@ -843,9 +844,8 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
     }
     if (!is_output.count(name)) continue;
     const TensorType& t = m.types.tensors.at(name);
-    auto reuse = outputs.find(name);
-    if (reuse != outputs.end() && reuse->second.dtype() == t.dtype && reuse->second.shape() == t.shape) {
-      ptrs[i] = static_cast<char*>(reuse->second.data());
+    if (Buffer* reuse = reusable_output(outputs, name, t)) {
+      ptrs[i] = static_cast<char*>(reuse->data());
       continue;
     }
     env[name] = Buffer(t.dtype, t.shape);

@@ -5,7 +5,6 @@
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Linker/Linker.h>
 #include <llvm/Support/raw_ostream.h>
@@ -396,17 +395,11 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   auto tm = check(machine.createTargetMachine(), "creating the target machine");
   module->setDataLayout(tm->createDataLayout());
   module->setTargetTriple(tm->getTargetTriple().str());
-  llvm::SmallVector<char, 0> object;
-  {
-    llvm::raw_svector_ostream os(object);
-    llvm::legacy::PassManager pm;
-    if (tm->addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_ObjectFile))
-      throw InternalError("export: LLVM cannot emit an object file for " + tm->getTargetTriple().str());
-    pm.run(*module);
-  }
+  // The linked module's entry point asks for nothing: its machine code keeps Loop Strength Reduction.
+  const std::unique_ptr<llvm::MemoryBuffer> object = machine_code(*module, *tm);
   ExportedObject out;
   out.entry = entry;
-  out.object.assign(object.begin(), object.end());
+  out.object.assign(object->getBufferStart(), object->getBufferEnd());
   out.workspace_bytes = p.workspace_bytes;
   out.arguments = p.arguments;
   out.times = impl.times;

@@ -52,6 +52,13 @@ class ReusePool {
 // ([outer_lo, outer_hi], inclusive). The JIT runtime and exported entry points split the same nests.
 inline bool splits_outer_loop(const sched::Nest& nest) { return nest.parallel_outer && nest.outer_hi > nest.outer_lo; }
 
+// The buffer of `outputs` a run writes its output `name` into in place: one already there of exactly the
+// compiled type (every element is written), else null (the run allocates one).
+inline Buffer* reusable_output(TensorMap& outputs, const std::string& name, const TensorType& type) {
+  auto it = outputs.find(name);
+  return it != outputs.end() && it->second.dtype() == type.dtype && it->second.shape() == type.shape ? &it->second : nullptr;
+}
+
 // The input `name` of a compiled program: in `inputs`, of exactly the compiled type (UserError otherwise).
 inline const Buffer& compiled_input(const TensorMap& inputs, const std::string& name, const TensorType& type) {
   auto it = inputs.find(name);
@@ -114,6 +121,10 @@ T check(llvm::Expected<T> v, const std::string& what) {
 inline void check(llvm::Error e, const std::string& what) {
   if (e) throw InternalError("LLVM failed while " + what + ": " + llvm::toString(std::move(e)));
 }
+
+// The object code of module `m` for `tm` (cpu.cpp): without Loop Strength Reduction when every function
+// of `m` carries "polytile-no-lsr" (a micro-kernel's border blocks, the brief nests), with it otherwise.
+std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm);
 
 // This machine's CPU, its features and the optimization level of every compilation.
 llvm::orc::JITTargetMachineBuilder host_machine();

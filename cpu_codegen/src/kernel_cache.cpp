@@ -93,9 +93,8 @@ void LoadedProgram::run(const TensorMap& inputs, TensorMap& outputs, int threads
       arguments.push_back(const_cast<void*>(compiled_input(inputs, a.tensor, a.type).data()));  // read only
       continue;
     }
-    auto reuse = outputs.find(a.tensor);
-    if (reuse != outputs.end() && reuse->second.dtype() == a.type.dtype && reuse->second.shape() == a.type.shape) {
-      arguments.push_back(reuse->second.data());  // the entry point writes every element
+    if (Buffer* reuse = reusable_output(outputs, a.tensor, a.type)) {
+      arguments.push_back(reuse->data());
       continue;
     }
     Buffer& out = made[a.tensor] = Buffer(a.type.dtype, a.type.shape);
