@@ -421,6 +421,20 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
   EXPECT_EQ(direct.out.find("accumulators"), std::string::npos) << direct.out;
   EXPECT_EQ(direct.out.find("AccIn"), std::string::npos) << direct.out;
   one_line_error(with(mm, {"--gpu-model", "accumulators=2"}), "--gpu-model accumulators must be between 0 and 1");
+  // Shared tiles' rows are padded to an odd pitch by default (A's 128-element rows: 129); pad=0 keeps them
+  // as the box. fit=1 gives the 48 columns of B 16 threads of 3 columns instead of a warp's 32 of 2.
+  EXPECT_NE(tiled.out.find("shared tile 0 A 32x128 pitch 129"), std::string::npos) << tiled.out;
+  Result unpadded = with(mm, {"--gpu-model", "pad=0"});
+  ASSERT_EQ(unpadded.code, 0) << unpadded.err;
+  EXPECT_NE(unpadded.out.find("shared tile 0 A 32x128;"), std::string::npos) << unpadded.out;
+  EXPECT_EQ(unpadded.out.find("pitch"), std::string::npos) << unpadded.out;
+  EXPECT_NE(tiled.out.find("block 32x8x1; shared"), std::string::npos) << tiled.out;
+  Result fitted = with(mm, {"--gpu-model", "fit=1"});
+  ASSERT_EQ(fitted.code, 0) << fitted.err;
+  EXPECT_NE(fitted.out.find("block 16x16x1; shared"), std::string::npos) << fitted.out;
+  EXPECT_NE(fitted.out.find("accumulators 4x3"), std::string::npos) << fitted.out;
+  one_line_error(with(mm, {"--gpu-model", "pad=2"}), "--gpu-model pad must be between 0 and 1");
+  one_line_error(with(mm, {"--gpu-model", "fit=-1"}), "--gpu-model fit must be between 0 and 1");
   Result small = with(mm, {"--gpu-model", "threads=64,tile=2x2,split-blocks=0"});
   ASSERT_EQ(small.code, 0) << small.err;
   EXPECT_NE(small.out.find("block 32x2x1"), std::string::npos) << small.out;

@@ -457,6 +457,25 @@ TEST(CpuTest, EveryExampleUnderGpuSemantics) {
   EXPECT_GE(n, 19);
 }
 
+// The data gradient of a padded stride-2 3x3 convolution (after reduce and defract: two residues per
+// spatial axis) at a size where isl guards the threads' code by a looser condition than the copies' (loops
+// that then run no iteration). The barriers run in every reduction tile, outside both guards; under the
+// copies' guard, check_barriers found a path from the threads' reads to the next tile's copy with no
+// barrier between them, and the compilation failed.
+TEST(CpuTest, AStridedConvGradientKeepsABarrierOnEveryPath) {
+  Program p = parse_program(
+      "function (K[KH, KW, CI, CO], DO[N, OH, OW, CO]) -> (DI) {\n"
+      "  DI[v0, v1_0 + 2*v1_1 - 1, v2_0 + 2*v2_1 - 1, v3 : N, 28, 28, CI] = +(K[v1_0 + 2*v4_0, v2_0 + 2*v5_0, v3, v6] * "
+      "DO[v0, v1_1 - v4_0, v2_1 - v5_0, v6]), v1_0 < 2, v2_0 < 2;\n}");
+  CompileOptions sm90;
+  sm90.target = sched::gpu_target("sm_90");
+  const Shapes shapes{{"K", {3, 3, 64, 64}}, {"DO", {2, 14, 14, 64}}};
+  auto compiled = compile(p, {{"K", {DType::f32, {3, 3, 64, 64}}}, {"DO", {DType::f32, {2, 14, 14, 64}}}}, sm90);
+  const sched::Nest& update = compiled->schedule().nests.back();
+  ASSERT_FALSE(update.shared.empty()) << "the update reads no shared tile: the test lost its subject";
+  expect_same(p, inputs_for(shapes, DType::f32, 11), "the stride-2 data gradient on sm_90", sm90);
+}
+
 // The GPU model decides the kernels' launches: two models of one architecture are two compilations.
 TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");

@@ -90,7 +90,10 @@ Prints one stage of the compiler for FILE.tile:
                               0: no shared tiles), reuse (reads per element for a tile, 4), split-blocks (sums
                               whose outputs fill fewer blocks are split, 216; 0: never), split-slice (least
                               reduction points per slice, 256), accumulators (1: each thread's outputs in
-                              registers, the default; 0: updates go to memory)
+                              registers, the default; 0: updates go to memory), pad (1: shared tiles' even
+                              rows padded by one element against bank conflicts, the default; 0: not),
+                              fit (1: the threads fit the register tile -- along x the fewest, from 8, whose
+                              columns cover it, along y what its rows need; 0: a warp along x, the default)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -279,7 +282,7 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
-    "accumulators (1 or 0)";
+    "accumulators (1 or 0), pad (1 or 0), fit (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -318,6 +321,10 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.min_slice = number(1, int64_t{1} << 30);
     } else if (key == "accumulators") {
       m.accumulators = number(0, 1) == 1;
+    } else if (key == "pad") {
+      m.pad_shared = number(0, 1) == 1;
+    } else if (key == "fit") {
+      m.fit_threads = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }

@@ -12,6 +12,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <algorithm>
 #include <set>
 
 namespace polytile::llvm_ir::internal {
@@ -197,7 +198,8 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
     for (size_t t = 0; t < nest_.shared.size(); ++t) {
       const sched::SharedTile& tile = nest_.shared[t];
       llvm::Type* type = storage_type(types_.tensors.at(tile.tensor).dtype);
-      for (size_t d = tile.sizes.size(); d-- > 0;) type = llvm::ArrayType::get(type, static_cast<uint64_t>(tile.sizes[d]));
+      for (size_t d = tile.sizes.size(); d-- > 0;)
+        type = llvm::ArrayType::get(type, static_cast<uint64_t>(d + 1 == tile.sizes.size() ? std::max(tile.pitch, tile.sizes[d]) : tile.sizes[d]));
       shared_types_.push_back(type);
       const std::string name = fn->getName().str() + "_shared_" + tile.tensor;
       if (device_) {

@@ -5,6 +5,7 @@
 // (the host, running threads one after another, would not see it). A loop's body is walked twice, so
 // that the end of one iteration meets the start of the next (a loop mapped to blocks once: each block
 // has tiles of its own); a guard's branches are walked from the same state and joined.
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -17,6 +18,11 @@ int64_t SharedTile::elements() const {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;
+}
+
+int64_t SharedTile::storage() const {
+  if (sizes.empty()) return 1;
+  return elements() / sizes.back() * std::max(pitch, sizes.back());
 }
 
 namespace {

@@ -11,7 +11,9 @@
 // shared tiles. The reductions are tiled by a band between blocks and threads; per block and reduction
 // tile, the threads copy each promoted input's footprint (isl's fixed box hull, proven to cover it) into
 // its tile together, wait at a barrier, compute, and wait again before the next copy. The reduction tiles
-// start whole and the widest is halved until the tiles fit the model's shared memory.
+// start whole and the widest is halved until the tiles fit the model's shared memory. Rows of an even
+// length are padded by one element (SharedTile::pitch), so that a warp reading down a column of a tile
+// spreads over the banks.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -68,18 +70,26 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     }
     dims.push_back(z);
   }
-  // Threads: x up to a warp, y and z fill the block up to the model's aim.
+  // Threads: x up to a warp, y and z fill the block up to the model's aim. With a register tile (and
+  // GpuModel::fit_threads), x has the fewest threads from 8 whose columns cover it, and y no more threads
+  // than its rows need.
+  const bool reductions = parallel < perm.size();
+  const bool register_tile = facts.update && reductions;
   const int64_t aim = std::clamp(gpu.threads_per_block, 1, 1024);
-  dims[0].threads = std::min<int64_t>(dims[0].extent, 32);
+  int64_t x_threads = 32;
+  if (register_tile && gpu.fit_threads)
+    while (x_threads > 8 && (x_threads / 2) * gpu.tile_cols >= dims[0].extent) x_threads /= 2;
+  dims[0].threads = std::min<int64_t>(dims[0].extent, x_threads);
   int64_t used = dims[0].threads;
   const int64_t axis_limit[3] = {1024, 1024, 64};
   for (size_t a = 1; a < dims.size(); ++a) {
-    dims[a].threads = std::clamp<int64_t>(std::min(dims[a].extent, aim / used), 1, axis_limit[a]);
+    const int64_t need = a == 1 && register_tile && gpu.fit_threads ? (dims[a].extent + gpu.tile_rows - 1) / std::max(1, gpu.tile_rows)
+                                                                    : dims[a].extent;
+    dims[a].threads = std::clamp<int64_t>(std::min(need, aim / used), 1, axis_limit[a]);
     used *= dims[a].threads;
   }
   // The register tile: an update with reductions computes rows x cols outputs per thread.
-  const bool reductions = parallel < perm.size();
-  if (facts.update && reductions) {
+  if (register_tile) {
     auto per = [](const Mapped& m, int want) {
       return std::clamp<int64_t>((m.extent + m.threads - 1) / m.threads, 1, std::max(1, want));
     };
@@ -151,8 +161,11 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     for (int64_t t : tiles) per_tile *= t;
     const isl::union_map steps = copy_steps(tree, vars, z_members);
     std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
+    if (gpu.pad_shared)
+      for (Promoted& p : promoted)
+        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0) ++p.tile.pitch;
     int64_t bytes = 0;
-    for (const Promoted& p : promoted) bytes += p.tile.elements() * static_cast<int64_t>(p.element_bytes);
+    for (const Promoted& p : promoted) bytes += p.tile.storage() * static_cast<int64_t>(p.element_bytes);
     if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit))
       return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, added);
     auto widest = std::max_element(tiles.begin(), tiles.end());
@@ -194,6 +207,7 @@ std::vector<NestBuilder::Promoted> NestBuilder::promote(const isl::union_map& st
     p.element_bytes = r.element_bytes;
     const isl::multi_val size = box.size();
     for (unsigned d = 0; d < size.size(); ++d) p.tile.sizes.push_back(size.at(static_cast<int>(d)).get_num_si());
+    p.tile.pitch = p.tile.sizes.empty() ? 1 : p.tile.sizes.back();
     if (p.tile.elements() * min_reuse > per_tile) continue;
     // The proof: every element a block's valid points read in a reduction tile lies in the box there.
     isl::set local = isl::set::universe(footprint.range().space());
@@ -247,8 +261,18 @@ isl::schedule NestBuilder::graft_copies(const isl::schedule& tree, const isl::un
     copies.origins.push_back(std::move(exprs));
     node = node.graft_before(graft(statements.copy(t)));
   }
-  node = node.graft_before(graft(statements.sync_before));
-  node = node.graft_after(graft(statements.sync_after));
+  // The barriers run in every block and reduction tile of the steps' hull, not only where the block has
+  // points: isl may guard the threads' code by a looser condition than the copies' (loops that then run no
+  // iteration), and a barrier under the copies' guard would leave a path from the threads' reads to the
+  // next step's copies with no barrier between them. Every thread of a block takes the same branch, since
+  // the hull's conditions hold block and tile values only.
+  const isl::set hull = isl::manage(isl_set_from_basic_set(isl_set_simple_hull(isl_set_remove_divs(step_of.domain().release()))));
+  auto barrier = [&](const isl::id& statement) {
+    const isl::map identity = isl::manage(isl_map_identity(isl_space_map_from_set(hull.space().release())));
+    return isl::schedule_node::from_extension(isl::union_map(identity.intersect_domain(hull).set_range_tuple(statement)));
+  };
+  node = node.graft_before(barrier(statements.sync_before));
+  node = node.graft_after(barrier(statements.sync_after));
   return node.schedule();
 }
 
@@ -353,7 +377,7 @@ int64_t Accumulators::elements() const {
 std::string GpuModel::key() const {
   std::string k;
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
-                    min_slice, max_split_bytes, int64_t{accumulators}})
+                    min_slice, max_split_bytes, int64_t{accumulators}, int64_t{pad_shared}, int64_t{fit_threads}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;
 }

@@ -156,7 +156,8 @@ std::string print_loops(const Schedule& schedule) {
       out += k.sequential ? "; kernel on one thread (nothing mapped to blocks and threads)"
                           : "; kernel grid " + dims(k.grid) + " block " + dims(k.block);
       for (size_t t = 0; t < nest.shared.size(); ++t)
-        out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + dims(nest.shared[t].sizes);
+        out += "; shared tile " + std::to_string(t) + " " + nest.shared[t].tensor + " " + dims(nest.shared[t].sizes) +
+               (nest.shared[t].storage() > nest.shared[t].elements() ? " pitch " + std::to_string(nest.shared[t].pitch) : "");
       if (nest.accumulators)
         out += "; accumulators " + (nest.accumulators->sizes.empty() ? std::string("1") : dims(nest.accumulators->sizes));
     }
