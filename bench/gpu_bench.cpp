@@ -18,6 +18,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -25,6 +26,8 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "polytile/cuda_runtime.h"
@@ -62,17 +65,27 @@ struct MatmulShape {
   double flops() const { return 2.0 * m * n * k; }
 };
 
-// conv: O[n, y, x, co] = +(I[n, y + j - P, x + i - P, ci] * K[j, i, ci, co]), stride 1, and its gradients
-// (which take DO, of O's shape).
+// conv: O[n, y, x, co] = +(I[n, S*y + D*j - P, S*x + D*i - P, ci] * K[j, i, ci, co]) and its gradients
+// (which take DO, of O's shape). Stride S and dilation D come from the family's name (`_s3`, `_d2`; 1
+// without), the padding P from the shapes; a shape cuDNN would compute differently is refused.
 struct ConvShape {
-  int64_t n, h, w, ci, co, kh, kw, oh, ow, pad;
-  explicit ConvShape(const KernelBundle& b) {
+  int64_t n, h, w, ci, co, kh, kw, oh, ow, stride = 1, dilation = 1, pad;
+  ConvShape(const KernelBundle& b, const std::string& family) {
     const auto& i = shape(b, "I");
     const auto& k = shape(b, "K");
     const auto& o = shape(b, b.find("DO") ? "DO" : "O");
     n = i.at(0), h = i.at(1), w = i.at(2), ci = i.at(3), kh = k.at(0), kw = k.at(1), co = k.at(3);
     oh = o.at(1), ow = o.at(2);
-    pad = (oh - h + kh - 1) / 2;
+    for (const auto& [key, field] : {std::pair{std::string("_s"), &stride}, std::pair{std::string("_d"), &dilation}}) {
+      const size_t at = family.find(key);
+      if (at != std::string::npos && at + 2 < family.size() && std::isdigit(static_cast<unsigned char>(family[at + 2])))
+        *field = std::stoll(family.substr(at + 2));
+    }
+    pad = std::max<int64_t>(0, ((oh - 1) * stride + dilation * (kh - 1) + 1 - h + 1) / 2);
+    for (const auto& [in, k_, out] : {std::tuple{h, kh, oh}, std::tuple{w, kw, ow}})
+      if ((in + 2 * pad - dilation * (k_ - 1) - 1) / stride + 1 != out)
+        user_error("bundle of ", family, ": an output of ", out, " from an input of ", in, " with a filter of ", k_, ", stride ", stride,
+                   " and dilation ", dilation, " needs uneven padding, which cuDNN does not do");
   }
   // Every multiply-add of the forward convolution, also for its gradients.
   double flops() const { return 2.0 * n * oh * ow * co * ci * kh * kw; }
@@ -196,11 +209,12 @@ class CublasMatmul : public Peer {
   DeviceFloats a_, b_, c_;
 };
 
-// conv: O[n, y, x, co] = +(I[n, y + j - P, x + i - P, ci] * K[j, i, ci, co]), stride 1, and its gradients;
+// conv: O[n, y, x, co] = +(I[n, S*y + D*j - P, S*x + D*i - P, ci] * K[j, i, ci, co]) and its gradients;
 // cuDNN in NHWC with OHWI filters (it has no HWIO), the fastest algorithm cudnnFind* measures.
 class CudnnConv : public Peer {
  public:
-  CudnnConv(const KernelBundle& b, const std::string& direction, bool tf32) : direction_(direction), s_(b) {
+  CudnnConv(const KernelBundle& b, const std::string& family, const std::string& direction, bool tf32)
+      : direction_(direction), s_(b, family) {
     xs_ = std::make_unique<DeviceFloats>(s_.n * s_.h * s_.w * s_.ci);
     ws_ = std::make_unique<DeviceFloats>(s_.kh * s_.kw * s_.ci * s_.co);
     ys_ = std::make_unique<DeviceFloats>(s_.n * s_.oh * s_.ow * s_.co);
@@ -213,7 +227,8 @@ class CudnnConv : public Peer {
     check_cudnn(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(s_.n), i32(s_.ci), i32(s_.h), i32(s_.w)), "x");
     check_cudnn(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i32(s_.n), i32(s_.co), i32(s_.oh), i32(s_.ow)), "y");
     check_cudnn(cudnnSetFilter4dDescriptor(wd_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, i32(s_.co), i32(s_.ci), i32(s_.kh), i32(s_.kw)), "w");
-    check_cudnn(cudnnSetConvolution2dDescriptor(conv_, i32(s_.pad), i32(s_.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+    check_cudnn(cudnnSetConvolution2dDescriptor(conv_, i32(s_.pad), i32(s_.pad), i32(s_.stride), i32(s_.stride), i32(s_.dilation),
+                                                i32(s_.dilation), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                 "cudnnSetConvolution2dDescriptor");
     check_cudnn(cudnnSetConvolutionMathType(conv_, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
     int found = 0;
@@ -306,7 +321,7 @@ class CudnnConv : public Peer {
 
 std::unique_ptr<Peer> peer_of(const Case& c, bool tf32) {
   if (c.peer == PeerKind::cublas) return std::make_unique<CublasMatmul>(c.bundle);
-  return std::make_unique<CudnnConv>(c.bundle, c.direction, tf32);
+  return std::make_unique<CudnnConv>(c.bundle, c.family, c.direction, tf32);
 }
 
 // polytile's output (NaN-poisoned before the launch) against the peer's on the same random inputs.
@@ -362,7 +377,7 @@ std::vector<Case> read_cases(const fs::path& dir) {
         c.flops = MatmulShape(c.bundle).flops();
       } else if (c.family.rfind("conv", 0) == 0) {
         c.peer = PeerKind::cudnn;
-        c.flops = ConvShape(c.bundle).flops();
+        c.flops = ConvShape(c.bundle, c.family).flops();
       } else {
         user_error("bundle ", c.name, ": no peer for family ", c.family, " (matmul_* is measured against cuBLAS, conv* against cuDNN)");
       }

@@ -2,13 +2,15 @@
 """Makes a GPU kit: what a GPU machine without LLVM, isl or NTL needs to check and time polytile's kernels.
 
 Usage: bench/gpu_kit.py [KIT] [--target sm_90] [--gpu-model KEY=VALUE,...] [--polytile build/polytile]
-                        [--runtime-build build-runtime]
+                        [--runtime-build build-runtime] [--variant NAME=KEY=VALUE,... ...]
 
 On this machine (with LLVM), for the GPU machine:
   KIT/bin, KIT/lib   polytile-run-bundle, cuda_runtime_test and polytile_gpu_bench from a runtime-only
                      build (configured and built here in --runtime-build), and the Google Benchmark
                      library they load
   KIT/bundles        the benchmark's bundles, one per case and direction of bench/gpu/cases.txt
+  KIT/variants/NAME  the benchmark's bundles again with another GPU model (--variant), to time against the
+                     default on the same GPU
   KIT/control_args   a check that must fail (an expectation off in one element)
   KIT/check/NAME     every example of examples/ and its gradient (`polytile grad`) as a bundle, with
                      random inputs and the reference interpreter's outputs (.npy), and the arguments of
@@ -83,6 +85,31 @@ def check_case(polytile, name, tile, inputs, flags, kit):
     return {o: np.load(f"{d}/want_{o}.npy") for o in outs}
 
 
+def bench_bundles(polytile, out, kit, flags):
+    """The benchmark's bundles, one per case and direction of bench/gpu/cases.txt, under `out`."""
+    for line in open(os.path.join(here, "gpu", "cases.txt")):
+        if not line.strip() or line.startswith("#"):
+            continue
+        case, directions, tile, *shapes = line.split()
+        ins, outs = signature(open(os.path.join(root, tile)).read())
+        for direction in directions.split(","):
+            src = os.path.join(root, tile)
+            if direction != "fwd":
+                wrt = ins[0] if direction == "bwd_data" else ins[1]
+                src = os.path.join(kit, "src", f"{case}_{direction}.tile")
+                os.makedirs(os.path.dirname(src), exist_ok=True)
+                with open(src, "w") as f:
+                    f.write(run([polytile, "grad", os.path.join(root, tile), "--wrt", wrt]))
+                # The gradient's extra input D<output> has the forward output's type, as check prints it.
+                fwd_types = run([polytile, "check", os.path.join(root, tile), *shape_args(shapes)])
+                m = re.search(rf"^// {outs[0]}: f32\[([0-9, ]*)\]", fwd_types, re.M)
+                shapes_here = shapes + [f"D{outs[0]}=" + "x".join(x.strip() for x in m.group(1).split(","))]
+            else:
+                shapes_here = shapes
+            compile_bundle(polytile, src, shapes_here, os.path.join(out, case, direction), flags)
+            print(f"bundle {os.path.relpath(os.path.join(out, case, direction), kit)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kit", nargs="?", default=os.path.join(root, "build", "gpu_kit"))
@@ -90,6 +117,8 @@ def main():
     ap.add_argument("--gpu-model", default="")
     ap.add_argument("--polytile", default=os.path.join(root, "build", "polytile"))
     ap.add_argument("--runtime-build", default=os.path.join(root, "build-runtime"))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=MODEL",
+                    help="also the benchmark's bundles with GPU model MODEL (KEY=VALUE,...) under KIT/variants/NAME")
     a = ap.parse_args()
     flags = ["--target", a.target] + (["--gpu-model", a.gpu_model] if a.gpu_model else [])
     kit = os.path.abspath(a.kit)
@@ -110,29 +139,13 @@ def main():
         if "libbenchmark" in line:
             shutil.copy(line.split("=>")[1].split("(")[0].strip(), os.path.join(kit, "lib"))
 
-    # The benchmark's bundles.
-    for line in open(os.path.join(here, "gpu", "cases.txt")):
-        if not line.strip() or line.startswith("#"):
-            continue
-        case, directions, tile, *shapes = line.split()
-        ins, _ = signature(open(os.path.join(root, tile)).read())
-        for direction in directions.split(","):
-            src = os.path.join(root, tile)
-            if direction != "fwd":
-                wrt = ins[0] if direction == "bwd_data" else ins[1]
-                src = os.path.join(kit, "src", f"{case}_{direction}.tile")
-                os.makedirs(os.path.dirname(src), exist_ok=True)
-                with open(src, "w") as f:
-                    f.write(run([a.polytile, "grad", os.path.join(root, tile), "--wrt", wrt]))
-                # The gradient's extra input D<output> has the forward output's type, as check prints it.
-                fwd_types = run([a.polytile, "check", os.path.join(root, tile), *shape_args(shapes)])
-                out_name = signature(open(os.path.join(root, tile)).read())[1][0]
-                m = re.search(rf"^// {out_name}: f32\[([0-9, ]*)\]", fwd_types, re.M)
-                shapes_here = shapes + [f"D{out_name}=" + "x".join(x.strip() for x in m.group(1).split(","))]
-            else:
-                shapes_here = shapes
-            compile_bundle(a.polytile, src, shapes_here, os.path.join(kit, "bundles", case, direction), flags)
-            print(f"bundle {case}/{direction}")
+    # The benchmark's bundles, with the kit's GPU model and with each variant's.
+    bench_bundles(a.polytile, os.path.join(kit, "bundles"), kit, flags)
+    for v in a.variant:
+        name, _, model = v.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not model:
+            sys.exit(f"gpu_kit: --variant {v}: expected NAME=KEY=VALUE,... (NAME in letters, digits, _ . -)")
+        bench_bundles(a.polytile, os.path.join(kit, "variants", name), kit, ["--target", a.target, "--gpu-model", model])
 
     # Every example and its gradient, and the benchmark's programs at odd sizes with their gradients, on
     # random inputs, against the reference interpreter.
@@ -168,6 +181,8 @@ def main():
     # Partial tiles and blocks, several blocks per axis.
     for name, tile, shapes in (("gpu_conv3x3_odd", "conv3x3.tile", {"I": (3, 17, 19, 12), "K": (3, 3, 12, 10)}),
                                ("gpu_conv1x1_odd", "conv1x1.tile", {"I": (2, 9, 11, 40), "K": (1, 1, 40, 24)}),
+                               ("gpu_conv3x3_s2_odd", "conv3x3_s2.tile", {"I": (2, 13, 15, 12), "K": (3, 3, 12, 10)}),
+                               ("gpu_conv_seed_odd", "conv_seed.tile", {"I": (2, 14, 17, 6), "K": (2, 2, 6, 5)}),
                                ("gpu_matmul_odd", "matmul.tile", {"A": (67, 130), "B": (130, 45)})):
         inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
         check_with_gradients(name, os.path.join(here, "gpu", tile), inputs, list(inputs))

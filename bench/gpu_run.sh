@@ -2,7 +2,7 @@
 # On a GPU machine, with a kit that bench/gpu_kit.py made where LLVM is: the CUDA runtime's tests, every
 # example and gradient checked against the reference interpreter (outputs poisoned with NaN before the
 # launch), then the benchmark against cuBLAS and cuDNN (bench/run_bench.py: ratios, results.json).
-#   bench/gpu_run.sh KIT [OUT]     (OUT: where results.json and ratios.png go; default KIT)
+#   bench/gpu_run.sh KIT [OUT]     (OUT: where results.json, ratios.png and variant_NAME.json go; default KIT)
 # Exit 0 only when every test and check passes.
 set -uo pipefail
 kit=$(cd "$1" && pwd)
@@ -44,4 +44,14 @@ fi
 
 echo "== benchmark"
 python3 "$here/run_bench.py" --binary "$kit/bin/polytile_gpu_bench" --out "$out" --min-time "${MIN_TIME:-0.2}" -- --bundles "$kit/bundles" || failed=1
+
+# Each variant's bundles (gpu_kit.py --variant), polytile's side only: each is checked against its peer
+# before it is timed, as above.
+for v in "$kit"/variants/*/; do
+  [ -d "$v" ] || continue
+  name=$(basename "$v")
+  echo "== variant $name"
+  "$kit/bin/polytile_gpu_bench" --bundles "$v" --benchmark_filter=/polytile/ --benchmark_min_time="${MIN_TIME:-0.2}" \
+    --benchmark_out="$out/variant_$name.json" --benchmark_out_format=json --benchmark_format=console || failed=1
+done
 exit $failed
