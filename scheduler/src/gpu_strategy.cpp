@@ -73,8 +73,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   // Threads: x up to a warp, y and z fill the block up to the model's aim. With a register tile (and
   // GpuModel::fit_threads), x has the fewest threads from 8 whose columns cover it, and y no more threads
   // than its rows need.
-  const bool reductions = parallel < perm.size();
-  const bool register_tile = facts.update && reductions;
+  const bool register_tile = facts.update && parallel < perm.size();  // an update with reductions
   const int64_t aim = std::clamp(gpu.threads_per_block, 1, 1024);
   int64_t x_threads = 32;
   if (register_tile && gpu.fit_threads)
@@ -128,7 +127,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   std::vector<std::string> mapping = blocks;
   mapping.insert(mapping.end(), threads.begin(), threads.end());
   mapping.insert(mapping.end(), registers.begin(), registers.end());
-  const bool accumulate = gpu.accumulators && facts.update && reductions && facts.write &&
+  const bool accumulate = gpu.accumulators && register_tile && facts.write &&
                           accumulators_proven(neutral, vars, outs, mapping, *facts.write);
   if (accumulate) accumulators = Accumulators{register_sizes, outputs};
   auto tree_with = [&](const std::vector<int64_t>& tiles) {
@@ -147,7 +146,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     const isl::schedule tree = at.insert_mark(statements.block_mark).schedule();
     return accumulate ? graft_accumulators(tree, vars, outs, registers, added) : tree;
   };
-  if (!facts.update || !reductions || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
+  if (!register_tile || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
   // A block of one z value holds one value of each member z linearizes: the copies know them too (as
   // floor and mod of the block's z, which isl works out), so that a footprint's box follows each one.
   std::vector<std::string> z_members;
