@@ -85,8 +85,10 @@ def check_case(polytile, name, tile, inputs, flags, kit):
     return {o: np.load(f"{d}/want_{o}.npy") for o in outs}
 
 
-def bench_bundles(polytile, out, kit, flags):
-    """The benchmark's bundles, one per case and direction of bench/gpu/cases.txt, under `out`."""
+def bench_sources(polytile, kit):
+    """The benchmark's programs, one per case and direction of bench/gpu/cases.txt: (case, direction,
+    Tile file, shapes); the gradients are written to KIT/src once."""
+    sources = []
     for line in open(os.path.join(here, "gpu", "cases.txt")):
         if not line.strip() or line.startswith("#"):
             continue
@@ -103,11 +105,17 @@ def bench_bundles(polytile, out, kit, flags):
                 # The gradient's extra input D<output> has the forward output's type, as check prints it.
                 fwd_types = run([polytile, "check", os.path.join(root, tile), *shape_args(shapes)])
                 m = re.search(rf"^// {outs[0]}: f32\[([0-9, ]*)\]", fwd_types, re.M)
-                shapes_here = shapes + [f"D{outs[0]}=" + "x".join(x.strip() for x in m.group(1).split(","))]
+                sources.append((case, direction, src, shapes + [f"D{outs[0]}=" + "x".join(x.strip() for x in m.group(1).split(","))]))
             else:
-                shapes_here = shapes
-            compile_bundle(polytile, src, shapes_here, os.path.join(out, case, direction), flags)
-            print(f"bundle {os.path.relpath(os.path.join(out, case, direction), kit)}")
+                sources.append((case, direction, src, shapes))
+    return sources
+
+
+def bench_bundles(polytile, sources, out, kit, flags):
+    """The benchmark's bundles under `out`, compiled with `flags`."""
+    for case, direction, src, shapes in sources:
+        compile_bundle(polytile, src, shapes, os.path.join(out, case, direction), flags)
+        print(f"bundle {os.path.relpath(os.path.join(out, case, direction), kit)}")
 
 
 def main():
@@ -140,12 +148,13 @@ def main():
             shutil.copy(line.split("=>")[1].split("(")[0].strip(), os.path.join(kit, "lib"))
 
     # The benchmark's bundles, with the kit's GPU model and with each variant's.
-    bench_bundles(a.polytile, os.path.join(kit, "bundles"), kit, flags)
+    sources = bench_sources(a.polytile, kit)
+    bench_bundles(a.polytile, sources, os.path.join(kit, "bundles"), kit, flags)
     for v in a.variant:
         name, _, model = v.partition("=")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not model:
             sys.exit(f"gpu_kit: --variant {v}: expected NAME=KEY=VALUE,... (NAME in letters, digits, _ . -)")
-        bench_bundles(a.polytile, os.path.join(kit, "variants", name), kit, ["--target", a.target, "--gpu-model", model])
+        bench_bundles(a.polytile, sources, os.path.join(kit, "variants", name), kit, ["--target", a.target, "--gpu-model", model])
 
     # Every example and its gradient, and the benchmark's programs at odd sizes with their gradients, on
     # random inputs, against the reference interpreter.
