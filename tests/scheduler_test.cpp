@@ -307,7 +307,8 @@ void run_loops(const LoopNode& n, std::vector<int64_t>& it, const Visit& visit, 
       const size_t i = static_cast<size_t>(n.iterator);
       if (n.hardware != LoopNode::Hardware::none) {
         ASSERT_NE(hw, nullptr) << "a mapped loop outside a kernel launch";
-        const int64_t v = (*hw)[static_cast<size_t>((n.hardware == LoopNode::Hardware::block ? 0 : 3) + n.axis)];
+        int64_t v = (*hw)[static_cast<size_t>((n.hardware == LoopNode::Hardware::block ? 0 : 3) + n.axis)] / n.part_stride;
+        if (n.part_extent > 0) v %= n.part_extent;
         it.at(i) = v;
         const int64_t lower = evaluate(n.lower, it);
         if (v >= lower && evaluate(n.condition, it) && (v - lower) % n.step == 0) children(n.body);
@@ -520,7 +521,15 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
       {"function (I[N, C]) -> (O) { O[i, c : N - 2, C] = >(I[i + j, c]), j < 3; R = relu(O) * 2; }",
        {{"I", {DType::f32, {40, 33}}}}},
       {"function (A[M, N]) -> (V) { V[i + j : M + N - 1] = +(A[i, j]); }", {{"A", {DType::f32, {30, 20}}}}},
+      // A weight gradient: each block one (j, i), z in two parts.
+      {"function (I[N, H, W, CI], K[KH, KW, CI, CO], DO[N, H, W, CO]) -> (DK) {"
+       "  DK[j, i, ci, co : KH, KW, CI, CO] = +(I[n, j + y - 1, i + x - 1, ci] * DO[n, y, x, co]); }",
+       {{"I", {DType::f32, {2, 5, 5, 8}}}, {"K", {DType::f32, {3, 3, 8, 33}}}, {"DO", {DType::f32, {2, 5, 5, 33}}}}},
+      // A diagonal: isl fixes b by a, so the update's z is linearized (its init has both parts).
+      {"function (I[A, Y, X, K]) -> (O) { O[a, b, y, x : A, A, Y, X] = +(I[a, y, x, k]), b - a < 1, a - b < 1; }",
+       {{"I", {DType::f32, {3, 8, 33, 4}}}}},
   };
+  int z_in_parts = 0, z_linearized = 0, parts_caught = 0;
   int kernels = 0, shrunk = 0, tiled = 0, shrunk_tiles = 0, unsynchronized_caught = 0, accumulating = 0, acc_caught = 0;
   kernels_proven = 0;
   for (int threads : {256, 8}) {
@@ -593,12 +602,35 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
             }
           }
         }
+        // z in parts: each part a loop of its own; two parts with one stride leave points unexecuted.
+        std::vector<LoopNode*> parts;
+        std::function<void(LoopNode&)> find_parts = [&](LoopNode& n) {
+          if (n.kind == LoopNode::Kind::loop && n.part_extent > 0) parts.push_back(&n);
+          for (auto* nodes : {&n.body, &n.otherwise})
+            for (LoopNode& c : *nodes) find_parts(c);
+        };
+        Nest swapped = nest;
+        find_parts(swapped.root);
+        if (parts.size() >= 2) {
+          ++z_in_parts;
+          parts[1]->part_stride = parts[0]->part_stride;
+          std::set<std::vector<int64_t>> executed;
+          run_launch_threads(swapped, *nest.kernel, [&](int64_t, const LoopNode& n, const std::vector<int64_t>& args, const std::vector<int64_t>&) {
+            if (n.statement == LoopNode::Statement::plain) executed.insert(args);
+          });
+          EXPECT_LT(executed.size(), domain.size()) << nest.name << ": two parts of z with one stride";
+          ++parts_caught;
+        }
+        // The diagonal's z linearized: isl's loop over it steps by A + 1, scaled to steps of 1 (the blocks
+        // past A have nothing to do, so a launch one block shorter along z still runs every point).
+        const bool diagonal = nest.name == "O.update" && std::string(text).find("b - a") != std::string::npos;
+        if (diagonal && parts.empty() && nest.kernel->grid[2] > 1) ++z_linearized;
         // Shrinking an axis of the launch leaves points unexecuted.
         for (int a = 0; a < 3; ++a) {
           for (bool blocks : {true, false}) {
             KernelLaunch less = *nest.kernel;
             int64_t& extent = blocks ? less.grid[static_cast<size_t>(a)] : less.block[static_cast<size_t>(a)];
-            if (extent < 2) continue;
+            if (extent < 2 || (diagonal && blocks && a == 2)) continue;
             --extent;
             // Count the instances: fewer than the domain's points.
             int64_t instances = 0;
@@ -612,6 +644,9 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
       }
     }
   }
+  EXPECT_GE(z_in_parts, 4);  // the weight gradient's init and update, the diagonal's init; two sizes of blocks
+  EXPECT_EQ(parts_caught, z_in_parts);
+  EXPECT_EQ(z_linearized, 2);
   EXPECT_GE(kernels, 20);
   EXPECT_GE(shrunk, 20);
   EXPECT_GE(kernels_proven, 8);

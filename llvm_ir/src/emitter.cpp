@@ -274,6 +274,8 @@ void NestEmitter::mapped_loop(const sched::LoopNode& n) {
   auto* i64 = b_.getInt64Ty();
   const int h = n.hardware == sched::LoopNode::Hardware::block ? 0 : 1;
   Value* id = b_.CreateLoad(i64, hardware_[h][n.axis]);
+  if (n.part_stride > 1) id = b_.CreateUDiv(id, b_.getInt64(n.part_stride));  // a part of the axis
+  if (n.part_extent > 0) id = b_.CreateURem(id, b_.getInt64(n.part_extent));
   b_.CreateStore(id, iters_.at(static_cast<size_t>(n.iterator)));
   Value* start = loop_expr(n.lower);
   Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(id, start), cond(n.condition));

@@ -62,10 +62,17 @@ bool is(const isl::ast_expr_op& e) {
   return e.isa<Op>();
 }
 
+// A schedule dimension mapped to the launch: blocks or threads, the axis, and the part of it (LoopNode).
+struct Mapping {
+  LoopNode::Hardware hardware = LoopNode::Hardware::none;
+  int axis = 0;
+  int64_t part_stride = 1, part_extent = 0;
+};
+
 class AstTranslator {
  public:
   AstTranslator(const StatementIds& statements, const std::vector<isl::id>& schedule_iterators,
-                const std::set<int>& parallel_dims, const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims,
+                const std::set<int>& parallel_dims, const std::map<int, Mapping>& hardware_dims,
                 const BlockStep* step, const KernelStatements* added, const std::vector<int64_t>* sizes)
       : statements_(statements), parallel_dims_(parallel_dims), hardware_dims_(hardware_dims), step_(step), added_(added),
         sizes_(sizes) {
@@ -168,7 +175,12 @@ class AstTranslator {
     POLYTILE_CHECK(!parallel_mark || dimension != dimension_of_.end(), "isl AST loop ", id.name(), " is over no schedule dimension");
     if (dimension != dimension_of_.end()) {
       out.parallel = parallel_mark && parallel_dims_.count(dimension->second) != 0;
-      if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) std::tie(out.hardware, out.axis) = hw->second;
+      if (auto hw = hardware_dims_.find(dimension->second); hw != hardware_dims_.end()) {
+        out.hardware = hw->second.hardware;
+        out.axis = hw->second.axis;
+        out.part_stride = hw->second.part_stride;
+        out.part_extent = hw->second.part_extent;
+      }
       const int position = dimension->second - register_base_;
       if (register_base_ >= 0 && position >= 0 && position < static_cast<int>(sizes_->size()))
         out.unroll = (*sizes_)[static_cast<size_t>(position)];
@@ -287,7 +299,7 @@ class AstTranslator {
 
   const StatementIds& statements_;
   const std::set<int>& parallel_dims_;   // schedule dimensions whose loops may run in parallel
-  const std::map<int, std::pair<LoopNode::Hardware, int>>& hardware_dims_;  // dimension -> (blocks or threads, axis)
+  const std::map<int, Mapping>& hardware_dims_;  // schedule dimension -> where the launch maps it
   std::map<isl_id*, int> dimension_of_;  // iterator id -> schedule dimension (isl ids are unique per context)
   std::map<isl_id*, int> index_of_;      // iterator id -> LoopNode iterator index, in order of appearance
   const BlockStep* step_;                // the Step statement's expansion, in micro-kernel nests
@@ -355,9 +367,10 @@ std::set<int> parallel_dimensions(const isl::schedule& tree, const isl::id& para
 }
 
 // GPU kernels: the schedule dimensions of the bands under "block" and "thread" marks, with their axes (a
-// band's last member is x, the one before y, the first of three z).
-std::map<int, std::pair<LoopNode::Hardware, int>> hardware_dimensions(const isl::schedule& tree, const StatementIds& ids) {
-  std::map<int, std::pair<LoopNode::Hardware, int>> dims;
+// band's last member is x, the one before y, the first of three z). A block band may start with the parts
+// of z (KernelStatements::z_parts), the first the slowest.
+std::map<int, Mapping> hardware_dimensions(const isl::schedule& tree, const StatementIds& ids, const std::vector<int64_t>& z_parts) {
+  std::map<int, Mapping> dims;
   tree.root().foreach_descendant_top_down([&](const isl::schedule_node& node) {
     if (!node.isa<isl::schedule_node_mark>()) return true;
     const isl::id mark = isl_support::mark_id(node);
@@ -365,10 +378,17 @@ std::map<int, std::pair<LoopNode::Hardware, int>> hardware_dimensions(const isl:
     if (!block && !thread) return true;
     isl::schedule_node child = node.child(0);
     POLYTILE_CHECK(child.isa<isl::schedule_node_band>(), "a GPU mapping mark above no band");
+    const auto hardware = block ? LoopNode::Hardware::block : LoopNode::Hardware::thread;
     const int members = static_cast<int>(child.as<isl::schedule_node_band>().n_member());
-    POLYTILE_CHECK(members <= 3, "a GPU band of ", members, " members");
-    for (int k = 0; k < members; ++k)
-      dims[isl_support::schedule_depth(child) + k] = {block ? LoopNode::Hardware::block : LoopNode::Hardware::thread, members - 1 - k};
+    const int parts = block ? static_cast<int>(z_parts.size()) : 0;
+    POLYTILE_CHECK(members - parts <= (parts ? 2 : 3), "a GPU band of ", members, " members, ", parts, " of them parts of z");
+    const int depth = isl_support::schedule_depth(child);
+    int64_t stride = 1;
+    for (int k = parts; k-- > 0;) {
+      dims[depth + k] = Mapping{hardware, 2, stride, z_parts[static_cast<size_t>(k)]};
+      stride *= z_parts[static_cast<size_t>(k)];
+    }
+    for (int k = parts; k < members; ++k) dims[depth + k] = Mapping{hardware, members - 1 - k};
     return true;
   });
   return dims;
@@ -441,7 +461,7 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   nest.ast = ast.to_C_str();
   if (step) nest.ast += step->str();
   const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
-  const auto hardware = hardware_dimensions(sched, statements);
+  const auto hardware = hardware_dimensions(sched, statements, added ? added->z_parts : std::vector<int64_t>{});
   AstTranslator translator(statements, iterators, safe, hardware, step, added, sizes);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();

@@ -16,6 +16,8 @@
 // spreads over the banks.
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,7 +50,7 @@ struct Mapped {
 isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                           const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
                                           std::vector<SharedTile>& shared, std::optional<Accumulators>& accumulators,
-                                          KernelStatements& added) {
+                                          KernelStatements& added, bool z_in_parts) {
   const GpuModel& gpu = *target.gpu;
   launch = KernelLaunch{};
   std::optional<NeutralBand> band = read_band(neutral, ordered(vars, order));
@@ -108,7 +110,19 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   std::vector<std::string> blocks, threads, registers;
   std::vector<int64_t> register_sizes;
   int64_t block_points = 1;  // outputs of a block
+  // Where each block holds one value of z, the members z linearizes are the block band's first members
+  // (the parts of z, one loop each) rather than the linearization: isl then generates the loops, guards
+  // and copies without inverting it (floor and mod of z in every bound: 4x slower on a weight gradient).
+  const bool z_parts = z_in_parts && parallel >= 3 && dims[2].threads * dims[2].per_thread == 1;
+  added.z_parts.clear();
+  if (z_parts)
+    for (size_t k = 0; k + 2 < parallel; ++k)
+      if (extents[k] > 1) {
+        blocks.push_back(shifted(k));
+        added.z_parts.push_back(extents[k]);
+      }
   for (size_t a = dims.size(); a-- > 0;) {
+    if (a == 2 && z_parts) continue;  // one thread along z
     blocks.push_back(dims[a].block());
     threads.push_back(dims[a].thread());
     if (dims[a].per_thread > 1) {
@@ -130,6 +144,11 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   const bool accumulate = gpu.accumulators && register_tile && facts.write &&
                           accumulators_proven(neutral, vars, outs, mapping, *facts.write);
   if (accumulate) accumulators = Accumulators{register_sizes, outputs};
+  auto tile_members = [&](const std::vector<int64_t>& tiles) {  // the reduction tiles' band
+    std::vector<std::string> members;
+    for (size_t k = 0; k < tiles.size(); ++k) members.push_back(floor_div(shifted(parallel + k), tiles[k]));
+    return members;
+  };
   auto tree_with = [&](const std::vector<int64_t>& tiles) {
     isl::schedule_node at = isl_support::delete_node(neutral.root().child(0));
     if (!registers.empty())
@@ -137,56 +156,45 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     if (!rest.empty()) at = insert_band(at, vars, rest, std::vector<bool>(rest.size(), false), true);
     at = insert_band(at, vars, threads, std::vector<bool>(threads.size(), true), true);
     at = at.insert_mark(statements.thread_mark);
-    if (!tiles.empty()) {
-      std::vector<std::string> members;
-      for (size_t k = 0; k < tiles.size(); ++k) members.push_back(floor_div(shifted(parallel + k), tiles[k]));
-      at = insert_band(at, vars, members, std::vector<bool>(members.size(), false), true);
-    }
+    if (!tiles.empty()) at = insert_band(at, vars, tile_members(tiles), std::vector<bool>(tiles.size(), false), true);
     at = insert_band(at, vars, blocks, std::vector<bool>(blocks.size(), true), true);
-    const isl::schedule tree = at.insert_mark(statements.block_mark).schedule();
+    return at.insert_mark(statements.block_mark).schedule();
+  };
+  auto with_accumulators = [&](const isl::schedule& tree) {
     return accumulate ? graft_accumulators(tree, vars, outs, registers, added) : tree;
   };
-  if (!register_tile || gpu.shared_bytes <= 0 || facts.reads.empty()) return tree_with({});
-  // A block of one z value holds one value of each member z linearizes: the copies know them too (as
-  // floor and mod of the block's z, which isl works out), so that a footprint's box follows each one.
-  std::vector<std::string> z_members;
-  if (parallel >= 3 && dims[2].threads * dims[2].per_thread == 1)
-    for (size_t k = 0; k + 2 < parallel; ++k) z_members.push_back(shifted(k));
-  // Reduction tiles: the whole range of each reduction, the widest halved until the promoted tiles fit.
+  if (!register_tile || gpu.shared_bytes <= 0 || facts.reads.empty()) return with_accumulators(tree_with({}));
+  // Reduction tiles: the whole range of each reduction, the widest halved until the promoted tiles fit
+  // (the trees tried have no accumulators: they change no step; the boxes are proven once chosen).
   std::vector<int64_t> tiles(extents.begin() + static_cast<long>(parallel), extents.end());
+  const isl::union_set domain = neutral.get_domain();
   for (;;) {
-    const isl::schedule tree = tree_with(tiles);
+    // The copies' steps: each point to its block and reduction tile (the tree's prefix at the threads).
+    std::vector<std::string> step = blocks;
+    for (const std::string& m : tile_members(tiles)) step.push_back(m);
+    const isl::union_map steps = isl::union_map(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(step) + "] }").intersect_domain(domain);
     int64_t per_tile = block_points;
     for (int64_t t : tiles) per_tile *= t;
-    const isl::union_map steps = copy_steps(tree, vars, z_members);
     std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
     if (gpu.pad_shared)
       for (Promoted& p : promoted)
         if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0) ++p.tile.pitch;
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.storage() * static_cast<int64_t>(p.element_bytes);
-    if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit))
-      return promoted.empty() ? tree_with({}) : graft_copies(tree, steps, promoted, shared, added);
+    if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit)) {
+      if (promoted.empty()) return with_accumulators(tree_with({}));
+      for (const Promoted& p : promoted) prove_cover(p);
+      return graft_copies(with_accumulators(tree_with(tiles)), steps, promoted, shared, added);
+    }
     auto widest = std::max_element(tiles.begin(), tiles.end());
-    if (*widest == 1) return tree_with({});  // not even one reduction point per tile fits
+    if (*widest == 1) return with_accumulators(tree_with({}));  // not even one reduction point per tile fits
     *widest = (*widest + 1) / 2;
   }
 }
 
-// The copies' steps: each point of S to the block and reduction tile it runs in (the prefix schedule at
-// the thread mark), followed by the values of `extra` (expressions of the variables, the same at every
-// point of a block).
-isl::union_map NestBuilder::copy_steps(const isl::schedule& tree, const std::vector<std::string>& vars,
-                                       const std::vector<std::string>& extra) {
-  const isl::union_map prefix = thread_mark(tree).prefix_schedule_union_map().intersect_domain(tree.get_domain());
-  if (extra.empty()) return prefix;
-  const isl::union_map values(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(extra) + "] }");
-  return isl::manage(isl_union_map_flat_range_product(prefix.copy(), values.copy()));
-}
-
 // The inputs to promote at a tree's reduction tiles: each read tensor whose footprint over one step (a
-// block and a reduction tile) has a fixed-size box that isl proves covers it, and whose elements are read
-// at least `min_reuse` times per tile on average.
+// block and a reduction tile) has a fixed-size box (prove_cover proves it covers the footprint), and whose
+// elements are read at least `min_reuse` times per tile on average.
 std::vector<NestBuilder::Promoted> NestBuilder::promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile,
                                                         int64_t min_reuse) {
   std::vector<Promoted> out;
@@ -208,18 +216,22 @@ std::vector<NestBuilder::Promoted> NestBuilder::promote(const isl::union_map& st
     for (unsigned d = 0; d < size.size(); ++d) p.tile.sizes.push_back(size.at(static_cast<int>(d)).get_num_si());
     p.tile.pitch = p.tile.sizes.empty() ? 1 : p.tile.sizes.back();
     if (p.tile.elements() * min_reuse > per_tile) continue;
-    // The proof: every element a block's valid points read in a reduction tile lies in the box there.
-    isl::set local = isl::set::universe(footprint.range().space());
-    for (unsigned d = 0; d < size.size(); ++d)
-      local = isl::manage(isl_set_upper_bound_si(isl_set_lower_bound_si(local.release(), isl_dim_set, d, 0), isl_dim_set, d,
-                                                 static_cast<int>(p.tile.sizes[d] - 1)));
-    const isl::map cover = isl::manage(isl_map_sum(
-        box.offset().as_map().release(), isl_map_from_domain_and_range(footprint.domain().release(), local.release())));
-    POLYTILE_CHECK(footprint.is_subset(cover), "isl's box of ", r.tensor, "'s footprint does not cover it");
     p.offset = box.offset();
+    p.footprint = footprint;
     out.push_back(std::move(p));
   }
   return out;
+}
+
+// The proof of a tile: every element a block's valid points read in a reduction tile lies in the box there.
+void NestBuilder::prove_cover(const Promoted& p) {
+  isl::set local = isl::set::universe(p.footprint.range().space());
+  for (size_t d = 0; d < p.tile.sizes.size(); ++d)
+    local = isl::manage(isl_set_upper_bound_si(isl_set_lower_bound_si(local.release(), isl_dim_set, static_cast<unsigned>(d), 0),
+                                               isl_dim_set, static_cast<unsigned>(d), static_cast<int>(p.tile.sizes[d] - 1)));
+  const isl::map cover = isl::manage(
+      isl_map_sum(p.offset.as_map().release(), isl_map_from_domain_and_range(p.footprint.domain().release(), local.release())));
+  POLYTILE_CHECK(p.footprint.is_subset(cover), "isl's box of ", p.tile.tensor, "'s footprint does not cover it");
 }
 
 isl::schedule_node NestBuilder::thread_mark(const isl::schedule& tree) {
@@ -329,11 +341,21 @@ isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const s
 // The mapped loops of a kernel must enclose every statement on every axis with more than one block or
 // thread: a statement outside them would run once per block or thread. An axis whose member isl fixed
 // everywhere (no loop) needs one; an axis mapped around some statements and not others cannot be launched
-// as is, and the nest runs on one thread (false).
+// as is, and the nest runs on one thread (false). An axis in parts needs a loop of every part around every
+// statement (isl may fix one part by the others: the blocks differing in it alone would repeat the work).
 bool NestBuilder::finish_kernel(Nest& nest) {
   KernelLaunch& launch = *nest.kernel;
   if (launch.sequential) return true;
-  // For each (hardware, axis): statements inside a loop mapped to it, and statements outside.
+  // The parts of each (hardware, axis) the loops map, by their stride, with their extents (0: the whole).
+  std::map<int64_t, int64_t> parts[2][3];
+  std::function<void(const LoopNode&)> collect = [&](const LoopNode& n) {
+    if (n.kind == LoopNode::Kind::loop && n.hardware != LoopNode::Hardware::none)
+      parts[n.hardware == LoopNode::Hardware::block ? 0 : 1][n.axis][n.part_stride] = n.part_extent;
+    for (const auto& c : n.body) collect(c);
+    for (const auto& c : n.otherwise) collect(c);
+  };
+  collect(nest.root);
+  // For each (hardware, axis): statements inside loops of all its parts, and statements outside some.
   int inside[2][3] = {}, outside[2][3] = {};
   std::vector<const LoopNode*> stack;
   std::function<void(const LoopNode&)> walk = [&](const LoopNode& n) {
@@ -343,7 +365,10 @@ bool NestBuilder::finish_kernel(Nest& nest) {
           const auto hw = h == 0 ? LoopNode::Hardware::block : LoopNode::Hardware::thread;
           // A copy runs on all the threads of its block together: it is inside no thread loop.
           if (h == 1 && n.statement == LoopNode::Statement::copy) continue;
-          bool in = std::any_of(stack.begin(), stack.end(), [&](const LoopNode* l) { return l->hardware == hw && l->axis == a; });
+          std::set<int64_t> around;
+          for (const LoopNode* l : stack)
+            if (l->hardware == hw && l->axis == a) around.insert(l->part_stride);
+          const bool in = !around.empty() && around.size() == parts[h][a].size();
           ++(in ? inside : outside)[h][a];
         }
       return;
@@ -357,8 +382,14 @@ bool NestBuilder::finish_kernel(Nest& nest) {
   for (int h = 0; h < 2; ++h)
     for (int a = 0; a < 3; ++a) {
       int64_t& extent = h == 0 ? launch.grid[static_cast<size_t>(a)] : launch.block[static_cast<size_t>(a)];
+      int64_t product = 1;
+      for (const auto& [stride, part] : parts[h][a]) product *= part;
       if (inside[h][a] == 0) extent = 1;
       else if (outside[h][a] != 0) return false;
+      else if (parts[h][a].size() > 1 || parts[h][a].begin()->second != 0) {
+        // the parts found must be all the axis has: their extents multiply to its size
+        if (product != extent) return false;
+      }
     }
   return true;
 }

@@ -100,13 +100,20 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   }
   const isl::schedule neutral = neutral_tree(domain, vars, members, coincident);
   if (target.gpu) {
-    nest.kernel.emplace();
-    KernelStatements added;
-    const isl::schedule tree = gpu_plain_nest(neutral, vars, order, facts, *nest.kernel, nest.shared, nest.accumulators, added);
-    generate(nest, tree, nullptr, &added);
-    if (finish_kernel(nest)) {
-      check_barriers(nest);
-      return;
+    // z in parts first; where isl fixes a part by others (a diagonal), z linearized; else one thread.
+    for (const bool z_parts : {true, false}) {
+      nest.kernel.emplace();
+      nest.shared.clear();
+      nest.accumulators.reset();
+      KernelStatements added;
+      const isl::schedule tree =
+          gpu_plain_nest(neutral, vars, order, facts, *nest.kernel, nest.shared, nest.accumulators, added, z_parts);
+      generate(nest, tree, nullptr, &added);
+      if (finish_kernel(nest)) {
+        check_barriers(nest);
+        return;
+      }
+      if (added.z_parts.empty()) break;  // the same tree again
     }
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
     nest.shared.clear();

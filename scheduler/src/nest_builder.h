@@ -68,6 +68,7 @@ struct KernelStatements {
   std::optional<isl::union_map> positions;
   int register_depth = 0;        // S's register band
   int acc_depth = 0;             // the AccIn and AccOut bands
+  std::vector<int64_t> z_parts;  // the extents of the block band's first members, parts of z (LoopNode::part_stride)
 };
 
 // What the driver knows about a plain nest, for the strategy: facts, not decisions.
@@ -169,19 +170,21 @@ struct NestBuilder {
   // reduction tiles between blocks and threads, and its reused inputs are promoted to `shared` tiles
   // whose copies (`added`) and barriers are grafted before and after the threads. An update keeps its
   // output in `accumulators` where isl proves a thread's register positions hold distinct elements.
+  // With `z_parts`, where a block holds one value of z, the members z linearizes get a loop each.
   isl::schedule gpu_plain_nest(const isl::schedule& neutral, const std::vector<std::string>& vars,
                                const std::vector<size_t>& order, const NestFacts& facts, KernelLaunch& launch,
                                std::vector<SharedTile>& shared, std::optional<Accumulators>& accumulators,
-                               KernelStatements& added);
+                               KernelStatements& added, bool z_parts);
   // Shared-memory promotion (gpu_strategy.cpp): the inputs worth a tile at the tree's reduction tiles, and
   // the tree with their copies and barriers grafted in.
   struct Promoted {
     SharedTile tile;
     size_t element_bytes = 4;
     isl::multi_aff offset;  // the tile's origin, a function of the block and reduction tile dimensions
+    isl::map footprint;     // each step to the elements its points read
   };
-  isl::union_map copy_steps(const isl::schedule& tree, const std::vector<std::string>& vars, const std::vector<std::string>& extra);
   std::vector<Promoted> promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile, int64_t min_reuse);
+  void prove_cover(const Promoted& p);
   isl::schedule_node thread_mark(const isl::schedule& tree);
   isl::schedule graft_copies(const isl::schedule& tree, const isl::union_map& steps, const std::vector<Promoted>& promoted,
                              std::vector<SharedTile>& shared, KernelStatements& added);

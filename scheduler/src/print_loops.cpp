@@ -76,7 +76,9 @@ void print_node(const LoopNode& n, int depth, bool accumulators, std::string& ou
       static const char* const axes[] = {"x", "y", "z"};
       std::string head = n.parallel ? "parallel for " : "for ";
       if (n.hardware != LoopNode::Hardware::none)
-        head = std::string(n.hardware == LoopNode::Hardware::block ? "block." : "thread.") + axes[n.axis] + " for ";
+        head = std::string(n.hardware == LoopNode::Hardware::block ? "block." : "thread.") + axes[n.axis] +
+               (n.part_stride > 1 ? " / " + std::to_string(n.part_stride) : "") +
+               (n.part_extent > 0 ? " % " + std::to_string(n.part_extent) : "") + " for ";
       out += pad + head + it + " = " + n.lower.str() + " while " + n.condition.str() + " step " + std::to_string(n.step) +
              (n.unroll ? " unroll " + std::to_string(n.unroll) : "") + "\n";
       for (const auto& c : n.body) print_node(c, depth + 1, accumulators, out);

@@ -112,6 +112,8 @@ struct LoopNode {
   // GPU kernels: a loop mapped to the hardware runs one iteration per block (or thread) of the launch, the
   // one whose index along `axis` (0 = x, 1 = y, 2 = z) equals the iterator's value -- when that value lies
   // in the loop's range (lower <= it, condition, a multiple of step from lower); the others run nothing.
+  // Several loops may share an axis as its parts: a part's value is (index / part_stride) % part_extent,
+  // the axis the parts' values linearized (z = n * H + y: two loops, z / H and z % H).
   enum class Hardware { none, block, thread };
   // The statements of a micro-kernel nest (see Microkernel); every other nest has only `plain`.
   // `copy` fills a kernel's shared tile (Nest::shared[tile]) with all the threads of its block;
@@ -135,6 +137,8 @@ struct LoopNode {
   bool parallel = false;
   Hardware hardware = Hardware::none;
   int axis = 0;
+  int64_t part_stride = 1;  // a part of its axis: the index divided by part_stride, modulo part_extent
+  int64_t part_extent = 0;  // 0: the whole axis
   // guard: if (condition) body else otherwise
   std::vector<LoopNode> body;  // block children, loop body, guard body
   std::vector<LoopNode> otherwise;
