@@ -131,6 +131,31 @@ TEST(PtxTest, HalfAndInt64ProgramsAssemble) {
   }
 }
 
+// Each kernel compiles in a module of its own (while the next nests are scheduled) and the PTX texts join
+// into one module: one header, and what each kept of libdevice (sin's tables) under its own name, so that
+// ptxas sees no symbol twice.
+TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  Program p = parse_program(
+      "function (A[M, N]) -> (S, R) { T = sin(A) * 3; U = sin(T); S[i : M] = +(U[i, j]); V = cos(T) + sin(A); R[j : N] = >(V[i, j]); }");
+  Compiled c = compile(p, f32_types({{"A", {30, 40}}}));
+  ASSERT_GE(c.bundle.kernels.size(), 3u);
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = c.bundle.ptx.find(what); at != std::string::npos; at = c.bundle.ptx.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(".version "), 1u);
+  EXPECT_EQ(count(".address_size "), 1u);
+  size_t tables = 0;
+  for (const auto& k : c.bundle.kernels) {
+    EXPECT_EQ(count(".entry " + k.name + "("), 1u) << k.name;
+    tables += count(".global .align 4 .b8 " + k.name + "___cudart_i2opi_f[");
+  }
+  EXPECT_GE(tables, 2u) << c.bundle.ptx.substr(0, 2000);
+  expect_assembles(c, "sm_90", "three kernels calling sin");
+}
+
 // The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.
 TEST(PtxTest, DeterministicAndRoundTrips) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");

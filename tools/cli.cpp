@@ -78,7 +78,7 @@ Prints one stage of the compiler for FILE.tile:
   ast         the loops isl generates from those schedules, as C (needs --shape)
   loops       the loop IR the code generators consume: nests, loops, guards, statements (needs --shape)
   llvm        the optimized LLVM IR the CPU backend runs, without compiling it to machine code (needs --shape);
-              with --target sm_XY, the GPU kernels' module after libdevice and optimization
+              with --target sm_XY, the GPU kernels' modules (one each) after libdevice and optimization
   ptx         the PTX of the GPU kernels (needs --shape; --target sm_XY, default sm_90)
 
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -178,6 +179,53 @@ std::optional<std::string> find_ptxas() {
   return std::nullopt;
 }
 
+namespace {
+
+// One kernel's module: emitted, linked with libdevice, optimized, printed as IR and as PTX. Its internal
+// functions and globals (what it kept of libdevice) take the kernel's name, so that the kernels' PTX
+// texts join into one module.
+struct KernelCode {
+  std::string ir, ptx;
+};
+
+KernelCode compile_kernel(const sched::Nest& nest, const std::string& name, const ProgramTypes& types, const Options& options) {
+  std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
+  llvm::LLVMContext context;
+  llvm::Module module(name, context);
+  module.setTargetTriple(kTriple);
+  module.setDataLayout(tm->createDataLayout());
+  llvm_ir::emit_kernel(module, nest, name, types);
+  link_libdevice(module, options, {name});
+  optimize(module, *tm);
+  for (llvm::GlobalValue& gv : module.global_values())
+    if (gv.hasLocalLinkage() && !gv.getName().startswith(name)) gv.setName(name + "_" + gv.getName().str());
+  KernelCode out;
+  llvm::raw_string_ostream ir(out.ir);
+  module.print(ir, nullptr);
+  out.ptx = emit_ptx(module, *tm);
+  return out;
+}
+
+// The PTX of kernels compiled apart, as one module: the first text whole, the others without their
+// header (comments, .version, .target, .address_size), which they share.
+std::string join_ptx(const std::vector<KernelCode>& kernels) {
+  std::string out;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    const std::string& ptx = kernels[k].ptx;
+    if (k == 0) {
+      out = ptx;
+      continue;
+    }
+    const std::string header_end = ".address_size 64\n";
+    const size_t at = ptx.find(header_end);
+    if (at == std::string::npos) throw InternalError("the PTX of kernel " + std::to_string(k) + " has no .address_size header");
+    out += ptx.substr(at + header_end.size());
+  }
+  return out;
+}
+
+}  // namespace
+
 Compiled compile(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options) {
   auto t0 = std::chrono::steady_clock::now();
   sched::LowerOptions lower_options;
@@ -185,13 +233,24 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
   if (options.model) lower_options.target.gpu = *options.model;
   lower_options.reduce_and_defract = options.reduce_and_defract;
   lower_options.verify = options.verify;
-  sched::Lowered lowered = sched::lower(program, inputs, lower_options);
+  // Each kernel compiles on a thread of its own as soon as its nest is final, while the scheduler goes on
+  // with the next nests (a weight gradient's partial sums compile while their sum is scheduled).
+  ProgramTypes types;
+  std::vector<std::future<KernelCode>> pending;
+  sched::LowerObserver observer;
+  observer.program = [&types](const Program&, const ProgramTypes& t) { types = t; };
+  observer.nest = [&](size_t k, const sched::Nest& nest) {
+    pending.push_back(std::async(std::launch::async, [&types, &options, k, nest] {
+      return compile_kernel(nest, kernel_name(k, nest), types, options);
+    }));
+  };
+  sched::Lowered lowered = sched::lower(program, inputs, lower_options, observer);
   Compiled out;
   out.program = std::move(lowered.program);
   out.types = std::move(lowered.types);
   out.schedule = std::move(lowered.schedule);
 
-  // Buffers (before any code is generated): every input, every output, and the scratch tensors kernels touch.
+  // Buffers: every input, every output, and the scratch tensors kernels touch.
   cuda::KernelBundle& bundle = out.bundle;
   std::set<std::string> touched;
   for (const sched::Nest& nest : out.schedule.nests)
@@ -214,13 +273,9 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
     }
   }
 
-  std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
-  llvm::LLVMContext context;
-  llvm::Module module("polytile", context);
-  module.setTargetTriple(kTriple);
-  module.setDataLayout(tm->createDataLayout());
   bundle.target = options.arch;
-  std::set<std::string> kernels;
+  POLYTILE_CHECK(pending.size() == out.schedule.nests.size(), "compiled ", pending.size(), " kernels of ", out.schedule.nests.size(), " nests");
+  std::vector<KernelCode> code;
   for (size_t k = 0; k < out.schedule.nests.size(); ++k) {
     const sched::Nest& nest = out.schedule.nests[k];
     cuda::BundleKernel kernel;
@@ -228,15 +283,11 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
     kernel.grid = nest.kernel->grid;
     kernel.block = nest.kernel->block;
     kernel.args = llvm_ir::nest_tensors(nest);
-    llvm_ir::emit_kernel(module, nest, kernel.name, out.types);
-    kernels.insert(kernel.name);
     bundle.kernels.push_back(std::move(kernel));
+    code.push_back(pending[k].get());
+    out.llvm_ir += code.back().ir;
   }
-  link_libdevice(module, options, kernels);
-  optimize(module, *tm);
-  llvm::raw_string_ostream ir(out.llvm_ir);
-  module.print(ir, nullptr);
-  bundle.ptx = emit_ptx(module, *tm);
+  bundle.ptx = join_ptx(code);
 
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;

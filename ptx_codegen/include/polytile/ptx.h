@@ -1,8 +1,9 @@
 // The PTX code generator: Program -> the lowering pipeline with a GPU target (sched::gpu_target: kernels
-// with block and thread bands) -> LLVM IR kernels (llvm_ir::emit_kernel) in one module -> libdevice
-// linked for the math (only the functions used), nvvm-reflect with IEEE settings (no flush to zero,
-// precise division and square root, since the interpreter is the oracle) -> LLVM's NVPTX back end -> a
-// kernel bundle (polytile/cuda_runtime.h) that polytile-run-bundle or cuda::Runner runs. LLVM stays inside
+// with block and thread bands) -> LLVM IR kernels (llvm_ir::emit_kernel), each in a module of its own,
+// compiled on its own thread while the next nests are scheduled -> libdevice linked for the math (only
+// the functions used), nvvm-reflect with IEEE settings (no flush to zero, precise division and square
+// root, since the interpreter is the oracle) -> LLVM's NVPTX back end -> the kernels' PTX joined into one
+// module -> a kernel bundle (polytile/cuda_runtime.h) that polytile-run-bundle or cuda::Runner runs. LLVM stays inside
 // this library; nothing here needs a GPU or the CUDA driver. ptxas from the CUDA toolkit, where present,
 // assembles the PTX and reports registers, spills and shared memory per kernel.
 #pragma once
@@ -34,7 +35,7 @@ struct Compiled {
   Program program;            // after the passes
   ProgramTypes types;
   sched::Schedule schedule;   // one nest per kernel, in launch order
-  std::string llvm_ir;        // the optimized module, before PTX (deterministic)
+  std::string llvm_ir;        // the optimized modules, one per kernel in launch order, before PTX (deterministic)
   double seconds = 0;         // text to PTX: passes, schedule, LLVM
 };
 
