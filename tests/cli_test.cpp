@@ -457,6 +457,10 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
     Result cuda = cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "cuda"});
     EXPECT_EQ(cuda.code, 1) << cuda.out;
     EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+    // Tuning needs the GPU to time on: the same line, before anything is compiled.
+    Result tune = cli({"run", file, "--random", "I=2x9x9x5", "--random", "K=2x2x5x7", "--backend", "cuda", "--tune"});
+    EXPECT_EQ(tune.code, 1) << tune.out;
+    EXPECT_EQ(tune.err, cuda.err);
   }
 }
 
@@ -521,7 +525,8 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"check", mm, "--shape", "A=3xq"}, "input A: bad shape '3xq'"},
       {{"check", mm, "--bogus", "1"}, "check: unknown option --bogus"},
       {{"run", mm, "--random", "A=3x4"}, "missing input B"},
-      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "interp"}, "--tune needs the cpu backend"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "interp"}, "--tune needs the cpu or cuda backend"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "gpu-sim"}, "--tune needs the cpu or cuda backend"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=5x2"}, "dims disagree: axis 0 of input B is 5 but K = 4"},
       {{"run", mm, "--random", "A=3x4:u8", "--random", "B=4x2"}, "unknown dtype 'u8'"},
       {{"run", mm, "--input", "A=" + temp("v.npy"), "--random", "B=3x2"}, "input A is declared with rank 2 but got shape (3)"},

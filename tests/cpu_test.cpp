@@ -476,6 +476,29 @@ TEST(CpuTest, AStridedConvGradientKeepsABarrierOnEveryPath) {
   expect_same(p, inputs_for(shapes, DType::f32, 11), "the stride-2 data gradient on sm_90", sm90);
 }
 
+// Every model GPU tuning tries (sched::gpu_tuning_candidates) computes what the interpreter computes, on a
+// padded conv and both its gradients at sizes where the models map them differently (threads fitted to
+// 16 or 40 channels, register tiles partial at the borders, a weight gradient in split reductions).
+TEST(CpuTest, EveryGpuTuningCandidateUnderGpuSemantics) {
+  const std::string conv = "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+                           "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }";
+  const Program forward = parse_program(conv);
+  ad::Result grad = ad::vjp(forward);
+  const Shapes shapes{{"I", {2, 10, 12, 16}}, {"K", {3, 3, 16, 40}}};
+  Shapes grad_shapes = shapes;
+  grad_shapes[grad.program.inputs.back().name] = {2, 10, 12, 40};
+  const auto candidates = sched::gpu_tuning_candidates();
+  ASSERT_EQ(candidates.size(), 5u);
+  for (const auto& [what, model] : candidates) {
+    CompileOptions options;
+    options.target = sched::gpu_target("sm_90");
+    options.target.gpu = model;
+    options.target.gpu->min_blocks = 64;  // the weight gradient's 3x3x16x40 outputs: split
+    expect_same(forward, inputs_for(shapes, DType::f32, 5), "the padded conv on " + what, options);
+    expect_same(grad.program, inputs_for(grad_shapes, DType::f32, 6), "its gradient on " + what, options);
+  }
+}
+
 // The GPU model decides the kernels' launches: two models of one architecture are two compilations.
 TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");

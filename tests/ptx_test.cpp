@@ -156,6 +156,46 @@ TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
   expect_assembles(c, "sm_90", "three kernels calling sin");
 }
 
+// Tuning compiles every candidate model and keeps the one the measurement finds fastest (here a stand-in
+// for the GPU's timing, which these machines lack): its bundle is the one compile gives with that model,
+// the report lists every candidate, the winner first; a tie keeps the earlier; a base that already fits
+// its threads is not tried twice.
+TEST(PtxTest, TuneKeepsTheFastestCandidate) {
+  Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");
+  auto types = f32_types({{"I", {2, 9, 9, 5}}, {"K", {2, 2, 5, 7}}});
+  const auto candidates = sched::gpu_tuning_candidates();
+  ASSERT_EQ(candidates.size(), 5u);
+  EXPECT_EQ(candidates[0].first, "default");
+  EXPECT_EQ(candidates[3].first, "fit=1,tile=4x8");
+  EXPECT_TRUE(candidates[3].second.fit_threads);
+  EXPECT_EQ(candidates[3].second.tile_rows, 4);
+  EXPECT_EQ(candidates[3].second.tile_cols, 8);
+  const std::vector<double> times = {5, 3, 4, 1, 2};
+  size_t calls = 0;
+  std::vector<std::string> progress;
+  Tuned t = tune(p, types, Options{}, [&](const Compiled&) { return times.at(calls++); },
+                 [&](const std::string& c, double) { progress.push_back(c); });
+  EXPECT_EQ(calls, 5u);
+  ASSERT_EQ(t.candidates.size(), 5u);
+  EXPECT_EQ(t.candidates.front(), std::make_pair(std::string("fit=1,tile=4x8"), 1.0));
+  EXPECT_EQ(progress, (std::vector<std::string>{"default", "fit=1", "fit=1,tile=8x4", "fit=1,tile=4x8", "fit=1,tile=8x8"}));
+  Options chosen;
+  chosen.model = candidates[3].second;
+  EXPECT_EQ(t.best.bundle.ptx, compile(p, types, chosen).bundle.ptx);
+  EXPECT_EQ(t.best.bundle.manifest(), compile(p, types, chosen).bundle.manifest());
+  EXPECT_NE(t.best.bundle.ptx, compile(p, types).bundle.ptx);  // the models differ on this program
+  // A tie keeps the earlier candidate: the default.
+  Tuned tie = tune(p, types, Options{}, [](const Compiled&) { return 1.0; });
+  EXPECT_EQ(tie.candidates.front().first, "default");
+  EXPECT_EQ(tie.best.bundle.ptx, compile(p, types).bundle.ptx);
+  sched::GpuModel fitted;
+  fitted.fit_threads = true;
+  const auto around = sched::gpu_tuning_candidates(fitted);
+  ASSERT_EQ(around.size(), 4u);
+  EXPECT_EQ(around[0].first, "as given");
+  EXPECT_EQ(around[1].first, "fit=1,tile=8x4");
+}
+
 // The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.
 TEST(PtxTest, DeterministicAndRoundTrips) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");

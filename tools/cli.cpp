@@ -121,7 +121,9 @@ seeded by --seed and the input's name). Outputs named with --output are written 
   --target sm_XY               cuda, gpu-sim: the GPU architecture (default sm_90)
   --gpu-model KEY=VALUE,...    cuda, gpu-sim: the GPU strategy's sizes (see lower --help)
   --tune                       cpu: time a few schedule variants on this machine (each time printed to stderr)
-                               and run the fastest
+                               and run the fastest; cuda: the same with GPU models around --gpu-model's (threads
+                               fitted to the register tile, tiles 8x4, 4x8, 8x8), timed on the GPU, their
+                               outputs checked against each other
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
@@ -588,7 +590,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   if (backend != "interp" && backend != "cpu" && backend != "cuda" && backend != "gpu-sim")
     user_error("unknown backend '", backend, "' (available: cpu, interp, cuda, gpu-sim)");
   const bool compiled_here = backend == "cpu" || backend == "gpu-sim";  // through the CPU backend
-  if (tune && backend != "cpu") user_error("--tune needs the cpu backend");
+  if (tune && backend != "cpu" && backend != "cuda") user_error("--tune needs the cpu or cuda backend");
   if (verify && backend == "interp") user_error("--verify needs a compiling backend (the interpreter runs no passes)");
   if (threads && !compiled_here) user_error("--threads needs the cpu or gpu-sim backend");
   if (model && backend != "cuda" && backend != "gpu-sim") user_error("--gpu-model needs the cuda or gpu-sim backend");
@@ -602,8 +604,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     if (!known) user_error("--output ", name, ": the program has no output named ", name);
   }
   cpu::CompileOptions options;
-  options.tune = tune;
-  if (tune) {
+  options.tune = tune && backend == "cpu";
+  if (options.tune) {
     err << "tuning: timing schedule variants on this machine (best of 3 runs each)\n";
     options.tuning_progress = [&err](const std::string& variant, double seconds) {
       err << "tuning: " << variant << ": " << ms(seconds * 1e3) << "\n";
@@ -625,7 +627,31 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     popts.arch = target;
     popts.verify = verify;
     popts.model = model;
-    kernels = ptx::compile(p, types, popts);
+    if (tune) {
+      err << "tuning: timing GPU models on this GPU (the fastest of 5 launches each, after one)\n";
+      std::optional<TensorMap> first;  // every candidate must compute what the first computes
+      auto measure = [&](const ptx::Compiled& c) {
+        std::unique_ptr<cuda::LoadedBundle> loaded = gpu->load(c.bundle);
+        for (const auto& [name, value] : inputs) loaded->upload(name, value);
+        loaded->launch();
+        double best = loaded->launch();
+        for (int r = 0; r < 4; ++r) best = std::min(best, loaded->launch());
+        TensorMap outputs;
+        for (const auto& o : p.outputs) outputs[o] = loaded->download(o);
+        if (!first) first = outputs;
+        for (const auto& o : p.outputs)  // sums may run in another order: a relative 1e-4
+          if (const Difference d = difference(outputs.at(o), first->at(o)); !d.within(1e-4))
+            throw InternalError("the GPU models tried disagree on " + o + ": relative error " + std::to_string(d.relative));
+        return best;
+      };
+      ptx::Tuned tuned = ptx::tune(p, types, popts, measure, [&err](const std::string& candidate, double kernel_ms) {
+        err << "tuning: " << candidate << ": " << ms(kernel_ms) << "\n";
+      });
+      err << "tuning: kept " << tuned.candidates.front().first << "\n";
+      kernels = std::move(tuned.best);
+    } else {
+      kernels = ptx::compile(p, types, popts);
+    }
     if (time) err << "compile: text to PTX " << ms(kernels->seconds * 1e3) << "\n";
   }
   std::shared_ptr<const cpu::LoadedProgram> loaded;  // from the kernel cache

@@ -48,6 +48,13 @@ int main() {
     Buffer on_gpu = gpu.run(compiled.bundle, inputs).at("O");
     for (int64_t e = 0; e < want.size(); ++e) worst = std::max(worst, std::fabs(want.get(e) - on_gpu.get(e)));
     std::cout << "on the GPU: largest difference from the interpreter " << worst << "\n";
+    // Tuning: the kernels of each candidate GPU model timed on this GPU, the fastest kept.
+    ptx::Tuned tuned = ptx::tune(conv, types, options, [&](const ptx::Compiled& c) {
+      double kernel_ms = 0;
+      gpu.run(c.bundle, inputs, &kernel_ms);
+      return kernel_ms;
+    });
+    std::cout << "tuned: kept " << tuned.candidates.front().first << ", " << tuned.candidates.front().second << " ms\n";
   }
   return worst < 1e-4 ? 0 : 1;
 }

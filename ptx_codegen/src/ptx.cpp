@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <chrono>
@@ -149,6 +150,27 @@ std::string emit_ptx(llvm::Module& m, llvm::TargetMachine& tm) {
 }
 
 }  // namespace
+
+Tuned tune(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options,
+           const std::function<double(const Compiled&)>& measure,
+           const std::function<void(const std::string& candidate, double ms)>& progress) {
+  Tuned out;
+  size_t best = 0;
+  for (const auto& [description, model] : sched::gpu_tuning_candidates(options.model.value_or(sched::GpuModel{}))) {
+    Options o = options;
+    o.model = model;
+    Compiled c = compile(program, inputs, o);
+    const double ms = measure(c);
+    if (progress) progress(description, ms);
+    out.candidates.emplace_back(description, ms);
+    if (out.candidates.size() == 1 || ms < out.candidates[best].second) {
+      best = out.candidates.size() - 1;
+      out.best = std::move(c);
+    }
+  }
+  std::rotate(out.candidates.begin(), out.candidates.begin() + static_cast<long>(best), out.candidates.begin() + static_cast<long>(best) + 1);
+  return out;
+}
 
 std::optional<std::string> find_libdevice(const std::string& configured, std::vector<std::string>* looked) {
   std::vector<std::string> candidates;

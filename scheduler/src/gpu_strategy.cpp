@@ -412,6 +412,26 @@ std::string GpuModel::key() const {
   return k;
 }
 
+std::vector<std::pair<std::string, GpuModel>> gpu_tuning_candidates(const GpuModel& base) {
+  std::vector<std::pair<std::string, GpuModel>> out;
+  auto add = [&](const std::string& description, const GpuModel& m) {
+    for (const auto& [d, earlier] : out)
+      if (earlier.key() == m.key()) return;  // the base had it already
+    out.emplace_back(description, m);
+  };
+  add(base.key() == GpuModel{}.key() ? "default" : "as given", base);
+  GpuModel fit = base;
+  fit.fit_threads = true;
+  add("fit=1", fit);
+  for (const auto& [rows, cols] : {std::pair{8, 4}, {4, 8}, {8, 8}}) {
+    GpuModel m = fit;
+    m.tile_rows = rows;
+    m.tile_cols = cols;
+    add("fit=1,tile=" + std::to_string(rows) + "x" + std::to_string(cols), m);
+  }
+  return out;
+}
+
 Target gpu_target(const std::string& arch) {
   int version = 0;
   bool ok = arch.size() >= 5 && arch.rfind("sm_", 0) == 0 &&

@@ -8,6 +8,7 @@
 // assembles the PTX and reports registers, spills and shared memory per kernel.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -42,6 +43,19 @@ struct Compiled {
 // UserError for what the inputs make impossible (as cpu::compile), a target that is not sm_XY >= 75,
 // and a program that calls a math function when no libdevice can be found (naming where it looked).
 Compiled compile(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options = {});
+
+// Tuning on a GPU (see sched::gpu_tuning_candidates).
+struct Tuned {
+  Compiled best;                                           // compiled with the fastest candidate
+  std::vector<std::pair<std::string, double>> candidates;  // description and milliseconds, the winner first
+};
+
+// Compiles `program` with each of sched::gpu_tuning_candidates(options.model) and keeps the one `measure` finds
+// fastest (the milliseconds of its kernels, e.g. cuda::LoadedBundle::launch's best on the GPU; a tie
+// keeps the earlier candidate, the base first). `progress` is called after each measurement.
+Tuned tune(const Program& program, const std::map<std::string, TensorType>& inputs, const Options& options,
+           const std::function<double(const Compiled&)>& measure,
+           const std::function<void(const std::string& candidate, double ms)>& progress = {});
 
 // libdevice.10.bc: `configured` if not empty, else $POLYTILE_LIBDEVICE, $CUDA_PATH/nvvm/libdevice, the CUDA
 // toolkit found when polytile was built, /usr/local/cuda. nullopt when none exists; `looked` receives the

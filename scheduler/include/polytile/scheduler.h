@@ -78,6 +78,14 @@ struct GpuModel {
   std::string key() const;
 };
 
+// The GPU models to tune among (ptx::tune), since no single model wins everywhere (on an H200 the best
+// of these was up to 1.7x faster than the default on some convolutions and 5x slower on others): the
+// models to try around `base` -- itself first ("default" or "as given"), then its threads fitted to the register tile
+// (GpuModel::fit_threads), alone and with register tiles 8x4, 4x8 and 8x8, each described by the
+// `--gpu-model` keys it changes ("fit=1,tile=8x4"); a model the base already is is not repeated.
+std::vector<std::pair<std::string, GpuModel>> gpu_tuning_candidates(const GpuModel& base = {});
+
+
 // What a schedule is made for: the part every target has, and the model of the strategy that adds its
 // decisions (marks and bands) to the target-neutral schedule trees. The defaults describe no particular
 // machine; cpu::host_target() (polytile/cpu.h) reads the running one, gpu_target() describes an NVIDIA GPU.
