@@ -2,7 +2,8 @@
 // ./setup.sh --tsan, under ThreadSanitizer: `ctest -L threads`): concurrent runs of one compiled program
 // on the callers' own memory and of a row group whose temporaries live in chunk memory, concurrent
 // compiles of the same and of different programs with the program cache being cleared meanwhile,
-// concurrent users of one persistent kernel cache directory, and the interpreter and parser in parallel.
+// concurrent users of one persistent kernel cache directory, the interpreter and parser in parallel, and
+// PTX compiles whose kernels compile on threads of their own.
 // Every result is checked against the interpreter.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "polytile/interpreter.h"
 #include "polytile/kernel_cache.h"
 #include "polytile/parser.h"
+#include "polytile/ptx.h"
 #include "test_util.h"
 
 // What ThreadSanitizer must not report (it reads this function of the binary it runs in; elsewhere unused).
@@ -183,6 +185,26 @@ TEST(ThreadsTest, ConcurrentUsersOfOneKernelCacheDirectory) {
   EXPECT_EQ(hits.load(), kThreads) << "the second round loads what the first stored";
   EXPECT_EQ(cpu::KernelCache(dir.string()).info().entries, 1u);
   std::filesystem::remove_all(dir);
+}
+
+// ptx::compile compiles each kernel on a thread of its own while its caller schedules the next nests;
+// callers on four threads compile a weight gradient's four kernels (partial sums, their sum, both
+// initializations) at once, and each gets the PTX one compile alone gives.
+TEST(ThreadsTest, ConcurrentPtxCompilesOfKernelsOnThreadsOfTheirOwn) {
+  Program p = parse_program(
+      "function (I[N, H, W, CI], DO[N, H, W, CO]) -> (DK) {"
+      "  DK[j, i, ci, co : 3, 3, CI, CO] = +(I[n, y + j - 1, x + i - 1, ci] * DO[n, y, x, co]); }");
+  const std::map<std::string, TensorType> types{{"I", {DType::f32, {2, 12, 12, 8}}}, {"DO", {DType::f32, {2, 12, 12, 16}}}};
+  ptx::Options options;
+  options.model = sched::GpuModel{};
+  options.model->min_slice = 16;  // the sum split into slices at this size
+  const ptx::Compiled alone = ptx::compile(p, types, options);
+  ASSERT_EQ(alone.bundle.kernels.size(), 4u) << alone.bundle.manifest();
+  expect_none(on_threads([&](int) -> std::string {
+    const ptx::Compiled c = ptx::compile(p, types, options);
+    if (c.bundle.ptx != alone.bundle.ptx) return "other PTX";
+    return c.llvm_ir == alone.llvm_ir ? "" : "other LLVM IR";
+  }));
 }
 
 // The front end and the interpreter are plain functions of their arguments.
