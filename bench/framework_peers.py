@@ -156,14 +156,26 @@ def jax_step(kind, args):
     return lambda: f(x, dy)
 
 
+# PyTorch's 4-d cases run in both memory formats, and the faster one is its rate (as a user would pick).
+TORCH_LAYOUTS = ("channels_last", "nchw")
+
+
 def torch_step(kind, args):
+    """{memory format: step} for the 4-d cases (convs, max pool, the bias gradient), else one step; None
+    for a case eager PyTorch has no step for (compiling)."""
+    if kind in ("conv", "maxpool", "bias_grad"):
+        return {layout: torch_step_in(kind, args, layout) for layout in TORCH_LAYOUTS}
+    return torch_step_in(kind, args, "nchw")
+
+
+def torch_step_in(kind, args, layout):
     import torch
     import torch.nn.functional as F
 
     if kind == "compile":
         return None  # eager PyTorch compiles nothing
     g = torch.Generator().manual_seed(0)
-    cl = torch.channels_last
+    cl = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     if kind == "conv":
         (n, h, w, ci, co, kh, kw, s, d, p), direction = args
         x = torch.randn(n, ci, h, w, generator=g).to(memory_format=cl)
@@ -241,10 +253,15 @@ def measure(cases, repeats=10, log=print):
             continue
         kind, args, work, unit = spec
         for peer, (make, sync) in sorted(peers.items()):
-            step = make(kind, args)
-            if step is None:
+            steps = make(kind, args)
+            if steps is None:
                 continue
-            seconds = median_seconds(step, sync, repeats)
+            if not isinstance(steps, dict):
+                steps = {"": steps}
+            timed = {label: median_seconds(step, sync, repeats) for label, step in steps.items()}
+            label = min(timed, key=timed.get)  # the fastest variant (PyTorch: memory format)
+            seconds = timed[label]
             rates[(case, peer)] = (work * 1e-9 / seconds, unit)
-            log(f"  {case} {peer}: {work * 1e-9 / seconds:.1f} {unit}")
+            others = ", ".join(f"{k} {work * 1e-9 / v:.1f}" for k, v in timed.items() if k != label)
+            log(f"  {case} {peer}: {work * 1e-9 / seconds:.1f} {unit}" + (f" ({label}; {others})" if others else ""))
     return rates, unknown
