@@ -398,6 +398,10 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     Choice other = choose(nc);
     if (other.key > best.key + 0.01) best = other;
   }
+  if (const int64_t wanted = target.cpu.microkernel_chunks; wanted > 0 && wanted != best.chunks && wanted <= most_chunks) {
+    Choice other = choose(wanted);  // where it has no block (too few registers for two rows), the model's stays
+    if (!other.block.empty()) best = other;
+  }
   if (best.block.empty()) return std::nullopt;
   plan.block = best.block;
   plan.rows = best.rows;

@@ -26,6 +26,10 @@ struct CpuModel {
   int64_t l1_bytes = 48 * 1024; // per core data cache
   int64_t l2_bytes = 2 * 1024 * 1024;
   int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
+  // Micro-kernel columns of this many vectors (a last column past the vector variable's range is masked),
+  // where they leave registers for two rows and the range has that many (0, or where they do not: the
+  // plan's throughput model chooses; CompileOptions::tune tries 2 and 4).
+  int microkernel_chunks = 0;
   // Update nests with at least this many points use register-blocked micro-kernels when eligible.
   int64_t microkernel_min_points = int64_t{1} << 15;
   // Split reductions (split_reductions): a sum with at most split_max_outputs output elements and at least
