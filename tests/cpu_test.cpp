@@ -977,6 +977,13 @@ std::string module_of(const std::string& ir, const std::string& name) {
   return ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
+// The text of function `function`'s definition in `ir`, up to its closing brace ("" when it has none).
+std::string function_of(const std::string& ir, const std::string& function) {
+  const size_t begin = ir.find("define void @" + function + "(");
+  if (begin == std::string::npos) return std::string();
+  return ir.substr(begin, ir.find("\n}\n", begin) - begin);
+}
+
 // The attributes of function `function` in `module`, as the module's attribute group lists them.
 std::string attributes_of(const std::string& module, const std::string& function) {
   const size_t define = module.find("define void @" + function + "(");
@@ -1227,9 +1234,8 @@ TEST(CpuTest, LoopsAroundVectorLoopsAreNotUnrolledInSmallNests) {
   // The lanes times the number of vector instructions `op` (e.g. "fadd") in the update nest's function
   // (nest_1; nest_0 initializes the output).
   auto vector_lanes = [](const std::string& ir, const std::string& op) {
-    const size_t begin = ir.find("define void @nest_1(");
-    if (begin == std::string::npos) return int64_t{-1};
-    const std::string update = ir.substr(begin, ir.find("\n}\n", begin) - begin);
+    const std::string update = function_of(ir, "nest_1");
+    if (update.empty()) return int64_t{-1};
     int64_t total = 0;
     for (size_t at = update.find(" = " + op + " "); at != std::string::npos; at = update.find(" = " + op + " ", at + 1)) {
       const size_t line_end = update.find('\n', at), vec = update.find(" x float>", at);
@@ -1272,9 +1278,9 @@ TEST(CpuTest, ColumnSumsAccumulateInRegisters) {
   };
   auto stores = [](const std::string& ir) {
     Stores out;
-    const size_t begin = ir.find("define void @nest_1(");
-    if (begin == std::string::npos) return Stores{-1, -1};
-    std::istringstream update(ir.substr(begin, ir.find("\n}\n", begin) - begin));
+    const std::string function = function_of(ir, "nest_1");
+    if (function.empty()) return Stores{-1, -1};
+    std::istringstream update(function);
     std::set<std::string> sums;
     for (std::string line; std::getline(update, line);) {
       std::istringstream words(line);
@@ -1815,6 +1821,7 @@ TEST(CpuTest, TuningKeepsTheFastestCandidate) {
     EXPECT_EQ(seconds, seconds_of.at(original)) << variant;
   }
   EXPECT_GE(copies, 1);
+  EXPECT_EQ(compile(conv, types, o).get(), tuned.get());  // cached
   EXPECT_TRUE(compile(conv, types)->tuning().candidates.empty());
   expect_same(conv, in, "tuned convolution", o);
 }
