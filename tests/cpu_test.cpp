@@ -499,6 +499,24 @@ TEST(CpuTest, EveryGpuTuningCandidateUnderGpuSemantics) {
   }
 }
 
+// Register tiles whose rows isl guards (a padded convolution's edge) run branch-free by default: the rows
+// out of range read clamped elements of the shared tiles (NaN on the host) and keep their accumulators. A
+// sum (one FMA, selected) and a max (the aggregation, selected) agree with the interpreter, masked and not.
+TEST(CpuTest, MaskedAndBranchingRegisterTilesAgree) {
+  const Shapes shapes{{"I", {2, 7, 9, 16}}, {"K", {3, 3, 16, 24}}};
+  for (const char* op : {"+", ">"}) {
+    const Program conv = parse_program(std::string("function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+                                                   "  O[n, y, x, co : N, H, W, CO] = ") +
+                                       op + "(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+    for (bool masked : {true, false}) {
+      CompileOptions options;
+      options.target = sched::gpu_target("sm_90");
+      options.target.gpu->masked_registers = masked;
+      expect_same(conv, inputs_for(shapes, DType::f32, 7), std::string(op) + (masked ? " masked" : " branching"), options);
+    }
+  }
+}
+
 // The GPU model decides the kernels' launches: two models of one architecture are two compilations.
 TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");

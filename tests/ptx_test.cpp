@@ -156,6 +156,34 @@ TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
   expect_assembles(c, "sm_90", "three kernels calling sin");
 }
 
+// A padded convolution's register tile has guarded rows (the image's edge). Masked (the default), the rows
+// run without branches and the filter's two values per input channel are loaded from the shared tile once
+// for the tile's four rows, not once per row: per step, 4 + 2 shared loads for 8 FMAs instead of 4 + 8.
+// (The masked rows' results against the interpreter, under GPU semantics with NaN in the shared tiles:
+// CpuTest.EveryGpuTuningCandidateUnderGpuSemantics and CpuTest.MaskedAndBranchingRegisterTilesAgree.)
+TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
+  Program p = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  auto types = f32_types({{"I", {1, 4, 32, 64}}, {"K", {3, 3, 64, 64}}});
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  Options masked, branching;
+  branching.model = sched::GpuModel{};
+  branching.model->masked_registers = false;
+  const std::string a = compile(p, types, masked).bundle.ptx, b = compile(p, types, branching).bundle.ptx;
+  const size_t loads_a = count(a, "ld.shared.f32"), fmas_a = count(a, "fma.rn.f32");
+  const size_t loads_b = count(b, "ld.shared.f32"), fmas_b = count(b, "fma.rn.f32");
+  ASSERT_GT(fmas_a, 0u);
+  ASSERT_GT(fmas_b, 0u);
+  EXPECT_EQ(loads_a * 8, fmas_a * 6) << a;   // 4 rows of the input and 2 columns of the filter per 8 FMAs
+  EXPECT_EQ(loads_b * 8, fmas_b * 12) << b;  // the filter's columns again in each row's branch
+  expect_assembles(compile(p, types, masked), "sm_90", "the masked register tile");
+}
+
 // Tuning compiles every candidate model and keeps the one the measurement finds fastest (here a stand-in
 // for the GPU's timing, which these machines lack): its bundle is the one compile gives with that model,
 // the report lists every candidate, the winner first; a tie keeps the earlier; a base that already fits

@@ -252,10 +252,48 @@ llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int
 void NestEmitter::register_loop(const sched::LoopNode& n) {
   llvm::AllocaInst* it = iters_.at(n.iterator);
   auto value = [&] { return b_.CreateLoad(b_.getInt64Ty(), it); };
+  const bool branch_free = branch_free_registers(n);
   llvm::BranchInst* latch = emit_loop(it, b_.getInt64(0), 1, [&] { return b_.CreateICmpSLT(value(), b_.getInt64(n.unroll)); }, [&] {
-    in_range_body(b_.CreateAnd(b_.CreateICmpSGE(value(), loop_expr(n.lower)), cond(n.condition)), n.body, "register");
+    Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(value(), loop_expr(n.lower)), cond(n.condition));
+    if (!branch_free) {
+      in_range_body(in_range, n.body, "register");
+      return;
+    }
+    Value* outer = register_mask_;
+    register_mask_ = outer ? b_.CreateAnd(outer, in_range) : in_range;
+    for (const auto& child : n.body) node(child, false);
+    register_mask_ = outer;
   });
   hint_loop(latch, "llvm.loop.unroll.full");  // unrolled, each copy's position is a constant
+}
+
+bool NestEmitter::branch_free_registers(const sched::LoopNode& n) const {
+  if (!nest_.kernel || !nest_.accumulators || !nest_.accumulators->masked || nest_.kind != sched::Nest::Kind::update || nest_.stores || nest_.microkernel ||
+      nest_.reduction)
+    return false;
+  const Contraction& c = nest_.contraction;
+  if (c.aggregation == AggregationOp::assign || c.combination == CombinationOp::cond) return false;
+  for (const auto& a : c.inputs)
+    if (!shared_tile(a.tensor)) return false;
+  // A loop whose range is the whole tile (0 to unroll - 1: isl wrote no bound of its own) needs no mask.
+  using E = sched::LoopExpr::Kind;
+  auto whole = [](const sched::LoopNode& x) {
+    const sched::LoopExpr& c = x.condition;
+    const bool from_zero = x.lower.kind == E::constant && x.lower.value <= 0;
+    const bool to_end = c.args.size() == 2 && c.args[0].kind == E::iterator && c.args[0].iterator == x.iterator &&
+                        c.args[1].kind == E::constant &&
+                        ((c.kind == E::le && c.args[1].value >= x.unroll - 1) || (c.kind == E::lt && c.args[1].value >= x.unroll));
+    return from_zero && to_end;
+  };
+  bool guarded = false;
+  std::function<bool(const sched::LoopNode&)> only_updates = [&](const sched::LoopNode& x) {
+    if (x.kind == sched::LoopNode::Kind::statement) return x.statement == sched::LoopNode::Statement::plain;
+    if (x.kind != sched::LoopNode::Kind::loop || x.unroll <= 0 || x.step != 1 || x.hardware != sched::LoopNode::Hardware::none)
+      return false;
+    guarded = guarded || !whole(x);
+    return std::all_of(x.body.begin(), x.body.end(), only_updates);
+  };
+  return only_updates(n) && guarded;
 }
 
 void NestEmitter::hint_loop(llvm::BranchInst* latch, const char* hint) {

@@ -83,6 +83,12 @@ class NestEmitter {
   // A register loop (LoopNode::unroll): over [0, unroll), the body where the loop's own range holds, fully
   // unrolled (llvm.loop.unroll.full), so that accumulator positions become constants.
   void register_loop(const sched::LoopNode& n);
+  // Whether a register loop runs without branches (register_mask_): in a kernel whose update aggregates
+  // into accumulators and reads every input from a shared tile, a register loop holding only register
+  // loops and update statements. Its points outside the range then read a clamped element of each tile
+  // (shared_address_clamped) and leave their accumulator as it was, so that operands independent of the
+  // guarded position (a convolution's filter across the rows of the tile) are loaded once, not once per row.
+  bool branch_free_registers(const sched::LoopNode& n) const;
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
@@ -96,6 +102,8 @@ class NestEmitter {
   // ------------------------------------------------------------------ shared tiles (sched::SharedTile)
   // A shared tile's element at `local` (its index in the tile): one GEP into the tile's array of arrays.
   Value* shared_address(size_t tile, const std::vector<Value*>& local);
+  // The same element, its offset in the tile's storage clamped into it: safe to load at any index.
+  Value* shared_address_clamped(size_t tile, const std::vector<Value*>& local);
   // The tile's copy by the threads of the block: sets its origin and copies box element e to e's thread.
   void copy_statement(const sched::LoopNode& n);
   // The tile of an input the update reads from shared memory, if any.
@@ -225,6 +233,7 @@ class NestEmitter {
   unsigned width_ = 0;                    // 0: scalar expressions; else lanes of vector expressions
   std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
+  Value* register_mask_ = nullptr;        // in a branch-free register loop: whether its position is in range
   std::map<std::string, Value*> ptrs_;
   const bool device_;
   const bool copy_;  // an update that copies one tensor: its loops are not unrolled (see node)

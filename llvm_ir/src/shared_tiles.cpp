@@ -16,6 +16,20 @@ Value* NestEmitter::shared_address(size_t tile, const std::vector<Value*>& local
   return b_.CreateGEP(shared_types_.at(tile), shared_.at(tile), idx);
 }
 
+Value* NestEmitter::shared_address_clamped(size_t tile, const std::vector<Value*>& local) {
+  const sched::SharedTile& t = nest_.shared.at(tile);
+  Value* offset = b_.getInt64(0);
+  for (size_t d = 0; d < local.size(); ++d) {
+    const int64_t extent = d + 1 == local.size() ? t.pitch : t.sizes[d];
+    offset = b_.CreateNSWAdd(b_.CreateNSWMul(offset, b_.getInt64(extent)), local[d]);
+  }
+  offset = b_.CreateIntrinsic(llvm::Intrinsic::smax, {b_.getInt64Ty()}, {offset, b_.getInt64(0)});
+  offset = b_.CreateIntrinsic(llvm::Intrinsic::smin, {b_.getInt64Ty()}, {offset, b_.getInt64(t.storage() - 1)});
+  llvm::Type* element = shared_types_.at(tile);
+  while (auto* array = llvm::dyn_cast<llvm::ArrayType>(element)) element = array->getElementType();
+  return b_.CreateGEP(element, shared_.at(tile), offset);
+}
+
 // Box element e (row-major) goes to the thread whose linear index (x fastest) is e modulo the block's
 // threads: consecutive threads copy consecutive elements of the box's last dimension.
 void NestEmitter::copy_statement(const sched::LoopNode& n) {

@@ -165,7 +165,8 @@ void NestEmitter::statement(const sched::LoopNode& n) {
     for (const auto& p : a.indices) idx.push_back(poly(p, vars));
     if (auto tile = shared_tile(a.tensor)) {  // from the tile its copy filled: at index - origin
       for (size_t d = 0; d < idx.size(); ++d) idx[d] = b_.CreateSub(idx[d], b_.CreateLoad(b_.getInt64Ty(), origins_[*tile][d]));
-      in.push_back(load_address(types_.tensors.at(a.tensor).dtype, shared_address(*tile, idx)));
+      in.push_back(load_address(types_.tensors.at(a.tensor).dtype,
+                                register_mask_ ? shared_address_clamped(*tile, idx) : shared_address(*tile, idx)));
       continue;
     }
     in.push_back(input(a.tensor, idx));
@@ -210,7 +211,17 @@ void NestEmitter::statement(const sched::LoopNode& n) {
   if (c.aggregation != AggregationOp::assign) {
     // A point that alone writes its element (Nest::stores) adds its term to the identity, not the element.
     Typed acc = nest_.stores ? identity(c.aggregation, out.dtype) : load_address(out.dtype, out_addr);
-    v = accumulate(c.aggregation, acc.v, v, out.dtype);
+    auto* mul = llvm::dyn_cast<llvm::Instruction>(v);
+    if (register_mask_ && c.aggregation == AggregationOp::sum && mul && mul->getOpcode() == llvm::Instruction::FMul &&
+        mul->hasAllowContract() && mul->getType() == acc.v->getType()) {
+      // One fused multiply-add, selected whole: a sum selected after the product would keep them apart
+      // (InstCombine moves the select between them).
+      v = b_.CreateIntrinsic(llvm::Intrinsic::fma, {acc.v->getType()}, {mul->getOperand(0), mul->getOperand(1), acc.v});
+      if (mul->use_empty()) mul->eraseFromParent();
+    } else {
+      v = accumulate(c.aggregation, acc.v, v, out.dtype);
+    }
+    if (register_mask_) v = b_.CreateSelect(register_mask_, v, acc.v);  // out of range: the accumulator as it was
   }
   store_address(out.dtype, out_addr, {v, out.dtype});
   if (skip) {

@@ -143,7 +143,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   mapping.insert(mapping.end(), registers.begin(), registers.end());
   const bool accumulate = gpu.accumulators && register_tile && facts.write &&
                           accumulators_proven(neutral, vars, outs, mapping, *facts.write);
-  if (accumulate) accumulators = Accumulators{register_sizes, outputs};
+  if (accumulate) accumulators = Accumulators{register_sizes, outputs, gpu.masked_registers};
   auto tile_members = [&](const std::vector<int64_t>& tiles) {  // the reduction tiles' band
     std::vector<std::string> members;
     for (size_t k = 0; k < tiles.size(); ++k) members.push_back(floor_div(shifted(parallel + k), tiles[k]));
@@ -407,7 +407,8 @@ int64_t Accumulators::elements() const {
 std::string GpuModel::key() const {
   std::string k;
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
-                    min_slice, max_split_bytes, int64_t{accumulators}, int64_t{pad_shared}, int64_t{fit_threads}})
+                    min_slice, max_split_bytes, int64_t{accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
+                    int64_t{masked_registers}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;
 }

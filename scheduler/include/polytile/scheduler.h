@@ -78,6 +78,11 @@ struct GpuModel {
   // by default: on an H200 it sped up some convolutions by up to 1.2x and slowed others by up to 2.7x
   // (fewer threads per block where y is short); a cost model should choose.
   bool fit_threads = false;
+  // A register tile whose positions isl guards (a padded convolution's rows at the image's edge) runs
+  // without branches: every position loads its operands, from a clamped element of each shared tile where
+  // out of range, and keeps its accumulator there, so that an operand the guard does not touch (the
+  // filter, across the rows) is loaded once instead of once per position (Accumulators::masked).
+  bool masked_registers = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
@@ -251,6 +256,9 @@ struct SharedTile {
 struct Accumulators {
   std::vector<int64_t> sizes;
   std::vector<size_t> variables;
+  // Register loops with guards run branch-free where every input is read from a shared tile
+  // (GpuModel::masked_registers): out of range, a position reads clamped elements and keeps its accumulator.
+  bool masked = true;
   int64_t elements() const;
 };
 
