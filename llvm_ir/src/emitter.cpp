@@ -260,11 +260,25 @@ void NestEmitter::register_loop(const sched::LoopNode& n) {
       return;
     }
     Value* outer = register_mask_;
+    const bool guarded = !whole_register_loop(n);
     register_mask_ = outer ? b_.CreateAnd(outer, in_range) : in_range;
+    if (guarded) masked_iterators_.insert(n.iterator);
     for (const auto& child : n.body) node(child, false);
+    masked_iterators_.erase(n.iterator);
     register_mask_ = outer;
   });
   hint_loop(latch, "llvm.loop.unroll.full");  // unrolled, each copy's position is a constant
+}
+
+// A register loop whose range is the whole tile (0 to unroll - 1: isl wrote no bound of its own).
+bool NestEmitter::whole_register_loop(const sched::LoopNode& x) {
+  using E = sched::LoopExpr::Kind;
+  const sched::LoopExpr& c = x.condition;
+  const bool from_zero = x.lower.kind == E::constant && x.lower.value <= 0;
+  const bool to_end = c.args.size() == 2 && c.args[0].kind == E::iterator && c.args[0].iterator == x.iterator &&
+                      c.args[1].kind == E::constant &&
+                      ((c.kind == E::le && c.args[1].value >= x.unroll - 1) || (c.kind == E::lt && c.args[1].value >= x.unroll));
+  return from_zero && to_end;
 }
 
 bool NestEmitter::branch_free_registers(const sched::LoopNode& n) const {
@@ -275,22 +289,12 @@ bool NestEmitter::branch_free_registers(const sched::LoopNode& n) const {
   if (c.aggregation == AggregationOp::assign || c.combination == CombinationOp::cond) return false;
   for (const auto& a : c.inputs)
     if (!shared_tile(a.tensor)) return false;
-  // A loop whose range is the whole tile (0 to unroll - 1: isl wrote no bound of its own) needs no mask.
-  using E = sched::LoopExpr::Kind;
-  auto whole = [](const sched::LoopNode& x) {
-    const sched::LoopExpr& c = x.condition;
-    const bool from_zero = x.lower.kind == E::constant && x.lower.value <= 0;
-    const bool to_end = c.args.size() == 2 && c.args[0].kind == E::iterator && c.args[0].iterator == x.iterator &&
-                        c.args[1].kind == E::constant &&
-                        ((c.kind == E::le && c.args[1].value >= x.unroll - 1) || (c.kind == E::lt && c.args[1].value >= x.unroll));
-    return from_zero && to_end;
-  };
   bool guarded = false;
   std::function<bool(const sched::LoopNode&)> only_updates = [&](const sched::LoopNode& x) {
     if (x.kind == sched::LoopNode::Kind::statement) return x.statement == sched::LoopNode::Statement::plain;
     if (x.kind != sched::LoopNode::Kind::loop || x.unroll <= 0 || x.step != 1 || x.hardware != sched::LoopNode::Hardware::none)
       return false;
-    guarded = guarded || !whole(x);
+    guarded = guarded || !whole_register_loop(x);
     return std::all_of(x.body.begin(), x.body.end(), only_updates);
   };
   return only_updates(n) && guarded;

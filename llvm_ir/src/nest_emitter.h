@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -89,6 +90,7 @@ class NestEmitter {
   // (shared_address_clamped) and leave their accumulator as it was, so that operands independent of the
   // guarded position (a convolution's filter across the rows of the tile) are loaded once, not once per row.
   bool branch_free_registers(const sched::LoopNode& n) const;
+  static bool whole_register_loop(const sched::LoopNode& n);
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
@@ -102,8 +104,10 @@ class NestEmitter {
   // ------------------------------------------------------------------ shared tiles (sched::SharedTile)
   // A shared tile's element at `local` (its index in the tile): one GEP into the tile's array of arrays.
   Value* shared_address(size_t tile, const std::vector<Value*>& local);
-  // The same element, its offset in the tile's storage clamped into it: safe to load at any index.
-  Value* shared_address_clamped(size_t tile, const std::vector<Value*>& local);
+  // The same element, safe to load at any index: the offset in the tile's storage clamped into it, or,
+  // for an index that depends on a guarded register position (`masked`), 0 where the position is out of
+  // range (one select instead of two bounds; an index independent of the positions stays one value, loaded once).
+  Value* shared_address_clamped(size_t tile, const std::vector<Value*>& local, bool masked);
   // The tile's copy by the threads of the block: sets its origin and copies box element e to e's thread.
   void copy_statement(const sched::LoopNode& n);
   // The tile of an input the update reads from shared memory, if any.
@@ -234,6 +238,7 @@ class NestEmitter {
   std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
   Value* register_mask_ = nullptr;        // in a branch-free register loop: whether its position is in range
+  std::set<int> masked_iterators_;        // ... the iterators of the guarded register loops around
   std::map<std::string, Value*> ptrs_;
   const bool device_;
   const bool copy_;  // an update that copies one tensor: its loops are not unrolled (see node)

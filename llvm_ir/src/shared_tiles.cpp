@@ -16,15 +16,22 @@ Value* NestEmitter::shared_address(size_t tile, const std::vector<Value*>& local
   return b_.CreateGEP(shared_types_.at(tile), shared_.at(tile), idx);
 }
 
-Value* NestEmitter::shared_address_clamped(size_t tile, const std::vector<Value*>& local) {
+Value* NestEmitter::shared_address_clamped(size_t tile, const std::vector<Value*>& local, bool masked) {
   const sched::SharedTile& t = nest_.shared.at(tile);
   Value* offset = b_.getInt64(0);
   for (size_t d = 0; d < local.size(); ++d) {
     const int64_t extent = d + 1 == local.size() ? t.pitch : t.sizes[d];
     offset = b_.CreateNSWAdd(b_.CreateNSWMul(offset, b_.getInt64(extent)), local[d]);
   }
-  offset = b_.CreateIntrinsic(llvm::Intrinsic::smax, {b_.getInt64Ty()}, {offset, b_.getInt64(0)});
-  offset = b_.CreateIntrinsic(llvm::Intrinsic::smin, {b_.getInt64Ty()}, {offset, b_.getInt64(t.storage() - 1)});
+  // In 32 bits: a tile holds fewer than 2^31 elements, so an offset in range is exact there, and one out of
+  // range still lands in the tile once clamped (and 64-bit minima cost twice the instructions on a GPU).
+  offset = b_.CreateTrunc(offset, b_.getInt32Ty());
+  if (masked) {
+    offset = b_.CreateSelect(register_mask_, offset, b_.getInt32(0));
+  } else {
+    offset = b_.CreateIntrinsic(llvm::Intrinsic::smax, {b_.getInt32Ty()}, {offset, b_.getInt32(0)});
+    offset = b_.CreateIntrinsic(llvm::Intrinsic::smin, {b_.getInt32Ty()}, {offset, b_.getInt32(static_cast<int32_t>(t.storage() - 1))});
+  }
   llvm::Type* element = shared_types_.at(tile);
   while (auto* array = llvm::dyn_cast<llvm::ArrayType>(element)) element = array->getElementType();
   return b_.CreateGEP(element, shared_.at(tile), offset);

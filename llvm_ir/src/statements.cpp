@@ -159,14 +159,27 @@ void NestEmitter::statement(const sched::LoopNode& n) {
   std::map<std::string, Value*> vars;
   for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
   Value* out_addr = nest_.accumulators ? accumulator_address(n.registers) : output_address(vars);
+  // In a branch-free register tile: the variables whose values depend on a guarded register position.
+  std::set<std::string> masked_vars;
+  if (register_mask_) {
+    std::function<bool(const sched::LoopExpr&)> masked = [&](const sched::LoopExpr& e) {
+      if (e.kind == sched::LoopExpr::Kind::iterator && masked_iterators_.count(e.iterator)) return true;
+      return std::any_of(e.args.begin(), e.args.end(), masked);
+    };
+    for (size_t k = 0; k < nest_.variables.size() && k < n.args.size(); ++k)
+      if (masked(n.args[k])) masked_vars.insert(nest_.variables[k]);
+  }
   std::vector<Typed> in;
   for (const auto& a : c.inputs) {
     std::vector<Value*> idx;
     for (const auto& p : a.indices) idx.push_back(poly(p, vars));
     if (auto tile = shared_tile(a.tensor)) {  // from the tile its copy filled: at index - origin
       for (size_t d = 0; d < idx.size(); ++d) idx[d] = b_.CreateSub(idx[d], b_.CreateLoad(b_.getInt64Ty(), origins_[*tile][d]));
+      bool masked = false;
+      for (const auto& p : a.indices)
+        for (const auto& [var, coefficient] : p.index_terms()) masked = masked || masked_vars.count(var);
       in.push_back(load_address(types_.tensors.at(a.tensor).dtype,
-                                register_mask_ ? shared_address_clamped(*tile, idx) : shared_address(*tile, idx)));
+                                register_mask_ ? shared_address_clamped(*tile, idx, masked) : shared_address(*tile, idx)));
       continue;
     }
     in.push_back(input(a.tensor, idx));
