@@ -488,7 +488,7 @@ TEST(CpuTest, EveryGpuTuningCandidateUnderGpuSemantics) {
   Shapes grad_shapes = shapes;
   grad_shapes[grad.program.inputs.back().name] = {2, 10, 12, 40};
   const auto candidates = sched::gpu_tuning_candidates();
-  ASSERT_EQ(candidates.size(), 5u);
+  ASSERT_EQ(candidates.size(), 6u);
   for (const auto& [what, model] : candidates) {
     CompileOptions options;
     options.target = sched::gpu_target("sm_90");
@@ -499,7 +499,7 @@ TEST(CpuTest, EveryGpuTuningCandidateUnderGpuSemantics) {
   }
 }
 
-// Register tiles whose rows isl guards (a padded convolution's edge) run branch-free by default: the rows
+// Register tiles whose rows isl guards (a padded convolution's edge) run branch-free where masked: the rows
 // out of range read clamped elements of the shared tiles (NaN on the host) and keep their accumulators. A
 // sum (one FMA, selected) and a max (the aggregation, selected) agree with the interpreter, masked and not.
 TEST(CpuTest, MaskedAndBranchingRegisterTilesAgree) {

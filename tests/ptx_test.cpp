@@ -156,7 +156,7 @@ TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
   expect_assembles(c, "sm_90", "three kernels calling sin");
 }
 
-// A padded convolution's register tile has guarded rows (the image's edge). Masked (the default), the rows
+// A padded convolution's register tile has guarded rows (the image's edge). Masked (masked=1), the rows
 // run without branches and the filter's two values per input channel are loaded from the shared tile once
 // for the tile's four rows, not once per row: per step, 4 + 2 shared loads for 8 FMAs instead of 4 + 8.
 // (The masked rows' results against the interpreter, under GPU semantics with NaN in the shared tiles:
@@ -172,8 +172,8 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
     return n;
   };
   Options masked, branching;
-  branching.model = sched::GpuModel{};
-  branching.model->masked_registers = false;
+  masked.model = sched::GpuModel{};
+  masked.model->masked_registers = true;
   const std::string a = compile(p, types, masked).bundle.ptx, b = compile(p, types, branching).bundle.ptx;
   const size_t loads_a = count(a, "ld.shared.f32"), fmas_a = count(a, "fma.rn.f32");
   const size_t loads_b = count(b, "ld.shared.f32"), fmas_b = count(b, "fma.rn.f32");
@@ -192,23 +192,26 @@ TEST(PtxTest, TuneKeepsTheFastestCandidate) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/conv2d_strided_dilated.tile");
   auto types = f32_types({{"I", {2, 9, 9, 5}}, {"K", {2, 2, 5, 7}}});
   const auto candidates = sched::gpu_tuning_candidates();
-  ASSERT_EQ(candidates.size(), 5u);
+  ASSERT_EQ(candidates.size(), 6u);
   EXPECT_EQ(candidates[0].first, "default");
-  EXPECT_EQ(candidates[3].first, "fit=1,tile=4x8");
-  EXPECT_TRUE(candidates[3].second.fit_threads);
-  EXPECT_EQ(candidates[3].second.tile_rows, 4);
-  EXPECT_EQ(candidates[3].second.tile_cols, 8);
-  const std::vector<double> times = {5, 3, 4, 1, 2};
+  EXPECT_EQ(candidates[1].first, "masked=1");
+  EXPECT_TRUE(candidates[1].second.masked_registers);
+  EXPECT_FALSE(candidates[0].second.masked_registers);
+  EXPECT_EQ(candidates[4].first, "fit=1,tile=4x8");
+  EXPECT_TRUE(candidates[4].second.fit_threads);
+  EXPECT_EQ(candidates[4].second.tile_rows, 4);
+  EXPECT_EQ(candidates[4].second.tile_cols, 8);
+  const std::vector<double> times = {5, 6, 3, 4, 1, 2};
   size_t calls = 0;
   std::vector<std::string> progress;
   Tuned t = tune(p, types, Options{}, [&](const Compiled&) { return times.at(calls++); },
                  [&](const std::string& c, double) { progress.push_back(c); });
-  EXPECT_EQ(calls, 5u);
-  ASSERT_EQ(t.candidates.size(), 5u);
+  EXPECT_EQ(calls, 6u);
+  ASSERT_EQ(t.candidates.size(), 6u);
   EXPECT_EQ(t.candidates.front(), std::make_pair(std::string("fit=1,tile=4x8"), 1.0));
-  EXPECT_EQ(progress, (std::vector<std::string>{"default", "fit=1", "fit=1,tile=8x4", "fit=1,tile=4x8", "fit=1,tile=8x8"}));
+  EXPECT_EQ(progress, (std::vector<std::string>{"default", "masked=1", "fit=1", "fit=1,tile=8x4", "fit=1,tile=4x8", "fit=1,tile=8x8"}));
   Options chosen;
-  chosen.model = candidates[3].second;
+  chosen.model = candidates[4].second;
   EXPECT_EQ(t.best.bundle.ptx, compile(p, types, chosen).bundle.ptx);
   EXPECT_EQ(t.best.bundle.manifest(), compile(p, types, chosen).bundle.manifest());
   EXPECT_NE(t.best.bundle.ptx, compile(p, types).bundle.ptx);  // the models differ on this program
@@ -219,9 +222,10 @@ TEST(PtxTest, TuneKeepsTheFastestCandidate) {
   sched::GpuModel fitted;
   fitted.fit_threads = true;
   const auto around = sched::gpu_tuning_candidates(fitted);
-  ASSERT_EQ(around.size(), 4u);
+  ASSERT_EQ(around.size(), 5u);
   EXPECT_EQ(around[0].first, "as given");
-  EXPECT_EQ(around[1].first, "fit=1,tile=8x4");
+  EXPECT_EQ(around[1].first, "masked=1");
+  EXPECT_EQ(around[2].first, "fit=1,tile=8x4");
 }
 
 // The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.

@@ -421,6 +421,9 @@ std::vector<std::pair<std::string, GpuModel>> gpu_tuning_candidates(const GpuMod
     out.emplace_back(description, m);
   };
   add(base.key() == GpuModel{}.key() ? "default" : "as given", base);
+  GpuModel masked = base;
+  masked.masked_registers = true;
+  add("masked=1", masked);
   GpuModel fit = base;
   fit.fit_threads = true;
   add("fit=1", fit);

@@ -81,15 +81,19 @@ struct GpuModel {
   // A register tile whose positions isl guards (a padded convolution's rows at the image's edge) runs
   // without branches: every position loads its operands, from a clamped element of each shared tile where
   // out of range, and keeps its accumulator there, so that an operand the guard does not touch (the
-  // filter, across the rows) is loaded once instead of once per position (Accumulators::masked).
-  bool masked_registers = true;
+  // filter, across the rows) is loaded once instead of once per position (Accumulators::masked). Off by
+  // default: on an H200 it made the 3x3 forwards with 4x4 and 4x3 tiles 1.15x faster and the stride-2
+  // forward (4x2) 1.25x slower (the selects and clamps cost more issue slots than the loads they save); a
+  // tuning candidate.
+  bool masked_registers = false;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
 
 // The GPU models to tune among (ptx::tune), since no single model wins everywhere (on an H200 the best
 // of these was up to 1.7x faster than the default on some convolutions and 5x slower on others): the
-// models to try around `base` -- itself first ("default" or "as given"), then its threads fitted to the register tile
+// models to try around `base` -- itself first ("default" or "as given"), then its register tiles masked
+// (GpuModel::masked_registers), then its threads fitted to the register tile
 // (GpuModel::fit_threads), alone and with register tiles 8x4, 4x8 and 8x8, each described by the
 // `--gpu-model` keys it changes ("fit=1,tile=8x4"); a model the base already is is not repeated.
 std::vector<std::pair<std::string, GpuModel>> gpu_tuning_candidates(const GpuModel& base = {});
@@ -258,7 +262,7 @@ struct Accumulators {
   std::vector<size_t> variables;
   // Register loops with guards run branch-free where every input is read from a shared tile
   // (GpuModel::masked_registers): out of range, a position reads clamped elements and keeps its accumulator.
-  bool masked = true;
+  bool masked = false;
   int64_t elements() const;
 };
 
