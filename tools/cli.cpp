@@ -93,7 +93,9 @@ Prints one stage of the compiler for FILE.tile:
                               registers, the default; 0: updates go to memory), pad (1: shared tiles' even
                               rows padded by one element against bank conflicts, the default; 0: not),
                               fit (1: the threads fit the register tile -- along x the fewest, from 8, whose
-                              columns cover it, along y what its rows need; 0: a warp along x, the default)
+                              columns cover it, along y what its rows need; 0: a warp along x, the default),
+                              masked (1: register tiles with guarded rows run without branches, loading the
+                              operands the guard does not touch once; 0: a branch per row, the default)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
