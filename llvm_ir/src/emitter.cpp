@@ -42,12 +42,13 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
       v = b_.CreateSelect(b_.CreateICmpSLT(v, b_.getInt64(a)), b_.getInt64(a), v);
       return b_.CreateSelect(b_.CreateICmpSGT(v, b_.getInt64(z)), b_.getInt64(z), v);
     };
-    llvm::AllocaInst* linear = b_.CreateAlloca(i64, nullptr, "block");
-    counted_loop(linear, clamp(lo_, 0, k.blocks()), clamp(hi_, 0, k.blocks()), [&] {
-      Value* at = b_.CreateLoad(i64, linear);
-      b_.CreateStore(b_.CreateSRem(at, b_.getInt64(k.grid[0])), hardware_[0][0]);
-      b_.CreateStore(b_.CreateSRem(b_.CreateSDiv(at, b_.getInt64(k.grid[0])), b_.getInt64(k.grid[1])), hardware_[0][1]);
-      b_.CreateStore(b_.CreateSDiv(at, b_.getInt64(k.grid[0] * k.grid[1])), hardware_[0][2]);
+    llvm::AllocaInst* linear = b_.CreateAlloca(ix_, nullptr, "block");
+    auto index = [&](Value* v) { return b_.CreateIntCast(v, ix_, true); };  // the blocks fit ix_ (index32)
+    counted_loop(linear, index(clamp(lo_, 0, k.blocks())), index(clamp(hi_, 0, k.blocks())), [&] {
+      Value* at = b_.CreateLoad(ix_, linear);
+      b_.CreateStore(b_.CreateSRem(at, ix(k.grid[0])), hardware_[0][0]);
+      b_.CreateStore(b_.CreateSRem(b_.CreateSDiv(at, ix(k.grid[0])), ix(k.grid[1])), hardware_[0][1]);
+      b_.CreateStore(b_.CreateSDiv(at, ix(k.grid[0] * k.grid[1])), hardware_[0][2]);
       // Shared tiles start as NaN (all ones) in every block: an element read before it was copied shows.
       for (size_t t = 0; t < shared_.size(); ++t)
         b_.CreateMemSet(shared_[t], b_.getInt8(0xff), m_.getDataLayout().getTypeAllocSize(shared_types_[t]), llvm::MaybeAlign(16));
@@ -85,7 +86,7 @@ llvm::Function* NestEmitter::emit_kernel(const std::string& name) {
       {llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_y, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_z}};
   for (int h = 0; h < 2; ++h)
     for (int a = 0; a < 3; ++a)
-      b_.CreateStore(b_.CreateZExt(b_.CreateIntrinsic(index_registers[h][a], {}, {}), b_.getInt64Ty()), hardware_[h][a]);
+      b_.CreateStore(b_.CreateZExtOrTrunc(b_.CreateIntrinsic(index_registers[h][a], {}, {}), ix_), hardware_[h][a]);
   node(nest_.root, false);
   b_.CreateRetVoid();
   // A kernel entry, with its launch's block size as the most threads it runs with (a register budget).
@@ -145,7 +146,7 @@ std::vector<int> NestEmitter::free_iterators(const sched::LoopNode& n) {
 
 llvm::FunctionType* NestEmitter::part_type(const std::vector<int>& free) {
   std::vector<llvm::Type*> params(tensors_used().size(), b_.getPtrTy());
-  params.insert(params.end(), free.size(), b_.getInt64Ty());
+  params.insert(params.end(), free.size(), ix_);
   return llvm::FunctionType::get(b_.getVoidTy(), params, false);
 }
 
@@ -155,7 +156,7 @@ void NestEmitter::call_part(const sched::LoopNode& n) {
   if (auto* f = llvm::dyn_cast<llvm::Function>(part.getCallee())) f->addFnAttr(llvm::Attribute::NoUnwind);
   std::vector<Value*> args;
   for (const auto& t : tensors_used()) args.push_back(ptrs_.at(t));
-  for (int it : free) args.push_back(b_.CreateLoad(b_.getInt64Ty(), iters_.at(static_cast<size_t>(it))));
+  for (int it : free) args.push_back(b_.CreateLoad(ix_, iters_.at(static_cast<size_t>(it))));
   b_.CreateCall(part, args);
 }
 
@@ -185,14 +186,14 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
     ptrs_[used[i]] = fn->getArg(static_cast<unsigned>(i));
   }
   b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn));
-  auto* i64 = b_.getInt64Ty();
+  auto* i64 = ix_;
   for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
   if (nest_.kernel) {
     static const char* const names[2][3] = {{"block.x", "block.y", "block.z"}, {"thread.x", "thread.y", "thread.z"}};
     for (int h = 0; h < 2; ++h)
       for (int a = 0; a < 3; ++a) {
         hardware_[h][a] = b_.CreateAlloca(i64, nullptr, names[h][a]);
-        b_.CreateStore(b_.getInt64(0), hardware_[h][a]);
+        b_.CreateStore(ix(0), hardware_[h][a]);
       }
     // Shared tiles: static shared memory (addrspace 3) on the device, a stack array on the host.
     for (size_t t = 0; t < nest_.shared.size(); ++t) {
@@ -243,7 +244,7 @@ llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int
   b_.CreateCondBr(condition(), body_bb, exit_bb);
   b_.SetInsertPoint(body_bb);
   body();
-  b_.CreateStore(b_.CreateNSWAdd(b_.CreateLoad(b_.getInt64Ty(), it), b_.getInt64(step)), it);
+  b_.CreateStore(b_.CreateNSWAdd(b_.CreateLoad(ix_, it), ix(step)), it);
   llvm::BranchInst* latch = b_.CreateBr(cond_bb);
   b_.SetInsertPoint(exit_bb);
   return latch;
@@ -251,9 +252,9 @@ llvm::BranchInst* NestEmitter::emit_loop(llvm::AllocaInst* it, Value* start, int
 
 void NestEmitter::register_loop(const sched::LoopNode& n) {
   llvm::AllocaInst* it = iters_.at(n.iterator);
-  auto value = [&] { return b_.CreateLoad(b_.getInt64Ty(), it); };
+  auto value = [&] { return b_.CreateLoad(ix_, it); };
   const bool branch_free = branch_free_registers(n);
-  llvm::BranchInst* latch = emit_loop(it, b_.getInt64(0), 1, [&] { return b_.CreateICmpSLT(value(), b_.getInt64(n.unroll)); }, [&] {
+  llvm::BranchInst* latch = emit_loop(it, ix(0), 1, [&] { return b_.CreateICmpSLT(value(), ix(n.unroll)); }, [&] {
     Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(value(), loop_expr(n.lower)), cond(n.condition));
     if (!branch_free) {
       in_range_body(in_range, n.body, "register");
@@ -268,6 +269,37 @@ void NestEmitter::register_loop(const sched::LoopNode& n) {
     register_mask_ = outer;
   });
   hint_loop(latch, "llvm.loop.unroll.full");  // unrolled, each copy's position is a constant
+}
+
+bool NestEmitter::index32() const {
+  if (!nest_.kernel || !nest_.kernel->index32) return false;
+  constexpr int64_t limit = int64_t{1} << 30;  // headroom: a bound or a sum of two indices stays below 2^31
+  for (const std::string& t : sched::nest_tensors(nest_)) {
+    int64_t elements = 1;
+    for (int64_t d : types_.tensors.at(t).shape) {
+      if (d >= limit) return false;
+      elements *= d;
+      if (elements >= limit) return false;
+    }
+  }
+  const sched::KernelLaunch& k = *nest_.kernel;
+  if (k.blocks() >= limit || k.block[0] * k.block[1] * k.block[2] >= limit) return false;
+  bool fits = true;
+  std::function<void(const sched::LoopExpr&)> expr = [&](const sched::LoopExpr& e) {
+    if (e.kind == sched::LoopExpr::Kind::constant && (e.value >= limit || e.value <= -limit)) fits = false;
+    for (const auto& a : e.args) expr(a);
+  };
+  std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& x) {
+    expr(x.lower);
+    expr(x.condition);
+    for (const auto& a : x.args) expr(a);
+    for (const auto& a : x.registers) expr(a);
+    if (x.step >= limit || x.unroll >= limit || x.part_stride >= limit || x.part_extent >= limit) fits = false;
+    for (const auto& c : x.body) walk(c);
+    for (const auto& c : x.otherwise) walk(c);
+  };
+  walk(nest_.root);
+  return fits;
 }
 
 // A register loop whose range is the whole tile (0 to unroll - 1: isl wrote no bound of its own).
@@ -309,19 +341,19 @@ void NestEmitter::hint_loop(llvm::BranchInst* latch, const char* hint) {
 }
 
 void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body) {
-  emit_loop(it, from, 1, [&] { return b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), to); }, body);
+  emit_loop(it, from, 1, [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, it), to); }, body);
 }
 
 void NestEmitter::mapped_loop(const sched::LoopNode& n) {
-  auto* i64 = b_.getInt64Ty();
+  auto* i64 = ix_;
   const int h = n.hardware == sched::LoopNode::Hardware::block ? 0 : 1;
   Value* id = b_.CreateLoad(i64, hardware_[h][n.axis]);
-  if (n.part_stride > 1) id = b_.CreateUDiv(id, b_.getInt64(n.part_stride));  // a part of the axis
-  if (n.part_extent > 0) id = b_.CreateURem(id, b_.getInt64(n.part_extent));
+  if (n.part_stride > 1) id = b_.CreateUDiv(id, ix(n.part_stride));  // a part of the axis
+  if (n.part_extent > 0) id = b_.CreateURem(id, ix(n.part_extent));
   b_.CreateStore(id, iters_.at(static_cast<size_t>(n.iterator)));
   Value* start = loop_expr(n.lower);
   Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(id, start), cond(n.condition));
-  if (n.step > 1) in_range = b_.CreateAnd(in_range, b_.CreateICmpEQ(b_.CreateSRem(b_.CreateSub(id, start), b_.getInt64(n.step)), b_.getInt64(0)));
+  if (n.step > 1) in_range = b_.CreateAnd(in_range, b_.CreateICmpEQ(b_.CreateSRem(b_.CreateSub(id, start), ix(n.step)), ix(0)));
   in_range_body(in_range, n.body, "mapped");
 }
 
@@ -337,9 +369,9 @@ void NestEmitter::in_range_body(Value* in_range, const std::vector<sched::LoopNo
 
 Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
   using K = sched::LoopExpr::Kind;
-  auto* i64 = b_.getInt64Ty();
+  auto* i64 = ix_;
   switch (a.kind) {
-    case K::constant: return b_.getInt64(a.value);
+    case K::constant: return ix(a.value);
     case K::iterator: return b_.CreateLoad(i64, iters_.at(a.iterator));
     case K::add: return b_.CreateNSWAdd(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::sub: return b_.CreateNSWSub(loop_expr(a.args[0]), loop_expr(a.args[1]));
@@ -377,31 +409,31 @@ Value* NestEmitter::cond(const sched::LoopExpr& a) {
     case K::gt: return b_.CreateICmpSGT(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::land: return b_.CreateAnd(cond(a.args[0]), cond(a.args[1]));
     case K::lor: return b_.CreateOr(cond(a.args[0]), cond(a.args[1]));
-    default: return b_.CreateICmpNE(loop_expr(a), b_.getInt64(0));
+    default: return b_.CreateICmpNE(loop_expr(a), ix(0));
   }
 }
 
 Value* NestEmitter::floor_div(Value* x, Value* y) {
   Value* q = b_.CreateSDiv(x, y);
   Value* r = b_.CreateSRem(x, y);
-  Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, b_.getInt64(0)),
-                               b_.CreateICmpNE(b_.CreateICmpSLT(r, b_.getInt64(0)), b_.CreateICmpSLT(y, b_.getInt64(0))));
-  return b_.CreateSub(q, b_.CreateZExt(adjust, b_.getInt64Ty()));
+  Value* zero = llvm::ConstantInt::get(x->getType(), 0);
+  Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(y, zero)));
+  return b_.CreateSub(q, b_.CreateZExt(adjust, x->getType()));
 }
 
 Value* NestEmitter::floor_mod(Value* x, Value* y) {
   Value* r = b_.CreateSRem(x, y);
-  Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, b_.getInt64(0)),
-                               b_.CreateICmpNE(b_.CreateICmpSLT(r, b_.getInt64(0)), b_.CreateICmpSLT(y, b_.getInt64(0))));
+  Value* zero = llvm::ConstantInt::get(x->getType(), 0);
+  Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, zero), b_.CreateICmpNE(b_.CreateICmpSLT(r, zero), b_.CreateICmpSLT(y, zero)));
   return b_.CreateSelect(adjust, b_.CreateAdd(r, y), r);
 }
 
 void NestEmitter::host_threads(const std::function<void()>& body) {
   const sched::KernelLaunch& k = *nest_.kernel;
   in_threads_ = true;
-  counted_loop(hardware_[1][2], b_.getInt64(0), b_.getInt64(k.block[2]), [&] {
-    counted_loop(hardware_[1][1], b_.getInt64(0), b_.getInt64(k.block[1]), [&] {
-      counted_loop(hardware_[1][0], b_.getInt64(0), b_.getInt64(k.block[0]), body);
+  counted_loop(hardware_[1][2], ix(0), ix(k.block[2]), [&] {
+    counted_loop(hardware_[1][1], ix(0), ix(k.block[1]), [&] {
+      counted_loop(hardware_[1][0], ix(0), ix(k.block[0]), body);
     });
   });
   in_threads_ = false;
@@ -473,15 +505,15 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   llvm::AllocaInst* it = iters_.at(n.iterator);
   Value* start = loop_expr(n.lower);
   if (split) {  // first value >= lo in the progression lower + k*step
-    Value* step = b_.getInt64(n.step);
+    Value* step = ix(n.step);
     Value* distance = b_.CreateSub(lo_, start);
-    Value* k = floor_div(b_.CreateAdd(distance, b_.getInt64(n.step - 1)), step);
+    Value* k = floor_div(b_.CreateAdd(distance, ix(n.step - 1)), step);
     Value* aligned = b_.CreateAdd(start, b_.CreateMul(k, step));
     start = b_.CreateSelect(b_.CreateICmpSGT(aligned, start), aligned, start);
   }
   llvm::BranchInst* latch = emit_loop(it, start, n.step, [&] {
     Value* c = cond(n.condition);
-    return split ? b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(b_.getInt64Ty(), it), hi_)) : c;
+    return split ? b_.CreateAnd(c, b_.CreateICmpSLT(b_.CreateLoad(ix_, it), hi_)) : c;
   }, [&] {
     for (const auto& child : n.body) node(child, false);
   });
@@ -490,6 +522,28 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   // address computations in one block, on which LLVM 16's loop strength reduction spent 0.16 s of the
   // 0.2 s that the conv gradient's 3x3x64x64 weight transposition took to compile; it takes 0.03 s now.
   if (copy_) hint_loop(latch, "llvm.loop.unroll.disable");
+  // A kernel's innermost sequential loop (a reduction around the register tile) is unrolled 4 times on
+  // the device, so that one step's shared loads issue while the step before computes (ptxas does not
+  // pipeline a loop; with 64-bit indices it unrolled such loops itself, with 32-bit ones it leaves them).
+  if (device_ && nest_.kernel && !copy_ && innermost_sequential(n)) {
+    llvm::MDNode* count = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.count"),
+                                                   llvm::ConstantAsMetadata::get(b_.getInt32(4))});
+    llvm::TempMDTuple self = llvm::MDNode::getTemporary(ctx_, {});
+    llvm::MDNode* loop_id = llvm::MDNode::get(ctx_, {self.get(), count});
+    loop_id->replaceOperandWith(0, loop_id);
+    latch->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
+  }
+}
+
+// A sequential loop holding no loop but register loops (LoopNode::unroll) and statements.
+bool NestEmitter::innermost_sequential(const sched::LoopNode& n) {
+  std::function<bool(const sched::LoopNode&)> plain = [&](const sched::LoopNode& x) {
+    if (x.kind == sched::LoopNode::Kind::loop && (x.unroll <= 0 || x.hardware != sched::LoopNode::Hardware::none)) return false;
+    if (x.kind == sched::LoopNode::Kind::barrier) return false;
+    return std::all_of(x.body.begin(), x.body.end(), plain) && std::all_of(x.otherwise.begin(), x.otherwise.end(), plain);
+  };
+  return n.kind == sched::LoopNode::Kind::loop && n.unroll <= 0 && n.hardware == sched::LoopNode::Hardware::none &&
+         std::all_of(n.body.begin(), n.body.end(), plain);
 }
 
 }  // namespace polytile::llvm_ir::internal

@@ -40,7 +40,8 @@ class NestEmitter {
       : m_(m), ctx_(m.getContext()), b_(ctx_, llvm::InstSimplifyFolder(m.getDataLayout())), nest_(nest), types_(types),
         buffer_index_(buffer_index), device_(device),
         copy_(nest.kind == sched::Nest::Kind::update && nest.contraction.aggregation == AggregationOp::assign &&
-              nest.contraction.combination == CombinationOp::none && !nest.microkernel) {}
+              nest.contraction.combination == CombinationOp::none && !nest.microkernel),
+        ix_(index32() ? b_.getInt32Ty() : b_.getInt64Ty()) {}
 
   // The body takes one noalias pointer per tensor it touches (they are distinct buffers), so loads and
   // stores can be reordered and vectorized; the exported entry unpacks them from the buffer array. A
@@ -91,6 +92,7 @@ class NestEmitter {
   // guarded position (a convolution's filter across the rows of the tile) are loaded once, not once per row.
   bool branch_free_registers(const sched::LoopNode& n) const;
   static bool whole_register_loop(const sched::LoopNode& n);
+  static bool innermost_sequential(const sched::LoopNode& n);
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
@@ -237,6 +239,11 @@ class NestEmitter {
   unsigned width_ = 0;                    // 0: scalar expressions; else lanes of vector expressions
   std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
+  // The type of index arithmetic (iterators, loop bounds, index polynomials, offsets): i32 in a kernel whose
+  // tensors, launch and loop constants all fit in 31 bits (KernelLaunch::index32; a 64-bit operation is
+  // two instructions on a GPU), else i64.
+  bool index32() const;
+  Value* ix(int64_t v) const { return llvm::ConstantInt::get(ix_, static_cast<uint64_t>(v), true); }
   Value* register_mask_ = nullptr;        // in a branch-free register loop: whether its position is in range
   std::set<int> masked_iterators_;        // ... the iterators of the guarded register loops around
   std::map<std::string, Value*> ptrs_;
@@ -249,6 +256,7 @@ class NestEmitter {
   std::vector<std::vector<llvm::AllocaInst*>> origins_;  // each tile's origin, set by its copy
   llvm::AllocaInst* copy_element_ = nullptr;              // the element a thread copies
   llvm::AllocaInst* accumulators_ = nullptr;  // a kernel's accumulators: the thread's own (registers once unrolled)
+  llvm::IntegerType* const ix_;               // see index32()
 };
 
 }  // namespace polytile::llvm_ir::internal

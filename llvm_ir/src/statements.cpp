@@ -11,8 +11,8 @@ namespace polytile::llvm_ir::internal {
 // and has no flags (values.cpp).
 Value* NestEmitter::flat_index(const std::string& tensor, const std::vector<Value*>& idx) {
   const auto& shape = types_.tensors.at(tensor).shape;
-  Value* flat = b_.getInt64(0);
-  for (size_t k = 0; k < shape.size(); ++k) flat = b_.CreateNSWAdd(b_.CreateNSWMul(flat, b_.getInt64(shape[k])), idx[k]);
+  Value* flat = ix(0);
+  for (size_t k = 0; k < shape.size(); ++k) flat = b_.CreateNSWAdd(b_.CreateNSWMul(flat, ix(shape[k])), idx[k]);
   return flat;
 }
 
@@ -20,7 +20,7 @@ Value* NestEmitter::flat_index(const std::string& tensor, const std::vector<Valu
 // denominator (the domain guarantees integrality).
 Value* NestEmitter::poly(const Polynomial& p, const std::map<std::string, Value*>& vars) {
   auto [s, den] = scaled_poly(p, vars);
-  return den == 1 ? s : b_.CreateExactSDiv(s, b_.getInt64(den));
+  return den == 1 ? s : b_.CreateExactSDiv(s, ix(den));
 }
 
 // A contraction input at index `idx`: loaded, or computed by its inlined elementwise producer (rounded
@@ -40,9 +40,9 @@ std::pair<Value*, int64_t> NestEmitter::scaled_poly(const Polynomial& p, const s
   Polynomial q = p.bind_dims(types_.dims);
   int64_t den = q.constant().den();
   for (const auto& [v, c] : q.index_terms()) den = std::lcm(den, c.den());
-  Value* s = b_.getInt64((q.constant() * Rational(den)).num());
+  Value* s = ix((q.constant() * Rational(den)).num());
   for (const auto& [v, c] : q.index_terms())
-    s = b_.CreateNSWAdd(s, b_.CreateNSWMul(vars.at(v), b_.getInt64((c * Rational(den)).num())));
+    s = b_.CreateNSWAdd(s, b_.CreateNSWMul(vars.at(v), ix((c * Rational(den)).num())));
   return {s, den};
 }
 
@@ -115,9 +115,9 @@ Value* NestEmitter::accumulator_address(const std::vector<sched::LoopExpr>& posi
   const std::vector<int64_t>& sizes = nest_.accumulators->sizes;
   POLYTILE_CHECK(accumulators_ && position.size() == sizes.size(), "kernel ", nest_.name, ": an accumulator position of ",
                  position.size(), " dimensions for ", sizes.size());
-  Value* at = b_.getInt64(0);
-  for (size_t k = 0; k < sizes.size(); ++k) at = b_.CreateNSWAdd(b_.CreateNSWMul(at, b_.getInt64(sizes[k])), loop_expr(position[k]));
-  return b_.CreateGEP(accumulators_->getAllocatedType(), accumulators_, {b_.getInt64(0), at});
+  Value* at = ix(0);
+  for (size_t k = 0; k < sizes.size(); ++k) at = b_.CreateNSWAdd(b_.CreateNSWMul(at, ix(sizes[k])), loop_expr(position[k]));
+  return b_.CreateGEP(accumulators_->getAllocatedType(), accumulators_, {ix(0), at});
 }
 
 void NestEmitter::accumulator_statement(const sched::LoopNode& n) {
@@ -174,7 +174,7 @@ void NestEmitter::statement(const sched::LoopNode& n) {
     std::vector<Value*> idx;
     for (const auto& p : a.indices) idx.push_back(poly(p, vars));
     if (auto tile = shared_tile(a.tensor)) {  // from the tile its copy filled: at index - origin
-      for (size_t d = 0; d < idx.size(); ++d) idx[d] = b_.CreateSub(idx[d], b_.CreateLoad(b_.getInt64Ty(), origins_[*tile][d]));
+      for (size_t d = 0; d < idx.size(); ++d) idx[d] = b_.CreateSub(idx[d], b_.CreateLoad(ix_, origins_[*tile][d]));
       bool masked = false;
       for (const auto& p : a.indices)
         for (const auto& [var, coefficient] : p.index_terms()) masked = masked || masked_vars.count(var);

@@ -61,7 +61,7 @@ Value* NestEmitter::element_address(const std::string& tensor, const std::vector
   Value* addr = buffer(tensor);
   int64_t stride = 1;
   for (size_t k = type.shape.size(); k-- > 0;) {
-    addr = b_.CreateGEP(et, addr, stride == 1 ? idx[k] : b_.CreateNSWMul(idx[k], b_.getInt64(stride)));
+    addr = b_.CreateGEP(et, addr, stride == 1 ? idx[k] : b_.CreateNSWMul(idx[k], ix(stride)));
     stride *= type.shape[k];
   }
   return addr;
@@ -308,7 +308,7 @@ Typed NestEmitter::operation(const Expr& e, const std::vector<Value*>& idx) {
       const auto& shape = ts.at(e.name()).shape;
       std::vector<Value*> at(idx.end() - static_cast<std::ptrdiff_t>(shape.size()), idx.end());
       for (size_t k = 0; k < shape.size(); ++k)
-        if (shape[k] == 1) at[k] = b_.getInt64(0);
+        if (shape[k] == 1) at[k] = ix(0);
       if (!width_) return load_element(e.name(), at);
       // Vector lanes run along the last index: contiguous unless broadcast there.
       DType t = ts.at(e.name()).dtype;

@@ -116,6 +116,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
       if (added.z_parts.empty()) break;  // the same tree again
     }
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
+    nest.kernel->index32 = target.gpu->index32;
     nest.shared.clear();
     nest.accumulators.reset();
     generate(nest, neutral);

@@ -86,6 +86,10 @@ struct GpuModel {
   // forward (4x2) 1.25x slower (the selects and clamps cost more issue slots than the loads they save); a
   // tuning candidate.
   bool masked_registers = false;
+  // Kernels compute their indices (iterators, bounds, offsets) in 32 bits where every tensor they touch,
+  // their launch and their loop bounds fit in 30 bits: a GPU adds, compares and multiplies 64-bit integers
+  // with two instructions or more. Off: in 64 bits, as the host's code does.
+  bool index32 = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
@@ -225,6 +229,8 @@ struct KernelLaunch {
   std::array<int64_t, 3> grid{1, 1, 1};
   std::array<int64_t, 3> block{1, 1, 1};
   bool sequential = true;  // nothing mapped: grid and block of one (the strategy clears it when it maps)
+  // Index arithmetic in 32 bits where the kernel's tensors, launch and loop bounds fit (GpuModel::index32).
+  bool index32 = true;
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
 };
 
