@@ -184,6 +184,30 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
   expect_assembles(compile(p, types, masked), "sm_90", "the masked register tile");
 }
 
+// Kernels compute indices in 32 bits (a GPU needs two instructions or more for a 64-bit add, compare or
+// multiply) where every tensor they touch fits in 30 bits, and in 64 bits where one does not (a 2^31-element
+// input) or the model says so (index32=0). The 32-bit code's results: every test under GPU semantics.
+TEST(PtxTest, KernelIndicesIn32BitsWhereTheyFit) {
+  Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
+  auto compares = [](const std::string& ir, const std::string& type) {
+    size_t n = 0;
+    std::istringstream lines(ir);
+    for (std::string line; std::getline(lines, line);)
+      if (line.find(" icmp ") != std::string::npos && line.find(" " + type + " ") != std::string::npos) ++n;
+    return n;
+  };
+  const auto small = f32_types({{"A", {64, 32}}, {"B", {32, 48}}});
+  const std::string narrow = compile(p, small).llvm_ir;
+  EXPECT_EQ(compares(narrow, "i64"), 0u) << narrow;
+  EXPECT_GT(compares(narrow, "i32"), 0u);
+  Options wide;
+  wide.model = sched::GpuModel{};
+  wide.model->index32 = false;
+  EXPECT_GT(compares(compile(p, small, wide).llvm_ir, "i64"), 0u);
+  const std::string large = compile(p, f32_types({{"A", {65536, 32768}}, {"B", {32768, 16}}})).llvm_ir;
+  EXPECT_GT(compares(large, "i64"), 0u) << "A has 2^31 elements: its offsets need 64 bits";
+}
+
 // Tuning compiles every candidate model and keeps the one the measurement finds fastest (here a stand-in
 // for the GPU's timing, which these machines lack): its bundle is the one compile gives with that model,
 // the report lists every candidate, the winner first; a tie keeps the earlier; a base that already fits
@@ -197,7 +221,7 @@ TEST(PtxTest, TuneKeepsTheFastestCandidate) {
   EXPECT_EQ(candidates[1].first, "masked=1");
   EXPECT_TRUE(candidates[1].second.masked_registers);
   EXPECT_FALSE(candidates[0].second.masked_registers);
-  EXPECT_EQ(candidates[4].first, "fit=1,tile=4x8");
+  EXPECT_EQ(candidates[4].first, "fit=1,tile=4x8,index32=0");
   EXPECT_TRUE(candidates[4].second.fit_threads);
   EXPECT_EQ(candidates[4].second.tile_rows, 4);
   EXPECT_EQ(candidates[4].second.tile_cols, 8);
@@ -208,8 +232,8 @@ TEST(PtxTest, TuneKeepsTheFastestCandidate) {
                  [&](const std::string& c, double) { progress.push_back(c); });
   EXPECT_EQ(calls, 6u);
   ASSERT_EQ(t.candidates.size(), 6u);
-  EXPECT_EQ(t.candidates.front(), std::make_pair(std::string("fit=1,tile=4x8"), 1.0));
-  EXPECT_EQ(progress, (std::vector<std::string>{"default", "masked=1", "fit=1", "fit=1,tile=8x4", "fit=1,tile=4x8", "fit=1,tile=8x8"}));
+  EXPECT_EQ(t.candidates.front(), std::make_pair(std::string("fit=1,tile=4x8,index32=0"), 1.0));
+  EXPECT_EQ(progress, (std::vector<std::string>{"default", "masked=1", "fit=1", "fit=1,tile=8x4,index32=0", "fit=1,tile=4x8,index32=0", "fit=1,tile=8x8,index32=0"}));
   Options chosen;
   chosen.model = candidates[4].second;
   EXPECT_EQ(t.best.bundle.ptx, compile(p, types, chosen).bundle.ptx);
@@ -225,7 +249,7 @@ TEST(PtxTest, TuneKeepsTheFastestCandidate) {
   ASSERT_EQ(around.size(), 5u);
   EXPECT_EQ(around[0].first, "as given");
   EXPECT_EQ(around[1].first, "masked=1");
-  EXPECT_EQ(around[2].first, "fit=1,tile=8x4");
+  EXPECT_EQ(around[2].first, "fit=1,tile=8x4,index32=0");
 }
 
 // The same program gives the same PTX and manifest; a bundle written and read back is the same bundle.

@@ -522,12 +522,13 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   // address computations in one block, on which LLVM 16's loop strength reduction spent 0.16 s of the
   // 0.2 s that the conv gradient's 3x3x64x64 weight transposition took to compile; it takes 0.03 s now.
   if (copy_) hint_loop(latch, "llvm.loop.unroll.disable");
-  // A kernel's innermost sequential loop (a reduction around the register tile) is unrolled 4 times on
-  // the device, so that one step's shared loads issue while the step before computes (ptxas does not
-  // pipeline a loop; with 64-bit indices it unrolled such loops itself, with 32-bit ones it leaves them).
-  if (device_ && nest_.kernel && !copy_ && innermost_sequential(n)) {
+  // A kernel's innermost sequential loop (a reduction around the register tile) is unrolled
+  // KernelLaunch::unroll times on the device, so that one step's shared loads issue while the step before
+  // computes (ptxas does not pipeline a loop; with 64-bit indices it unrolled such loops itself, with
+  // 32-bit ones it leaves them).
+  if (device_ && nest_.kernel && nest_.kernel->unroll > 0 && !copy_ && innermost_sequential(n)) {
     llvm::MDNode* count = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.count"),
-                                                   llvm::ConstantAsMetadata::get(b_.getInt32(4))});
+                                                   llvm::ConstantAsMetadata::get(b_.getInt32(nest_.kernel->unroll))});
     llvm::TempMDTuple self = llvm::MDNode::getTemporary(ctx_, {});
     llvm::MDNode* loop_id = llvm::MDNode::get(ctx_, {self.get(), count});
     loop_id->replaceOperandWith(0, loop_id);

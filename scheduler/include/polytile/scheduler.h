@@ -90,6 +90,10 @@ struct GpuModel {
   // their launch and their loop bounds fit in 30 bits: a GPU adds, compares and multiplies 64-bit integers
   // with two instructions or more. Off: in 64 bits, as the host's code does.
   bool index32 = true;
+  // A kernel's innermost sequential loop (the reduction around the register tile) is unrolled this many
+  // times on the device, so that a step's shared loads issue while the step before computes (ptxas does
+  // not pipeline loops). 0: no hint, LLVM's and ptxas's own choice; 1: not unrolled.
+  int unroll = 4;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
@@ -98,7 +102,7 @@ struct GpuModel {
 // of these was up to 1.7x faster than the default on some convolutions and 5x slower on others): the
 // models to try around `base` -- itself first ("default" or "as given"), then its register tiles masked
 // (GpuModel::masked_registers), then its threads fitted to the register tile
-// (GpuModel::fit_threads), alone and with register tiles 8x4, 4x8 and 8x8, each described by the
+// (GpuModel::fit_threads), alone and with register tiles 8x4, 4x8 and 8x8 (with 64-bit indices), each described by the
 // `--gpu-model` keys it changes ("fit=1,tile=8x4"); a model the base already is is not repeated.
 std::vector<std::pair<std::string, GpuModel>> gpu_tuning_candidates(const GpuModel& base = {});
 
@@ -231,6 +235,8 @@ struct KernelLaunch {
   bool sequential = true;  // nothing mapped: grid and block of one (the strategy clears it when it maps)
   // Index arithmetic in 32 bits where the kernel's tensors, launch and loop bounds fit (GpuModel::index32).
   bool index32 = true;
+  // How many times the code generator unrolls the kernel's innermost sequential loop (GpuModel::unroll).
+  int unroll = 4;
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
 };
 
