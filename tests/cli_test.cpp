@@ -421,12 +421,21 @@ TEST(CliTest, GpuCommandsWithoutAGpu) {
   EXPECT_EQ(direct.out.find("accumulators"), std::string::npos) << direct.out;
   EXPECT_EQ(direct.out.find("AccIn"), std::string::npos) << direct.out;
   one_line_error(with(mm, {"--gpu-model", "accumulators=2"}), "--gpu-model accumulators must be between 0 and 1");
-  // Shared tiles' rows are padded to an odd pitch by default (A's 128-element rows: 129); pad=0 keeps them
-  // as the box. fit=1 gives the 48 columns of B 16 threads of 3 columns instead of a warp's 32 of 2.
-  EXPECT_NE(tiled.out.find("shared tile 0 A 32x128 pitch 129"), std::string::npos) << tiled.out;
-  Result unpadded = with(mm, {"--gpu-model", "pad=0"});
+  // Shared tiles whose columns a warp reads are padded to an odd pitch by default: the data gradient's
+  // filter, read by input channel (the warp's lanes) down its rows of 64 output channels, gets 33 of its
+  // 32; the matmul's tiles (read along rows or one element by the whole warp) keep their rows, and so does
+  // everything with pad=0. fit=1 gives the 48 columns of B 16 threads of 3 columns instead of a warp's 32 of 2.
+  EXPECT_NE(tiled.out.find("shared tile 0 A 32x128;"), std::string::npos) << tiled.out;
+  EXPECT_EQ(tiled.out.find("pitch"), std::string::npos) << tiled.out;
+  const std::vector<std::string> di{"lower", kExamples + "conv2d_strided_dilated_grad_input.tile", "--emit", "loops", "--target",
+                                    "sm_90", "--shape", "DO=2x3x3x64", "--shape", "K=2x2x64x64"};
+  Result columns = cli(di);
+  ASSERT_EQ(columns.code, 0) << columns.err;
+  EXPECT_NE(columns.out.find("shared tile 1 K 2x2x64x32 pitch 33"), std::string::npos) << columns.out;
+  EXPECT_NE(columns.out.find("shared tile 0 DO 2x4x3x32;"), std::string::npos) << columns.out;
+  Result unpadded = with(di, {"--gpu-model", "pad=0"});
   ASSERT_EQ(unpadded.code, 0) << unpadded.err;
-  EXPECT_NE(unpadded.out.find("shared tile 0 A 32x128;"), std::string::npos) << unpadded.out;
+  EXPECT_NE(unpadded.out.find("shared tile 1 K 2x2x64x32;"), std::string::npos) << unpadded.out;
   EXPECT_EQ(unpadded.out.find("pitch"), std::string::npos) << unpadded.out;
   EXPECT_NE(tiled.out.find("block 32x8x1; shared"), std::string::npos) << tiled.out;
   Result fitted = with(mm, {"--gpu-model", "fit=1"});

@@ -91,7 +91,8 @@ Prints one stage of the compiler for FILE.tile:
                               whose outputs fill fewer blocks are split, 216; 0: never), split-slice (least
                               reduction points per slice, 256), accumulators (1: each thread's outputs in
                               registers, the default; 0: updates go to memory), pad (1: shared tiles' even
-                              rows padded by one element against bank conflicts, the default; 0: not),
+                              rows padded by one element where a warp reads down the columns, the default;
+                              0: none),
                               fit (1: the threads fit the register tile -- along x the fewest, from 8, whose
                               columns cover it, along y what its rows need; 0: a warp along x, the default),
                               masked (1: register tiles with guarded rows run without branches, loading the

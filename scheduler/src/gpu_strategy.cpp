@@ -30,6 +30,28 @@ namespace {
 
 std::string s(int64_t v) { return std::to_string(v); }
 
+// Whether the consecutive threads of a warp (statement variable `lane`, mapped to x) read `tensor` down a
+// column: some access's index in a dimension before the last depends on it. Such a tile needs its rows
+// padded to an odd pitch, or the warp's reads fall into few banks; a tile read along its rows or the same
+// element by the whole warp does not, and unpadded its rows stay 16-byte aligned, so that a thread's
+// consecutive elements load as one vector.
+bool reads_down_columns(const std::vector<NestFacts::Read>& reads, const std::string& tensor, unsigned lane) {
+  for (const NestFacts::Read& r : reads) {
+    if (r.tensor != tensor) continue;
+    const unsigned dims = r.access.range_tuple_dim();
+    // The equalities that define the index (the domain's bounds, which involve every variable, dropped).
+    const isl::map defining = isl::manage(isl_map_from_basic_map(isl_map_affine_hull(r.access.copy())));
+    for (unsigned d = 0; d + 1 < dims; ++d) {
+      isl_map* one = isl_map_project_out(defining.copy(), isl_dim_out, d + 1, dims - d - 1);
+      one = isl_map_project_out(one, isl_dim_out, 0, d);
+      const isl_bool involved = isl_map_involves_dims(one, isl_dim_in, lane, 1);
+      isl_map_free(one);
+      if (involved != isl_bool_false) return true;  // an error counts as a column: pad, as before
+    }
+  }
+  return false;
+}
+
 // "floor((e)/d)" and "(e) mod d", left as e where d is 1.
 std::string floor_div(const std::string& e, int64_t d) { return d == 1 ? e : "floor((" + e + ")/" + s(d) + ")"; }
 std::string mod(const std::string& e, int64_t d) { return d == 1 ? "0" : "(" + e + ") mod " + s(d); }
@@ -78,6 +100,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   // GpuModel::fit_threads), x has the fewest threads from 8 whose columns cover it, and y no more threads
   // than its rows need.
   const bool register_tile = facts.update && parallel < perm.size();  // an update with reductions
+  const unsigned lane = static_cast<unsigned>(std::find(vars.begin(), vars.end(), perm[parallel - 1]) - vars.begin());
   const int64_t aim = std::clamp(gpu.threads_per_block, 1, 1024);
   int64_t x_threads = 32;
   if (register_tile && gpu.fit_threads)
@@ -180,7 +203,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
     if (gpu.pad_shared)
       for (Promoted& p : promoted)
-        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0) ++p.tile.pitch;
+        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0 && reads_down_columns(facts.reads, p.tile.tensor, lane)) ++p.tile.pitch;
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.storage() * static_cast<int64_t>(p.element_bytes);
     if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit)) {

@@ -70,7 +70,8 @@ struct GpuModel {
   int64_t max_split_bytes = int64_t{256} << 20;
   // Update kernels keep each thread's outputs in registers (Accumulators) where isl proves it safe.
   bool accumulators = true;
-  // Shared tiles whose rows have an even length get one element of padding per row (SharedTile::pitch).
+  // Shared tiles whose rows have an even length and whose columns a warp reads (the lanes' variable in an
+  // index before the last) get one element of padding per row (SharedTile::pitch); the others stay aligned.
   bool pad_shared = true;
   // The threads of an update with a register tile fit it: along x as few as make each thread's columns
   // fill the tile (down to 8; 64 channels with 4 columns: 16 threads) instead of a whole warp, so that
