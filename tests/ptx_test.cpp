@@ -208,6 +208,27 @@ TEST(PtxTest, KernelIndicesIn32BitsWhereTheyFit) {
   EXPECT_GT(compares(large, "i64"), 0u) << "A has 2^31 elements: its offsets need 64 bits";
 }
 
+// A kernel's innermost sequential loop (the matmul's reduction around its 4x4 register tile) is unrolled
+// as the model says: 4 times by default (64 FMAs in the PTX), 2, or not (1; 0 leaves it to LLVM, which
+// does not here).
+TEST(PtxTest, ReductionLoopsUnrolledAsTheModelSays) {
+  Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
+  const auto types = f32_types({{"A", {256, 256}}, {"B", {256, 256}}});
+  auto fmas = [&](int unroll) {
+    Options o;
+    o.model = sched::GpuModel{};
+    o.model->unroll = unroll;
+    const std::string ptx = compile(p, types, o).bundle.ptx;
+    size_t n = 0;
+    for (size_t at = ptx.find("fma.rn.f32"); at != std::string::npos; at = ptx.find("fma.rn.f32", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(fmas(4), 64u);
+  EXPECT_EQ(fmas(2), 32u);
+  EXPECT_EQ(fmas(1), 16u);
+  EXPECT_EQ(fmas(0), 16u);
+}
+
 // Tuning compiles every candidate model and keeps the one the measurement finds fastest (here a stand-in
 // for the GPU's timing, which these machines lack): its bundle is the one compile gives with that model,
 // the report lists every candidate, the winner first; a tie keeps the earlier; a base that already fits

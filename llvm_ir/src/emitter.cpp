@@ -186,13 +186,12 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
     ptrs_[used[i]] = fn->getArg(static_cast<unsigned>(i));
   }
   b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn));
-  auto* i64 = ix_;
-  for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(i64, nullptr, "c" + std::to_string(k)));
+  for (int k = 0; k < nest_.iterators; ++k) iters_.push_back(b_.CreateAlloca(ix_, nullptr, "c" + std::to_string(k)));
   if (nest_.kernel) {
     static const char* const names[2][3] = {{"block.x", "block.y", "block.z"}, {"thread.x", "thread.y", "thread.z"}};
     for (int h = 0; h < 2; ++h)
       for (int a = 0; a < 3; ++a) {
-        hardware_[h][a] = b_.CreateAlloca(i64, nullptr, names[h][a]);
+        hardware_[h][a] = b_.CreateAlloca(ix_, nullptr, names[h][a]);
         b_.CreateStore(ix(0), hardware_[h][a]);
       }
     // Shared tiles: static shared memory (addrspace 3) on the device, a stack array on the host.
@@ -215,10 +214,10 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
       }
       std::vector<llvm::AllocaInst*> origin;
       for (size_t d = 0; d < tile.sizes.size(); ++d)
-        origin.push_back(b_.CreateAlloca(i64, nullptr, "origin." + tile.tensor + "." + std::to_string(d)));
+        origin.push_back(b_.CreateAlloca(ix_, nullptr, "origin." + tile.tensor + "." + std::to_string(d)));
       origins_.push_back(std::move(origin));
     }
-    if (!nest_.shared.empty()) copy_element_ = b_.CreateAlloca(i64, nullptr, "copy.element");
+    if (!nest_.shared.empty()) copy_element_ = b_.CreateAlloca(ix_, nullptr, "copy.element");
     if (nest_.accumulators) {
       auto* type = llvm::ArrayType::get(storage_type(types_.tensors.at(nest_.tensor).dtype),
                                         static_cast<uint64_t>(nest_.accumulators->elements()));
@@ -332,8 +331,10 @@ bool NestEmitter::branch_free_registers(const sched::LoopNode& n) const {
   return only_updates(n) && guarded;
 }
 
-void NestEmitter::hint_loop(llvm::BranchInst* latch, const char* hint) {
-  llvm::MDNode* node = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, hint)});
+void NestEmitter::hint_loop(llvm::BranchInst* latch, const char* hint, std::optional<int> value) {
+  std::vector<llvm::Metadata*> operands{llvm::MDString::get(ctx_, hint)};
+  if (value) operands.push_back(llvm::ConstantAsMetadata::get(b_.getInt32(*value)));
+  llvm::MDNode* node = llvm::MDNode::get(ctx_, operands);
   llvm::TempMDTuple self = llvm::MDNode::getTemporary(ctx_, {});
   llvm::MDNode* loop_id = llvm::MDNode::get(ctx_, {self.get(), node});
   loop_id->replaceOperandWith(0, loop_id);
@@ -345,9 +346,8 @@ void NestEmitter::counted_loop(llvm::AllocaInst* it, Value* from, Value* to, con
 }
 
 void NestEmitter::mapped_loop(const sched::LoopNode& n) {
-  auto* i64 = ix_;
   const int h = n.hardware == sched::LoopNode::Hardware::block ? 0 : 1;
-  Value* id = b_.CreateLoad(i64, hardware_[h][n.axis]);
+  Value* id = b_.CreateLoad(ix_, hardware_[h][n.axis]);
   if (n.part_stride > 1) id = b_.CreateUDiv(id, ix(n.part_stride));  // a part of the axis
   if (n.part_extent > 0) id = b_.CreateURem(id, ix(n.part_extent));
   b_.CreateStore(id, iters_.at(static_cast<size_t>(n.iterator)));
@@ -369,10 +369,9 @@ void NestEmitter::in_range_body(Value* in_range, const std::vector<sched::LoopNo
 
 Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
   using K = sched::LoopExpr::Kind;
-  auto* i64 = ix_;
   switch (a.kind) {
     case K::constant: return ix(a.value);
-    case K::iterator: return b_.CreateLoad(i64, iters_.at(a.iterator));
+    case K::iterator: return b_.CreateLoad(ix_, iters_.at(a.iterator));
     case K::add: return b_.CreateNSWAdd(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::sub: return b_.CreateNSWSub(loop_expr(a.args[0]), loop_expr(a.args[1]));
     case K::mul: return b_.CreateNSWMul(loop_expr(a.args[0]), loop_expr(a.args[1]));
@@ -389,7 +388,7 @@ Value* NestEmitter::loop_expr(const sched::LoopExpr& a) {
     }
     case K::neg: return b_.CreateNeg(loop_expr(a.args[0]));
     case K::select: return b_.CreateSelect(cond(a.args[0]), loop_expr(a.args[1]), loop_expr(a.args[2]));
-    default: return b_.CreateZExt(cond(a), i64);
+    default: return b_.CreateZExt(cond(a), ix_);
   }
 }
 
@@ -526,14 +525,8 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   // KernelLaunch::unroll times on the device, so that one step's shared loads issue while the step before
   // computes (ptxas does not pipeline a loop; with 64-bit indices it unrolled such loops itself, with
   // 32-bit ones it leaves them).
-  if (device_ && nest_.kernel && nest_.kernel->unroll > 0 && !copy_ && innermost_sequential(n)) {
-    llvm::MDNode* count = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.count"),
-                                                   llvm::ConstantAsMetadata::get(b_.getInt32(nest_.kernel->unroll))});
-    llvm::TempMDTuple self = llvm::MDNode::getTemporary(ctx_, {});
-    llvm::MDNode* loop_id = llvm::MDNode::get(ctx_, {self.get(), count});
-    loop_id->replaceOperandWith(0, loop_id);
-    latch->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
-  }
+  if (device_ && nest_.kernel && nest_.kernel->unroll > 0 && !copy_ && innermost_sequential(n))
+    hint_loop(latch, "llvm.loop.unroll.count", nest_.kernel->unroll);
 }
 
 // A sequential loop holding no loop but register loops (LoopNode::unroll) and statements.

@@ -81,7 +81,7 @@ class NestEmitter {
   llvm::BranchInst* emit_loop(llvm::AllocaInst* it, Value* start, int64_t step, const std::function<Value*()>& condition,
                  const std::function<void()>& body);
   // Marks the loop whose back edge is `latch` with the loop hint `hint` (llvm.loop.unroll.full, ...).
-  void hint_loop(llvm::BranchInst* latch, const char* hint);
+  void hint_loop(llvm::BranchInst* latch, const char* hint, std::optional<int> value = std::nullopt);
   // A register loop (LoopNode::unroll): over [0, unroll), the body where the loop's own range holds, fully
   // unrolled (llvm.loop.unroll.full), so that accumulator positions become constants.
   void register_loop(const sched::LoopNode& n);

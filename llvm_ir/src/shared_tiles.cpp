@@ -43,16 +43,15 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const size_t t = static_cast<size_t>(n.tile);
   const sched::SharedTile& tile = nest_.shared.at(t);
   const TensorType& type = types_.tensors.at(tile.tensor);
-  auto* i64 = ix_;
   const std::vector<Value*> origin = loop_exprs(n.args);
   for (size_t d = 0; d < origin.size(); ++d) b_.CreateStore(origin[d], origins_[t][d]);
   const sched::KernelLaunch& k = *nest_.kernel;
-  auto id = [&](int axis) { return b_.CreateLoad(i64, hardware_[1][axis]); };
+  auto id = [&](int axis) { return b_.CreateLoad(ix_, hardware_[1][axis]); };
   Value* thread = b_.CreateAdd(id(0), b_.CreateMul(ix(k.block[0]), b_.CreateAdd(id(1), b_.CreateMul(ix(k.block[1]), id(2)))));
   const int64_t threads = k.block[0] * k.block[1] * k.block[2];
-  auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(i64, copy_element_), ix(tile.elements())); };
+  auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, copy_element_), ix(tile.elements())); };
   emit_loop(copy_element_, thread, threads, more, [&] {
-    Value* rest = b_.CreateLoad(i64, copy_element_);
+    Value* rest = b_.CreateLoad(ix_, copy_element_);
     std::vector<Value*> local(tile.sizes.size()), global(tile.sizes.size());
     Value* inside = b_.getTrue();
     for (size_t d = tile.sizes.size(); d-- > 0;) {
