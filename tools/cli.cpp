@@ -127,9 +127,10 @@ seeded by --seed and the input's name). Outputs named with --output are written 
   --target sm_XY               cuda, gpu-sim: the GPU architecture (default sm_90)
   --gpu-model KEY=VALUE,...    cuda, gpu-sim: the GPU strategy's sizes (see lower --help)
   --tune                       cpu: time a few schedule variants on this machine (each time printed to stderr)
-                               and run the fastest; cuda: the same with GPU models around --gpu-model's (threads
-                               fitted to the register tile, tiles 8x4, 4x8, 8x8), timed on the GPU, their
-                               outputs checked against each other
+                               and run the fastest; cuda: the same with GPU models around --gpu-model's (masked
+                               register tiles; threads fitted to the register tile, alone and with tiles 8x4,
+                               4x8, 8x8 and 64-bit indices), timed on the GPU, their outputs checked against
+                               each other
   --verify                     cpu: prove every rewriting pass with isl before running (see lower --help)
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
