@@ -3,8 +3,14 @@
 # example and gradient checked against the reference interpreter (outputs poisoned with NaN before the
 # launch), then the benchmark against cuBLAS and cuDNN (bench/run_bench.py: ratios, results.json).
 #   bench/gpu_run.sh KIT [OUT]     (OUT: where results.json, ratios.png and variant_NAME.json go; default KIT)
+#   bench/gpu_run.sh --polytile-only KIT [OUT]
+#                                  only polytile's side of the kit's bundles (OUT/default.json) and of each
+#                                  variant's (OUT/NAME.json), each checked against its peer first: half the
+#                                  device time, to compare models within one run
 # Exit 0 only when every test and check passes.
 set -uo pipefail
+only_polytile=0
+if [ "${1:-}" = --polytile-only ]; then only_polytile=1; shift; fi
 kit=$(cd "$1" && pwd)
 out=${2:-$kit}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +25,16 @@ done
 export LD_LIBRARY_PATH
 failed=0
 "$kit/bin/polytile-run-bundle" --status || exit 1
+if [ $only_polytile = 1 ]; then
+  for v in "$kit/bundles" "$kit"/variants/*/; do
+    [ -d "$v" ] || continue
+    name=$(basename "$v"); [ "$name" = bundles ] && name=default
+    echo "== $name"
+    "$kit/bin/polytile_gpu_bench" --bundles "$v" --benchmark_filter=/polytile/ --benchmark_min_time="${MIN_TIME:-0.05}" \
+      --benchmark_out="$out/$name.json" --benchmark_out_format=json --benchmark_format=console || failed=1
+  done
+  exit $failed
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader || true
 
 echo "== the CUDA runtime's tests"
