@@ -123,6 +123,12 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   o.target.gpu->accumulators = false;
   o.target.gpu->shared_bytes = 0;
   out.emplace_back("sm_90 without accumulators and shared tiles", o);
+  // Register tiles with guarded rows without branches (rows out of range read clamped elements of the
+  // shared tiles, NaN on the host, and keep their accumulators), and indices in 64 bits.
+  o.target = sched::gpu_target("sm_90");
+  o.target.gpu->masked_registers = true;
+  o.target.gpu->index32 = false;
+  out.emplace_back("sm_90 with masked register tiles and 64-bit indices", o);
   return out;
 }
 
