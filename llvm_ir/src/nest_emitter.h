@@ -240,7 +240,7 @@ class NestEmitter {
   std::map<std::string, Typed> lanes_;    // tensors whose lanes are given (the accumulators in an epilogue)
   Value* mask_ = nullptr;                 // lanes in range, for vector loads of a predicated block
   // The type of index arithmetic (iterators, loop bounds, index polynomials, offsets): i32 in a kernel whose
-  // tensors, launch and loop constants all fit in 31 bits (KernelLaunch::index32; a 64-bit operation is
+  // tensors, launch and loop constants all fit in 30 bits (KernelLaunch::index32; a 64-bit operation is
   // two instructions on a GPU), else i64.
   bool index32() const;
   Value* ix(int64_t v) const { return llvm::ConstantInt::get(ix_, static_cast<uint64_t>(v), true); }

@@ -38,6 +38,7 @@ std::string s(int64_t v) { return std::to_string(v); }
 bool reads_down_columns(const std::vector<NestFacts::Read>& reads, const std::string& tensor, unsigned lane) {
   for (const NestFacts::Read& r : reads) {
     if (r.tensor != tensor) continue;
+    if (lane >= r.access.domain_tuple_dim()) return true;  // no such variable: pad, as before
     const unsigned dims = r.access.range_tuple_dim();
     // The equalities that define the index (the domain's bounds, which involve every variable, dropped).
     const isl::map defining = isl::manage(isl_map_from_basic_map(isl_map_affine_hull(r.access.copy())));
@@ -193,6 +194,9 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   // (the trees tried have no accumulators: they change no step; the boxes are proven once chosen).
   std::vector<int64_t> tiles(extents.begin() + static_cast<long>(parallel), extents.end());
   const isl::union_set domain = neutral.get_domain();
+  std::set<std::string> down_columns;  // the inputs a warp reads down their columns: their tiles are padded
+  for (const NestFacts::Read& r : facts.reads)
+    if (reads_down_columns(facts.reads, r.tensor, lane)) down_columns.insert(r.tensor);
   for (;;) {
     // The copies' steps: each point to its block and reduction tile (the tree's prefix at the threads).
     std::vector<std::string> step = blocks;
@@ -203,7 +207,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
     if (gpu.pad_shared)
       for (Promoted& p : promoted)
-        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0 && reads_down_columns(facts.reads, p.tile.tensor, lane)) ++p.tile.pitch;
+        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0 && down_columns.count(p.tile.tensor)) ++p.tile.pitch;
     int64_t bytes = 0;
     for (const Promoted& p : promoted) bytes += p.tile.storage() * static_cast<int64_t>(p.element_bytes);
     if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit)) {
