@@ -371,6 +371,7 @@ struct LaunchRun {
   int64_t instances = 0, outside = 0, repeated = 0, shared_elements = 0;
   int64_t copies = 0, tile_reads = 0, uncovered = 0;
   int64_t acc_loads = 0, acc_stores = 0, misplaced = 0, clobbered = 0, unstored = 0;
+  int64_t elements = 0;  // distinct elements written
 };
 
 // The points of a bounded set.
@@ -459,6 +460,7 @@ LaunchRun run_launch(const Nest& nest, const KernelLaunch& launch, const std::se
   });
   EXPECT_EQ(seen.size(), domain.size()) << nest.name << ": points not executed";
   out.unstored = static_cast<int64_t>(loaded.size());
+  out.elements = static_cast<int64_t>(writer.size());
   return out;
 }
 
@@ -531,6 +533,7 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
   };
   int z_in_parts = 0, z_linearized = 0, parts_caught = 0;
   int kernels = 0, shrunk = 0, tiled = 0, shrunk_tiles = 0, unsynchronized_caught = 0, accumulating = 0, acc_caught = 0;
+  int accumulating_in_tiles = 0;
   kernels_proven = 0;
   for (int threads : {256, 8}) {
     for (const auto& [text, inputs] : cases) {
@@ -559,6 +562,10 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
           ++accumulating;
           EXPECT_GT(r.acc_loads, 0) << nest.name;
           EXPECT_EQ(r.acc_loads, r.acc_stores) << nest.name;
+          // A thread keeps an element in its registers from the first reduction tile to the last: one load
+          // and one store per element, however many tiles the reduction runs in.
+          EXPECT_EQ(r.acc_loads, r.elements) << nest.name << " of " << text;
+          if (copies_in_a_loop(nest.root)) ++accumulating_in_tiles;
           using St = LoopNode::Statement;
           // Loading the next element (the last output variable plus one), aggregating into the next position,
           // or not storing: each is caught.
@@ -654,6 +661,7 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
   EXPECT_GE(shrunk_tiles, 25);
   EXPECT_GE(unsynchronized_caught, 8);
   EXPECT_GE(accumulating, 6);
+  EXPECT_GE(accumulating_in_tiles, 3);
   EXPECT_GE(acc_caught, 12);
 }
 

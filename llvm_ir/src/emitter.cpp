@@ -219,8 +219,11 @@ void NestEmitter::prologue(llvm::Function* fn, const std::vector<std::string>& u
     }
     if (!nest_.shared.empty()) copy_element_ = b_.CreateAlloca(ix_, nullptr, "copy.element");
     if (nest_.accumulators) {
+      // A thread keeps its accumulators from one step to the next; on the host, where a block's threads
+      // run one after another in each step, every thread has its own part of the array.
+      const int64_t threads = device_ ? 1 : nest_.kernel->block[0] * nest_.kernel->block[1] * nest_.kernel->block[2];
       auto* type = llvm::ArrayType::get(storage_type(types_.tensors.at(nest_.tensor).dtype),
-                                        static_cast<uint64_t>(nest_.accumulators->elements()));
+                                        static_cast<uint64_t>(nest_.accumulators->elements() * threads));
       accumulators_ = b_.CreateAlloca(type, nullptr, "accumulators");
     }
   }

@@ -116,6 +116,12 @@ Value* NestEmitter::accumulator_address(const std::vector<sched::LoopExpr>& posi
   POLYTILE_CHECK(accumulators_ && position.size() == sizes.size(), "kernel ", nest_.name, ": an accumulator position of ",
                  position.size(), " dimensions for ", sizes.size());
   Value* at = ix(0);
+  if (!device_) {  // the thread's part of the host's array (its threads in turn, x fastest)
+    const sched::KernelLaunch& k = *nest_.kernel;
+    Value* thread = b_.CreateLoad(ix_, hardware_[1][2]);
+    thread = b_.CreateNSWAdd(b_.CreateNSWMul(thread, ix(k.block[1])), b_.CreateLoad(ix_, hardware_[1][1]));
+    at = b_.CreateNSWAdd(b_.CreateNSWMul(thread, ix(k.block[0])), b_.CreateLoad(ix_, hardware_[1][0]));
+  }
   for (size_t k = 0; k < sizes.size(); ++k) at = b_.CreateNSWAdd(b_.CreateNSWMul(at, ix(sizes[k])), loop_expr(position[k]));
   return b_.CreateGEP(accumulators_->getAllocatedType(), accumulators_, {ix(0), at});
 }

@@ -349,9 +349,13 @@ isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const s
   const isl::union_map prefix = node.prefix_schedule_union_map().intersect_domain(tree.get_domain());
   // Each step to its statements, scheduled over the positions; every statement notes its position.
   added.positions = map(S, position);
-  auto graft = [&](const isl::id& statement) {
+  // A thread's position holds one element in all the steps of its block (accumulators_proven: the mapping
+  // is injective on the output variables), so the element is loaded in the first step that has points of
+  // it and stored in the last: the registers stay across the reduction tiles in between.
+  auto graft = [&](const isl::id& statement, bool first) {
     const std::string tuple = statement.name() + "[" + join(outs) + "]";
-    const isl::union_map at = prefix.reverse().apply_range(map(S, tuple));
+    const isl::union_map steps = map(S, tuple).reverse().apply_range(prefix);  // element -> its steps
+    const isl::union_map at = (first ? steps.lexmin() : steps.lexmax()).reverse();
     added.positions = added.positions->unite(map(tuple, position));
     isl::schedule_node g = isl::schedule_node::from_extension(at);
     if (registers.empty()) return g;
@@ -362,8 +366,8 @@ isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const s
     while (!g.isa<isl::schedule_node_extension>()) g = g.parent();
     return g;
   };
-  node = node.graft_before(graft(statements.id(LoopNode::Statement::acc_load)));
-  node = node.graft_after(graft(statements.id(LoopNode::Statement::acc_store)));
+  node = node.graft_before(graft(statements.id(LoopNode::Statement::acc_load), true));
+  node = node.graft_after(graft(statements.id(LoopNode::Statement::acc_store), false));
   return node.schedule();
 }
 
