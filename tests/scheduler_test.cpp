@@ -665,6 +665,33 @@ TEST(SchedulerTest, GpuKernelsRunEveryPointOnceOnOneThreadPerElement) {
   EXPECT_GE(acc_caught, 12);
 }
 
+// The switch the GPU model has for comparison (GpuModel::keep_accumulators, --gpu-model keep=0): a matmul
+// whose reduction runs in several tiles loads and stores each element once with it, once per tile without.
+TEST(SchedulerTest, GpuAccumulatorsStayInRegistersAcrossReductionTiles) {
+  const std::map<std::string, TensorType> inputs{{"A", {DType::f32, {37, 96}}}, {"B", {DType::f32, {96, 45}}}};
+  int64_t loads[2] = {0, 0}, elements = 0;
+  for (bool keep : {true, false}) {
+    LowerOptions options;
+    options.target = gpu_target("sm_90");
+    options.target.gpu->shared_bytes = 2048;
+    options.target.gpu->keep_accumulators = keep;
+    Lowered lowered = lower(parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }"), inputs, options);
+    IslContext ctx;
+    for (const Nest& nest : lowered.schedule.nests) {
+      if (!nest.accumulators) continue;
+      ASSERT_TRUE(copies_in_a_loop(nest.root)) << "the reduction should run in several tiles";
+      LaunchRun r = run_launch(nest, *nest.kernel, points_of(isl::schedule(ctx.get(), nest.tree).domain().as_set()), lowered);
+      EXPECT_EQ(r.misplaced + r.clobbered + r.unstored, 0) << keep;
+      EXPECT_EQ(r.acc_loads, r.acc_stores);
+      loads[keep ? 0 : 1] = r.acc_loads;
+      elements = r.elements;
+    }
+  }
+  EXPECT_EQ(elements, 37 * 45);
+  EXPECT_EQ(loads[0], elements);
+  EXPECT_GE(loads[1], 2 * elements);
+}
+
 // Micro-kernel nests run through their loop IR on integers: the fused multiply-adds of uniform blocks
 // touch only valid points, uniform and predicated blocks together cover every valid point exactly once
 // (the rows and lanes of a predicated block that are not valid points are masked), and each block's

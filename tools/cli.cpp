@@ -90,7 +90,9 @@ Prints one stage of the compiler for FILE.tile:
                               0: no shared tiles), reuse (reads per element for a tile, 4), split-blocks (sums
                               whose outputs fill fewer blocks are split, 216; 0: never), split-slice (least
                               reduction points per slice, 256), accumulators (1: each thread's outputs in
-                              registers, the default; 0: updates go to memory), pad (1: shared tiles' even
+                              registers, the default; 0: updates go to memory), keep (1: they stay in
+                              registers from the first reduction tile to the last, the default; 0: loaded
+                              and stored in every tile), pad (1: shared tiles' even
                               rows padded by one element where a warp reads down the columns, the default;
                               0: none),
                               fit (1: the threads fit the register tile -- along x the fewest, from 8, whose
@@ -291,7 +293,7 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
-    "accumulators (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16)";
+    "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -330,6 +332,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.min_slice = number(1, int64_t{1} << 30);
     } else if (key == "accumulators") {
       m.accumulators = number(0, 1) == 1;
+    } else if (key == "keep") {
+      m.keep_accumulators = number(0, 1) == 1;
     } else if (key == "pad") {
       m.pad_shared = number(0, 1) == 1;
     } else if (key == "fit") {

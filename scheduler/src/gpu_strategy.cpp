@@ -355,7 +355,7 @@ isl::schedule NestBuilder::graft_accumulators(const isl::schedule& tree, const s
   auto graft = [&](const isl::id& statement, bool first) {
     const std::string tuple = statement.name() + "[" + join(outs) + "]";
     const isl::union_map steps = map(S, tuple).reverse().apply_range(prefix);  // element -> its steps
-    const isl::union_map at = (first ? steps.lexmin() : steps.lexmax()).reverse();
+    const isl::union_map at = (!target.gpu->keep_accumulators ? steps : first ? steps.lexmin() : steps.lexmax()).reverse();
     added.positions = added.positions->unite(map(tuple, position));
     isl::schedule_node g = isl::schedule_node::from_extension(at);
     if (registers.empty()) return g;
@@ -440,7 +440,7 @@ int64_t Accumulators::elements() const {
 std::string GpuModel::key() const {
   std::string k;
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
-                    min_slice, max_split_bytes, int64_t{accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
+                    min_slice, max_split_bytes, int64_t{accumulators}, int64_t{keep_accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
                     int64_t{masked_registers}, int64_t{index32}, int64_t{unroll}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;

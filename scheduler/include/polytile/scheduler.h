@@ -70,6 +70,9 @@ struct GpuModel {
   int64_t max_split_bytes = int64_t{256} << 20;
   // Update kernels keep each thread's outputs in registers (Accumulators) where isl proves it safe.
   bool accumulators = true;
+  // The accumulators stay in registers from an element's first reduction tile to its last (loaded and
+  // stored once); false loads and stores them in every reduction tile, as before (for comparison).
+  bool keep_accumulators = true;
   // Shared tiles whose rows have an even length and whose columns a warp reads (the lanes' variable in an
   // index before the last) get one element of padding per row (SharedTile::pitch); the others stay aligned.
   bool pad_shared = true;
