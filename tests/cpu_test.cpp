@@ -1232,9 +1232,11 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
     int64_t least, most;  // of the innermost tile (a copy's are evened out by equal_tiles: 530 is 5 of 106)
   };
   const Case cases[] = {
-      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}, 16, 16},
+      // Transpositions with a stride (plain ones of 4-byte elements move squares instead: see
+      // TranspositionsMoveSquaresTransposedInRegisters).
+      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}, 16, 16},
       {"function (I[M, N]) -> (O) { O[i, j : M, N] = =(I[i, j]); }", {{"I", {650, 530}}}, 65, 128},
-      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 37, 41, 96}}}, 16, 16},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W/2] = =(I[n, h, 2*w, c]); }", {{"I", {2, 37, 82, 96}}}, 16, 16},
   };
   for (const Case& c : cases) {
     Program p = parse_program(c.program);
@@ -1243,6 +1245,55 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
     EXPECT_GE(inner_tile(loops), c.least) << c.program << "\n" << loops;
     EXPECT_LE(inner_tile(loops), c.most) << c.program << "\n" << loops;
     expect_same(p, in, c.program, o);
+  }
+}
+
+// A transposition of 4-byte elements (a copy whose input's contiguous variable is not the output's) moves
+// squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
+// (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For both
+// vector widths, in 2 and 4 dimensions, f32 and i32, with and without edges, bit for bit as the interpreter.
+TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
+  struct Case {
+    std::string program;
+    Shapes shapes;
+  };
+  const Case cases[] = {
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}},
+      {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}},
+  };
+  for (int bits : {512, 256}) {
+    const int lanes = bits / 32;
+    CompileOptions o;
+    o.target.cpu.vector_bits = bits;
+    o.target.cpu.vector_registers = bits == 512 ? 32 : 16;
+    for (const Case& c : cases)
+      for (DType t : {DType::f32, DType::i32}) {
+        const std::string what = c.program + " " + to_string(t) + " " + std::to_string(bits) + " bits";
+        Program p = parse_program(c.program);
+        TensorMap in = inputs_for(c.shapes, t, 23);
+        auto compiled = compile(p, types_of(in), o);
+        const std::string square = std::to_string(lanes) + "x" + std::to_string(lanes);
+        EXPECT_NE(sched::print_loops(compiled->schedule()).find("transposed by " + square + " squares"), std::string::npos) << what;
+        const std::string vector = "<" + std::to_string(lanes) + " x " + (t == DType::f32 ? "float" : "i32") + ">";
+        EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
+        const TensorMap want = interpret(p, in), got = run(p, in, o);
+        const Buffer &w = want.at("O"), &g = got.at("O");
+        ASSERT_EQ(g.shape(), w.shape()) << what;
+        int64_t differ = 0;
+        for (int64_t e = 0; e < w.size(); ++e) differ += g.get(e) != w.get(e);
+        EXPECT_EQ(differ, 0) << what;
+      }
+  }
+  // Not a square: 8-byte elements, and a transposition reading every other row.
+  for (const char* other : {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }",
+                            "function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }"}) {
+    Program p = parse_program(other);
+    TensorMap in = inputs_for({{"I", {64, 48}}}, std::string(other).find("2*j") != std::string::npos ? DType::f32 : DType::f64, 5);
+    auto compiled = compile(p, types_of(in));
+    EXPECT_EQ(sched::print_loops(compiled->schedule()).find("squares"), std::string::npos) << other;
+    expect_same(p, in, other);
   }
 }
 

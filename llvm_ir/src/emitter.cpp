@@ -503,6 +503,7 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
     register_loop(n);
     return;
   }
+  if (nest_.transpose_lanes > 0 && !square_edge_ && transpose_square(n)) return;
   bool split = outermost && n.parallel;
   llvm::AllocaInst* it = iters_.at(n.iterator);
   Value* start = loop_expr(n.lower);
@@ -530,6 +531,98 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
   // 32-bit ones it leaves them).
   if (device_ && nest_.kernel && nest_.kernel->unroll > 0 && !copy_ && innermost_sequential(n))
     hint_loop(latch, "llvm.loop.unroll.count", nest_.kernel->unroll);
+}
+
+bool NestEmitter::transpose_square(const sched::LoopNode& n) {
+  using K = sched::LoopNode::Kind;
+  auto plain_loop = [](const sched::LoopNode& x) {
+    return x.kind == K::loop && x.step == 1 && x.unroll <= 0 && x.hardware == sched::LoopNode::Hardware::none && x.body.size() == 1;
+  };
+  if (!plain_loop(n) || !plain_loop(n.body[0])) return false;
+  const sched::LoopNode& inner = n.body[0];
+  const sched::LoopNode& s = inner.body[0];
+  if (s.kind != K::statement || s.statement != sched::LoopNode::Statement::plain || nest_.kind != sched::Nest::Kind::update) return false;
+  const Contraction& c = nest_.contraction;
+  if (c.inputs.size() != 1 || c.combination != CombinationOp::none || c.aggregation != AggregationOp::assign || c.init ||
+      !nest_.inlined.empty() || c.inputs[0].indices.empty() || c.output_indices.empty())
+    return false;
+  const DType t = types_.tensors.at(nest_.tensor).dtype;
+  if (types_.tensors.at(c.inputs[0].tensor).dtype != t || dtype_bytes(t) != 4) return false;
+  // The input's last index is n's iterator, the output's the inner loop's: each plain, a variable whose
+  // statement argument is that iterator.
+  auto is_iterator = [&](const Polynomial& p, int iterator) {
+    if (p.has_dims() || p.constant() != Rational(0) || p.index_terms().size() != 1 || p.index_terms().begin()->second != Rational(1))
+      return false;
+    const auto v = std::find(nest_.variables.begin(), nest_.variables.end(), p.index_terms().begin()->first);
+    if (v == nest_.variables.end()) return false;
+    const sched::LoopExpr& arg = s.args.at(static_cast<size_t>(v - nest_.variables.begin()));
+    return arg.kind == sched::LoopExpr::Kind::iterator && arg.iterator == iterator;
+  };
+  std::function<bool(const sched::LoopExpr&)> mentions_outer = [&](const sched::LoopExpr& e) {
+    if (e.kind == sched::LoopExpr::Kind::iterator && e.iterator == n.iterator) return true;
+    return std::any_of(e.args.begin(), e.args.end(), mentions_outer);
+  };
+  if (!is_iterator(c.inputs[0].indices.back(), n.iterator) || !is_iterator(c.output_indices.back(), inner.iterator) ||
+      mentions_outer(inner.lower) || mentions_outer(inner.condition))
+    return false;
+
+  const int lanes = nest_.transpose_lanes;
+  llvm::AllocaInst* outer_it = iters_.at(static_cast<size_t>(n.iterator));
+  llvm::AllocaInst* inner_it = iters_.at(static_cast<size_t>(inner.iterator));
+  Value* c0 = loop_expr(n.lower);
+  Value* w0 = loop_expr(inner.lower);
+  // Whole: both loops' conditions hold at their last lane (a loop's condition bounds its iterator above).
+  b_.CreateStore(b_.CreateNSWAdd(c0, ix(lanes - 1)), outer_it);
+  b_.CreateStore(b_.CreateNSWAdd(w0, ix(lanes - 1)), inner_it);
+  Value* whole = b_.CreateAnd(cond(n.condition), cond(inner.condition));
+  auto* square_bb = llvm::BasicBlock::Create(ctx_, "square", fn_);
+  auto* edge_bb = llvm::BasicBlock::Create(ctx_, "square.edge", fn_);
+  auto* done_bb = llvm::BasicBlock::Create(ctx_, "square.done", fn_);
+  b_.CreateCondBr(whole, square_bb, edge_bb);
+
+  b_.SetInsertPoint(square_bb);
+  auto vars_at = [&](Value* outer, Value* in) {
+    b_.CreateStore(outer, outer_it);
+    b_.CreateStore(in, inner_it);
+    const std::vector<Value*> vals = loop_exprs(s.args);
+    std::map<std::string, Value*> vars;
+    for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
+    return vars;
+  };
+  auto* vty = llvm::FixedVectorType::get(storage_type(t), static_cast<unsigned>(lanes));
+  std::vector<Value*> rows;  // rows[m][j]: the input at the inner variable w0 + m and the outer c0 + j
+  for (int m = 0; m < lanes; ++m) {
+    const std::map<std::string, Value*> vars = vars_at(c0, b_.CreateNSWAdd(w0, ix(m)));
+    std::vector<Value*> idx;
+    for (const Polynomial& p : c.inputs[0].indices) idx.push_back(poly(p, vars));
+    rows.push_back(b_.CreateAlignedLoad(vty, element_address(c.inputs[0].tensor, idx), llvm::Align(4)));
+  }
+  // Round h swaps bit h of the row and of the column index of every element: after all, rows[k][m] is
+  // the element (m, k) of before.
+  for (int h = 1; h < lanes; h <<= 1)
+    for (int i = 0; i < lanes; ++i) {
+      if (i & h) continue;
+      std::vector<int> low, high;
+      for (int j = 0; j < lanes; ++j) {
+        low.push_back((j & h) == 0 ? j : lanes + j - h);
+        high.push_back((j & h) == 0 ? j + h : lanes + j);
+      }
+      Value* a = rows[static_cast<size_t>(i)];
+      Value* b = rows[static_cast<size_t>(i + h)];
+      rows[static_cast<size_t>(i)] = b_.CreateShuffleVector(a, b, low);
+      rows[static_cast<size_t>(i + h)] = b_.CreateShuffleVector(a, b, high);
+    }
+  for (int k = 0; k < lanes; ++k)
+    b_.CreateAlignedStore(rows[static_cast<size_t>(k)], output_address(vars_at(b_.CreateNSWAdd(c0, ix(k)), w0)), llvm::Align(4));
+  b_.CreateBr(done_bb);
+
+  b_.SetInsertPoint(edge_bb);
+  square_edge_ = true;
+  node(n, false);
+  square_edge_ = false;
+  b_.CreateBr(done_bb);
+  b_.SetInsertPoint(done_bb);
+  return true;
 }
 
 // A sequential loop holding no loop but register loops (LoopNode::unroll) and statements.

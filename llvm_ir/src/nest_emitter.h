@@ -93,6 +93,11 @@ class NestEmitter {
   bool branch_free_registers(const sched::LoopNode& n) const;
   static bool whole_register_loop(const sched::LoopNode& n);
   static bool innermost_sequential(const sched::LoopNode& n);
+  // A transposition's square (Nest::transpose_lanes): `n` the loop over the input's contiguous variable
+  // around the one over the output's, with the copy statement inside. Where both loops run all their
+  // lanes, the square moves as lanes vector loads, a transposition in registers and lanes vector stores;
+  // at the edges, the loops as they are. False (nothing emitted) when `n` is not such a loop.
+  bool transpose_square(const sched::LoopNode& n);
   // for (*it = from; *it < to; ++*it) body()
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
@@ -250,7 +255,8 @@ class NestEmitter {
   const bool device_;
   const bool copy_;  // an update that copies one tensor: its loops are not unrolled (see node)
   llvm::AllocaInst* hardware_[2][3] = {};  // block and thread indices (x, y, z) of kernel nests
-  bool in_threads_ = false;                // host: inside the loop over a block's threads
+  bool in_threads_ = false;
+  bool square_edge_ = false;  // emitting a transposition square's loops as they are (transpose_square)                // host: inside the loop over a block's threads
   std::vector<Value*> shared_;             // each shared tile's array (addrspace 3 on the device)
   std::vector<llvm::Type*> shared_types_;  // ... its type, [s0 x [s1 x ... x element]]
   std::vector<std::vector<llvm::AllocaInst*>> origins_;  // each tile's origin, set by its copy

@@ -54,7 +54,7 @@ std::vector<int64_t> tile_sizes(const std::vector<int64_t>& extents, size_t para
 }  // namespace
 
 isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const std::optional<NeutralBand>& band,
-                                          const std::vector<std::string>& vars, const NestFacts& facts) {
+                                          const std::vector<std::string>& vars, const NestFacts& facts, bool squares) {
   if (!band) return neutral;
   isl::schedule_node root = neutral.root().child(0);
   const size_t parallel = band->parallel;
@@ -66,7 +66,25 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
   // reduces and its outputs share inputs only with outputs computed soon after (a transpose, without
   // reductions, still gains from tiles: both tensors are walked a cache line at a time).
   const bool tile = facts.update && !facts.near_reuse_only && parallel > 0 && perm.size() >= 2 && points > 64 * 64 * 64;
-  if (tile) {
+  if (squares) {
+    // A transposition: squares of lanes x lanes elements (the input's contiguous variable, then the
+    // output's, innermost), each read as `lanes` vectors of the input and written as as many of the
+    // output. Every line of both tensors is read or written whole by one square; the squares run in the
+    // band's order.
+    const size_t t = static_cast<size_t>(std::find(perm.begin(), perm.end(), facts.transpose_variable) - perm.begin());
+    const size_t last = perm.size() - 1;
+    auto square_of = [&](size_t k) {
+      std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
+      return "floor(" + shifted + "/" + std::to_string(facts.transpose_lanes) + ")";
+    };
+    std::vector<std::string> tiles;
+    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t || k == last ? square_of(k) : perm[k]);
+    root = isl_support::delete_node(root);
+    root = insert_band(root, vars, {perm[t], perm[last]}, {true, true});
+    root = root.insert_mark(isl::id(ctx.get(), "point"));
+    root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
+    root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
+  } else if (tile) {
     // The output block is small next to the inputs (a weight gradient): split the leading output variable
     // across the threads, and inside a split run the reductions outermost so each input element is read
     // once per split while the output block stays in cache.

@@ -94,7 +94,13 @@ std::optional<std::vector<std::string>> NestBuilder::fuse_leading(const isl::set
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
   std::vector<std::string> members = ordered(vars, order);
-  if (auto fused = fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
+  // A transposition's squares need the input's contiguous variable as a member of its own.
+  const bool transposing = !facts.transpose_variable.empty() &&
+                           std::find(members.begin(), members.end(), facts.transpose_variable) != members.end();
+  if (auto fused = transposing && std::find(members.begin(), members.begin() + std::min<size_t>(2, members.size()), facts.transpose_variable) !=
+                                      members.begin() + std::min<size_t>(2, members.size())
+                       ? std::nullopt
+                       : fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
     members = *fused;
     --coincident;
   }
@@ -126,7 +132,9 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   nest.parallel_outer = !vars.empty() && coincident > 0;
   const std::optional<NeutralBand> band = read_band(neutral, members);
   nest.points = !band ? 1 : band->bounded ? band->points() : domain.is_empty() ? 0 : -1;
-  generate(nest, cpu_plain_nest(neutral, band, vars, facts));
+  const bool squares = transposing && band && band->members.size() >= 2 && band->parallel == band->members.size();
+  nest.transpose_lanes = squares ? facts.transpose_lanes : 0;
+  generate(nest, cpu_plain_nest(neutral, band, vars, facts, squares));
 }
 
 }  // namespace polytile::sched::internal

@@ -92,6 +92,10 @@ struct NestFacts {
   // Update nests: the widest step in memory (bytes) that the band's last member takes through an input
   // (a transposition's reads: a row of the input per step).
   int64_t innermost_input_stride = 0;
+  // CPU transpositions (Nest::transpose_lanes): the input's contiguous variable, tiled with the band's
+  // last member by squares of `transpose_lanes`; empty: not a transposition.
+  std::string transpose_variable = {};
+  int transpose_lanes = 0;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.
@@ -163,7 +167,7 @@ struct NestBuilder {
   // nest without variables).
   std::optional<NeutralBand> read_band(const isl::schedule& neutral, const std::vector<std::string>& members);
   isl::schedule cpu_plain_nest(const isl::schedule& neutral, const std::optional<NeutralBand>& band,
-                               const std::vector<std::string>& vars, const NestFacts& facts);
+                               const std::vector<std::string>& vars, const NestFacts& facts, bool squares);
   // The GPU strategy (gpu_strategy.cpp): "block" and "thread" bands over the coincident members, the
   // reductions and a register tile inside; `launch` receives the launch shape (sequential when nothing
   // can be mapped). An update whose inputs are reused across the block's threads gets a band of

@@ -311,6 +311,36 @@ class ProgramScheduler {
     add(std::move(finalize), std::move(rows));
   }
 
+  // A copy of 4-byte elements whose every index is one variable (a permutation of the output's), with
+  // the input's contiguous variable not the output's and both at least a vector long: the CPU strategy
+  // tiles the two by squares of a vector's lanes and the code generator transposes them in registers
+  // (Nest::transpose_lanes), so that both tensors are read and written a vector at a time.
+  void transposition(const Contraction& c, Nest& update, const BandOrder& band, NestFacts& facts) {
+    const TensorType& out = types_.tensors.at(c.output);
+    if (c.aggregation != AggregationOp::assign || c.combination != CombinationOp::none || c.init || c.inputs.size() != 1 ||
+        !update.inlined.empty() || band.order.size() < 2 || band.outputs != band.order.size())
+      return;
+    const TensorType& in = types_.tensors.at(c.inputs[0].tensor);
+    if (in.dtype != out.dtype || dtype_bytes(out.dtype) != 4 || in.shape.empty()) return;
+    auto variable = [](const Polynomial& p) -> std::optional<std::string> {
+      if (p.has_dims() || p.constant() != Rational(0) || p.index_terms().size() != 1) return std::nullopt;
+      const auto& [name, coefficient] = *p.index_terms().begin();
+      if (coefficient != Rational(1)) return std::nullopt;
+      return name;
+    };
+    for (const auto* indices : {&c.output_indices, &c.inputs[0].indices})
+      for (const Polynomial& p : *indices)
+        if (!variable(p)) return;
+    const std::string last = update.variables[band.order.back()];
+    const std::string contiguous = *variable(c.inputs[0].indices.back());
+    const int lanes = target_.cpu.vector_bits / 32;
+    if (contiguous == last || last != *variable(c.output_indices.back()) || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
+    // The builder names the domain's dims positionally (d0, d1, ...).
+    for (size_t k = 0; k < update.variables.size(); ++k)
+      if (update.variables[k] == contiguous) facts.transpose_variable = "d" + std::to_string(k);
+    facts.transpose_lanes = lanes;  // the builder sets update.transpose_lanes where it tiles by squares
+  }
+
   // The update nest: a micro-kernel or a row reduction when the CPU strategy takes it, else a plain nest.
   // True when it ran as a micro-kernel.
   bool update(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, const isl::set& elements,
@@ -351,6 +381,7 @@ class ProgramScheduler {
           facts.innermost_input_stride = std::max(facts.innermost_input_stride, static_cast<int64_t>(std::min(stride, 1e15)));
         }
       }
+      if (!target_.gpu && parallel) transposition(c, update, band, facts);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)
