@@ -69,19 +69,24 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
   if (squares) {
     // A transposition: squares of lanes x lanes elements (the input's contiguous variable, then the
     // output's, innermost), each read as `lanes` vectors of the input and written as as many of the
-    // output. Every line of both tensors is read or written whole by one square; the squares run in the
-    // band's order.
+    // output; the squares run in the band's order. With squares narrower than a cache line (8 f32 of 16),
+    // the squares that share the input's lines run one after another (a tile of a line along the input's
+    // contiguous variable around them), so that every line of the input is read whole at once; the
+    // output's lines are completed by the next square along the last member.
     const size_t t = static_cast<size_t>(std::find(perm.begin(), perm.end(), facts.transpose_variable) - perm.begin());
     const size_t last = perm.size() - 1;
-    auto square_of = [&](size_t k) {
+    const int64_t lanes = facts.transpose_lanes, line = std::max<int64_t>(lanes, 64 / static_cast<int64_t>(facts.element_bytes));
+    auto block_of = [&](size_t k, int64_t size) {
       std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
-      return "floor(" + shifted + "/" + std::to_string(facts.transpose_lanes) + ")";
+      return "floor(" + shifted + "/" + std::to_string(size) + ")";
     };
+    const bool lines = line > lanes && extents[t] >= line;
     std::vector<std::string> tiles;
-    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t || k == last ? square_of(k) : perm[k]);
+    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t ? block_of(k, lines ? line : lanes) : k == last ? block_of(k, lanes) : perm[k]);
     root = isl_support::delete_node(root);
     root = insert_band(root, vars, {perm[t], perm[last]}, {true, true});
     root = root.insert_mark(isl::id(ctx.get(), "point"));
+    if (lines) root = insert_band(root, vars, {block_of(t, lanes)}, {true});
     root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
   } else if (tile) {
