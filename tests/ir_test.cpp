@@ -85,6 +85,17 @@ TEST(PolynomialTest, DimsSplitIntoLinearAtomsAndBind) {
   EXPECT_EQ(Polynomial::dim(n * m).str(), "(N*M)");
 }
 
+TEST(PolynomialTest, AVariableIsOneIndexAndNothingElse) {
+  const Polynomial i = Polynomial::index("i");
+  EXPECT_EQ(i.variable(), std::optional<std::string>("i"));
+  EXPECT_EQ((i * Rational(2)).variable(), std::nullopt);
+  EXPECT_EQ((i + Rational(1)).variable(), std::nullopt);
+  EXPECT_EQ((i + Polynomial::index("j")).variable(), std::nullopt);
+  EXPECT_EQ((i + Polynomial::dim(DimExpr::symbol("N"))).variable(), std::nullopt);
+  EXPECT_EQ(Polynomial(Rational(0)).variable(), std::nullopt);
+  EXPECT_EQ((i * Rational(2) - i).variable(), std::optional<std::string>("i"));
+}
+
 TEST(PolynomialTest, RenamesIndices) {
   Polynomial p = Polynomial::index("a") * Rational(2) + Polynomial::index("b");
   EXPECT_EQ(p.rename_indices({{"a", "z"}}).str(), "b + 2*z");

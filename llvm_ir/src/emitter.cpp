@@ -551,9 +551,9 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
   // The input's last index is n's iterator, the output's the inner loop's: each plain, a variable whose
   // statement argument is that iterator.
   auto is_iterator = [&](const Polynomial& p, int iterator) {
-    if (p.has_dims() || p.constant() != Rational(0) || p.index_terms().size() != 1 || p.index_terms().begin()->second != Rational(1))
-      return false;
-    const auto v = std::find(nest_.variables.begin(), nest_.variables.end(), p.index_terms().begin()->first);
+    const std::optional<std::string> variable = p.variable();
+    if (!variable) return false;
+    const auto v = std::find(nest_.variables.begin(), nest_.variables.end(), *variable);
     if (v == nest_.variables.end()) return false;
     const sched::LoopExpr& arg = s.args.at(static_cast<size_t>(v - nest_.variables.begin()));
     return arg.kind == sched::LoopExpr::Kind::iterator && arg.iterator == iterator;

@@ -255,8 +255,8 @@ class NestEmitter {
   const bool device_;
   const bool copy_;  // an update that copies one tensor: its loops are not unrolled (see node)
   llvm::AllocaInst* hardware_[2][3] = {};  // block and thread indices (x, y, z) of kernel nests
-  bool in_threads_ = false;
-  bool square_edge_ = false;  // emitting a transposition square's loops as they are (transpose_square)                // host: inside the loop over a block's threads
+  bool in_threads_ = false;                // host: inside the loop over a block's threads
+  bool square_edge_ = false;               // emitting a transposition square's loops as they are
   std::vector<Value*> shared_;             // each shared tile's array (addrspace 3 on the device)
   std::vector<llvm::Type*> shared_types_;  // ... its type, [s0 x [s1 x ... x element]]
   std::vector<std::vector<llvm::AllocaInst*>> origins_;  // each tile's origin, set by its copy

@@ -15,14 +15,6 @@
 namespace polytile::sched {
 namespace {
 
-// The position of output variable `p` (a plain variable: coefficient 1, nothing else), or nullopt.
-std::optional<std::string> plain_variable(const Polynomial& p) {
-  if (p.index_terms().size() != 1 || p.constant() != Rational(0)) return std::nullopt;
-  const auto& [v, c] = *p.index_terms().begin();
-  if (c != Rational(1)) return std::nullopt;
-  return v;
-}
-
 // Whether `access` reads, at the output element with variables `out_vars` (one per output dim), the input
 // element numpy broadcasting of the input to the output's shape would give: right-aligned, every input
 // index is the output variable of its aligned dim (and the dims have the same size) or 0 on a dim of size 1.
@@ -34,7 +26,7 @@ bool is_broadcast_read(const TensorAccess& access, const std::vector<std::string
   for (size_t k = 0; k < in_shape.size(); ++k) {
     Polynomial index = access.indices[k].bind_dims(types.dims);
     if (index.is_constant() && index.constant() == Rational(0) && in_shape[k] == 1) continue;
-    std::optional<std::string> v = plain_variable(index);
+    std::optional<std::string> v = index.variable();
     if (!v || *v != out_vars[offset + k] || in_shape[k] != out_shape[offset + k]) return false;
   }
   return true;
@@ -52,7 +44,7 @@ std::optional<Expr> as_broadcast(const Contraction& c, const ProgramTypes& types
   std::vector<std::string> out_vars;
   std::set<std::string> distinct;
   for (const auto& p : c.output_indices) {
-    std::optional<std::string> v = plain_variable(p.bind_dims(types.dims));
+    std::optional<std::string> v = p.bind_dims(types.dims).variable();
     if (!v || !distinct.insert(*v).second) return std::nullopt;
     out_vars.push_back(*v);
   }
@@ -77,7 +69,7 @@ void verify_single_terms(const Contraction& c, const ProgramTypes& types) {
   const std::vector<int64_t>& shape = types.tensors.at(c.output).shape;
   bool covers = !a.empty && a.bounds.size() == shape.size();
   for (size_t k = 0; covers && k < shape.size(); ++k) {
-    std::optional<std::string> v = plain_variable(c.output_indices[k].bind_dims(types.dims));
+    std::optional<std::string> v = c.output_indices[k].bind_dims(types.dims).variable();
     for (const auto& b : a.bounds)
       if (v && b.name == *v) covers = covers && b.min == 0 && b.max == shape[k] - 1;
   }

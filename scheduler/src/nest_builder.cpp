@@ -94,13 +94,12 @@ std::optional<std::vector<std::string>> NestBuilder::fuse_leading(const isl::set
 void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
                         const std::vector<size_t>& order, size_t coincident, const NestFacts& facts) {
   std::vector<std::string> members = ordered(vars, order);
-  // A transposition's squares need the input's contiguous variable as a member of its own.
-  const bool transposing = !facts.transpose_variable.empty() &&
-                           std::find(members.begin(), members.end(), facts.transpose_variable) != members.end();
-  if (auto fused = transposing && std::find(members.begin(), members.begin() + std::min<size_t>(2, members.size()), facts.transpose_variable) !=
-                                      members.begin() + std::min<size_t>(2, members.size())
-                       ? std::nullopt
-                       : fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
+  // A transposition's squares need the input's contiguous variable as a member of its own: the leading
+  // pair is not fused when it holds it.
+  const auto at = std::find(members.begin(), members.end(), facts.transpose_variable);
+  const bool transposing = !facts.transpose_variable.empty() && at != members.end();
+  if (auto fused = transposing && at - members.begin() < 2 ? std::nullopt
+                                                            : fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
     members = *fused;
     --coincident;
   }

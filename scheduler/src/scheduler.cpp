@@ -312,9 +312,9 @@ class ProgramScheduler {
   }
 
   // A copy of 4-byte elements whose every index is one variable (a permutation of the output's), with
-  // the input's contiguous variable not the output's and both at least a vector long: the CPU strategy
-  // tiles the two by squares of a vector's lanes and the code generator transposes them in registers
-  // (Nest::transpose_lanes), so that both tensors are read and written a vector at a time.
+  // the input's contiguous variable not the output's and both at least a square long: the CPU strategy
+  // tiles the two by squares (8 lanes, or a vector's where fewer) and the code generator transposes them
+  // in registers (Nest::transpose_lanes), so that both tensors are read and written a vector at a time.
   void transposition(const Contraction& c, Nest& update, const BandOrder& band, NestFacts& facts) {
     const TensorType& out = types_.tensors.at(c.output);
     if (c.aggregation != AggregationOp::assign || c.combination != CombinationOp::none || c.init || c.inputs.size() != 1 ||
@@ -322,23 +322,17 @@ class ProgramScheduler {
       return;
     const TensorType& in = types_.tensors.at(c.inputs[0].tensor);
     if (in.dtype != out.dtype || dtype_bytes(out.dtype) != 4 || in.shape.empty()) return;
-    auto variable = [](const Polynomial& p) -> std::optional<std::string> {
-      if (p.has_dims() || p.constant() != Rational(0) || p.index_terms().size() != 1) return std::nullopt;
-      const auto& [name, coefficient] = *p.index_terms().begin();
-      if (coefficient != Rational(1)) return std::nullopt;
-      return name;
-    };
     for (const auto* indices : {&c.output_indices, &c.inputs[0].indices})
       for (const Polynomial& p : *indices)
-        if (!variable(p)) return;
+        if (!p.variable()) return;
     const std::string last = update.variables[band.order.back()];
-    const std::string contiguous = *variable(c.inputs[0].indices.back());
+    const std::string contiguous = *c.inputs[0].indices.back().variable();
     // Squares of 8 even with 16-lane vectors: on a Zen 4 (AVX-512 in two 256-bit halves) 8 x 8 squares
     // in tiles of a cache line moved a 2048 x 2048 f32 transposition at 29-30 GB/s against 23-25 with
     // 16 x 16 squares, and NHWC -> NCHW of 8x56x56x64 at 120-154 against 70 (56 columns are 7 squares of
     // 8, but three of 16 and an edge).
     const int lanes = std::min(8, target_.cpu.vector_bits / 32);
-    if (contiguous == last || last != *variable(c.output_indices.back()) || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
+    if (contiguous == last || last != *c.output_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
     for (size_t k = 0; k < update.variables.size(); ++k)
       if (update.variables[k] == contiguous) facts.transpose_variable = "d" + std::to_string(k);

@@ -436,6 +436,12 @@ Polynomial Polynomial::operator*(const Rational& s) const {
   return r;
 }
 
+std::optional<std::string> Polynomial::variable() const {
+  if (index_terms_.size() != 1 || !dim_terms_.empty() || constant_ != Rational(0) || index_terms_.begin()->second != Rational(1))
+    return std::nullopt;
+  return index_terms_.begin()->first;
+}
+
 Rational Polynomial::coefficient(const std::string& index) const {
   auto it = index_terms_.find(index);
   return it == index_terms_.end() ? Rational(0) : it->second;

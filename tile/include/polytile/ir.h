@@ -154,6 +154,8 @@ class Polynomial {
   bool has_index_vars() const { return !index_terms_.empty(); }
   bool has_dims() const { return !dim_terms_.empty(); }
   bool is_constant() const { return index_terms_.empty() && dim_terms_.empty(); }
+  // The variable, when the polynomial is one index variable and nothing else (coefficient 1).
+  std::optional<std::string> variable() const;
   // The dim part as a DimExpr (only when the dim part has integer coefficients).
   std::optional<DimExpr> dims_as_expr() const;
   // Folds dim atoms into the constant with concrete dim values.
