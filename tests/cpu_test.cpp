@@ -117,7 +117,9 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   // Sums with fewer than 64 blocks of outputs split their reductions into slices of 2 points or more.
   o.target.gpu->min_blocks = 64;
   o.target.gpu->min_slice = 2;
-  out.emplace_back("sm_80 with 8-thread blocks, 2x3 register tiles and split reductions", o);
+  // A thread's columns consecutive (GpuModel::interleave_columns), 3 of them: partial tiles at every edge.
+  o.target.gpu->interleave_columns = false;
+  out.emplace_back("sm_80 with 8-thread blocks, 2x3 register tiles of consecutive columns and split reductions", o);
   // Updates straight to memory (where isl cannot prove the accumulators safe) and from global memory.
   o.target = sched::gpu_target("sm_90");
   o.target.gpu->accumulators = false;

@@ -184,6 +184,33 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
   expect_assembles(compile(p, types, masked), "sm_90", "the masked register tile");
 }
 
+// A thread's register columns consecutive instead of a warp apart (GpuModel::interleave_columns = false):
+// a matmul's 4x4 tile then reads its 4 columns of B in each reduction step as one vector from shared
+// memory (ld.shared.v4.f32) instead of 4 scalars, besides its rows of A (one vector per row for 4 steps,
+// as before). The results: every test under GPU semantics (the second model has consecutive columns).
+TEST(PtxTest, ConsecutiveColumnsLoadSharedTilesAsVectors) {
+  Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
+  const auto types = f32_types({{"A", {256, 256}}, {"B", {256, 256}}});
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  Options consecutive;
+  consecutive.model = sched::GpuModel{};
+  consecutive.model->interleave_columns = false;
+  const std::string a = compile(p, types).bundle.ptx, b = compile(p, types, consecutive).bundle.ptx;
+  ASSERT_EQ(count(a, "fma.rn.f32"), count(b, "fma.rn.f32"));
+  const size_t fmas = count(a, "fma.rn.f32");
+  ASSERT_GT(fmas, 0u);
+  // Per 16 FMAs (a step of the 4x4 tile): interleaved, 4 scalar loads of B and one vector of A per row for
+  // 4 steps; consecutive, one vector of B.
+  EXPECT_EQ(count(a, "ld.shared.f32") * 16, fmas * 4) << a;
+  EXPECT_EQ(count(b, "ld.shared.f32"), 0u) << b;
+  EXPECT_EQ(count(b, "ld.shared.v4.f32") * 16, fmas * 2) << b;
+  expect_assembles(compile(p, types, consecutive), "sm_90", "the matmul with consecutive columns");
+}
+
 // Kernels compute indices in 32 bits (a GPU needs two instructions or more for a 64-bit add, compare or
 // multiply) where every tensor they touch fits in 30 bits, and in 64 bits where one does not (a 2^31-element
 // input) or the model says so (index32=0). The 32-bit code's results: every test under GPU semantics.

@@ -101,7 +101,9 @@ Prints one stage of the compiler for FILE.tile:
                               operands the guard does not touch once; 0: a branch per row, the default),
                               index32 (1: kernels compute indices in 32 bits where their tensors fit, the
                               default; 0: in 64 bits), unroll (times a kernel's innermost sequential loop
-                              is unrolled, 4; 0: LLVM's and ptxas's choice)
+                              is unrolled, 4; 0: LLVM's and ptxas's choice), interleave (1: a thread's
+                              register columns a warp apart, the default; 0: consecutive, loaded from
+                              shared memory as vectors)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -293,7 +295,7 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
-    "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16)";
+    "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16), interleave (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -344,6 +346,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.index32 = number(0, 1) == 1;
     } else if (key == "unroll") {
       m.unroll = static_cast<int>(number(0, 16));
+    } else if (key == "interleave") {
+      m.interleave_columns = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }

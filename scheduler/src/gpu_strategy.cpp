@@ -121,7 +121,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
       return std::clamp<int64_t>((m.extent + m.threads - 1) / m.threads, 1, std::max(1, want));
     };
     dims[0].per_thread = per(dims[0], gpu.tile_cols);
-    dims[0].interleaved = true;
+    dims[0].interleaved = gpu.interleave_columns;
     if (dims.size() >= 2) dims[1].per_thread = per(dims[1], gpu.tile_rows);
   }
   const int64_t grid_limit[3] = {(int64_t{1} << 31) - 1, 65535, 65535};
@@ -441,7 +441,7 @@ std::string GpuModel::key() const {
   std::string k;
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
                     min_slice, max_split_bytes, int64_t{accumulators}, int64_t{keep_accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
-                    int64_t{masked_registers}, int64_t{index32}, int64_t{unroll}})
+                    int64_t{masked_registers}, int64_t{index32}, int64_t{unroll}, int64_t{interleave_columns}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;
 }

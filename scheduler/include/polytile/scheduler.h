@@ -98,6 +98,11 @@ struct GpuModel {
   // times on the device, so that a step's shared loads issue while the step before computes (ptxas does
   // not pipeline loops). 0: no hint, LLVM's and ptxas's own choice; 1: not unrolled.
   int unroll = 4;
+  // A thread's register tile columns are interleaved, a warp's width apart (its loads and stores of a
+  // column coalesced); false: consecutive, so that a thread's columns of a shared tile load as one vector
+  // (ld.shared.v4.f32 for 4 columns) and its accumulators are stored once at the end anyway. A tuning
+  // candidate, not yet timed.
+  bool interleave_columns = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
