@@ -1250,11 +1250,12 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
   }
 }
 
-// A transposition of 4-byte elements (a copy whose input's contiguous variable is not the output's) moves
-// squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
-// (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For both
-// vector widths (squares of 8 with AVX-512 and AVX2, 4 with SSE), in 2 and 4 dimensions, f32 and i32, with
-// and without edges, bit for bit as the interpreter.
+// A transposition of 4- or 8-byte elements (a copy whose input's contiguous variable is not the output's)
+// moves squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
+// (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For every
+// vector width (squares of 256-bit rows at most, 4 lanes at least: none for 8-byte elements in 128-bit
+// vectors), in 2
+// and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the interpreter.
 TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
   struct Case {
     std::string program;
@@ -1266,21 +1267,29 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
       {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}},
       {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}},
   };
+  int squared = 0;
   for (int bits : {512, 256, 128}) {
-    const int lanes = std::min(8, bits / 32);  // squares of 8 at most (scheduler.cpp transposition)
     CompileOptions o;
     o.target.cpu.vector_bits = bits;
     o.target.cpu.vector_registers = bits == 512 ? 32 : 16;
     for (const Case& c : cases)
-      for (DType t : {DType::f32, DType::i32}) {
+      for (DType t : {DType::f32, DType::i32, DType::f64, DType::i64}) {
+        const int bytes = static_cast<int>(dtype_bytes(t)), lanes = std::min(256, bits) / (8 * bytes);  // scheduler.cpp transposition
         const std::string what = c.program + " " + to_string(t) + " " + std::to_string(bits) + " bits";
         Program p = parse_program(c.program);
         TensorMap in = inputs_for(c.shapes, t, 23);
         auto compiled = compile(p, types_of(in), o);
-        const std::string square = std::to_string(lanes) + "x" + std::to_string(lanes);
-        EXPECT_NE(sched::print_loops(compiled->schedule()).find("transposed by " + square + " squares"), std::string::npos) << what;
-        const std::string vector = "<" + std::to_string(lanes) + " x " + (t == DType::f32 ? "float" : "i32") + ">";
-        EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
+        const std::string loops = sched::print_loops(compiled->schedule());
+        if (lanes < 4) {
+          EXPECT_EQ(loops.find("squares"), std::string::npos) << what;
+        } else {
+          const std::string square = std::to_string(lanes) + "x" + std::to_string(lanes);
+          EXPECT_NE(loops.find("transposed by " + square + " squares"), std::string::npos) << what << "\n" << loops;
+          const char* element = t == DType::f32 ? "float" : t == DType::f64 ? "double" : t == DType::i32 ? "i32" : "i64";
+          const std::string vector = "<" + std::to_string(lanes) + " x " + element + ">";
+          EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
+          ++squared;
+        }
         const TensorMap want = interpret(p, in), got = run(p, in, o);
         const Buffer &w = want.at("O"), &g = got.at("O");
         ASSERT_EQ(g.shape(), w.shape()) << what;
@@ -1289,15 +1298,13 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
         EXPECT_EQ(differ, 0) << what;
       }
   }
-  // Not a square: 8-byte elements, and a transposition reading every other row.
-  for (const char* other : {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }",
-                            "function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }"}) {
-    Program p = parse_program(other);
-    TensorMap in = inputs_for({{"I", {64, 48}}}, std::string(other).find("2*j") != std::string::npos ? DType::f32 : DType::f64, 5);
-    auto compiled = compile(p, types_of(in));
-    EXPECT_EQ(sched::print_loops(compiled->schedule()).find("squares"), std::string::npos) << other;
-    expect_same(p, in, other);
-  }
+  EXPECT_EQ(squared, 4 * (4 + 4 + 2));  // every case: all types at 512 and 256 bits, 4-byte ones at 128
+  // Not a square: a transposition reading every other row.
+  const char* strided = "function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }";
+  Program p = parse_program(strided);
+  TensorMap in = inputs_for({{"I", {64, 48}}}, DType::f32, 5);
+  EXPECT_EQ(sched::print_loops(compile(p, types_of(in))->schedule()).find("squares"), std::string::npos);
+  expect_same(p, in, strided);
 }
 
 // In a small nest (every tensor under 2^18 elements), the loops around a vectorized loop are not unrolled

@@ -547,7 +547,7 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
       !nest_.inlined.empty() || c.inputs[0].indices.empty() || c.output_indices.empty())
     return false;
   const DType t = types_.tensors.at(nest_.tensor).dtype;
-  if (types_.tensors.at(c.inputs[0].tensor).dtype != t || dtype_bytes(t) != 4) return false;
+  if (types_.tensors.at(c.inputs[0].tensor).dtype != t || (dtype_bytes(t) != 4 && dtype_bytes(t) != 8)) return false;
   // The input's last index is n's iterator, the output's the inner loop's: each plain, a variable whose
   // statement argument is that iterator.
   auto is_iterator = [&](const Polynomial& p, int iterator) {

@@ -311,7 +311,7 @@ class ProgramScheduler {
     add(std::move(finalize), std::move(rows));
   }
 
-  // A copy of 4-byte elements whose every index is one variable (a permutation of the output's), with
+  // A copy of 4- or 8-byte elements whose every index is one variable (a permutation of the output's), with
   // the input's contiguous variable not the output's and both at least a square long: the CPU strategy
   // tiles the two by squares (8 lanes, or a vector's where fewer) and the code generator transposes them
   // in registers (Nest::transpose_lanes), so that both tensors are read and written a vector at a time.
@@ -321,17 +321,19 @@ class ProgramScheduler {
         !update.inlined.empty() || band.order.size() < 2 || band.outputs != band.order.size())
       return;
     const TensorType& in = types_.tensors.at(c.inputs[0].tensor);
-    if (in.dtype != out.dtype || dtype_bytes(out.dtype) != 4 || in.shape.empty()) return;
+    const int bytes = static_cast<int>(dtype_bytes(out.dtype));
+    if (in.dtype != out.dtype || (bytes != 4 && bytes != 8) || in.shape.empty()) return;
     for (const auto* indices : {&c.output_indices, &c.inputs[0].indices})
       for (const Polynomial& p : *indices)
         if (!p.variable()) return;
     const std::string last = update.variables[band.order.back()];
     const std::string contiguous = *c.inputs[0].indices.back().variable();
-    // Squares of 8 even with 16-lane vectors: on a Zen 4 (AVX-512 in two 256-bit halves) 8 x 8 squares
-    // in tiles of a cache line moved a 2048 x 2048 f32 transposition at 29-30 GB/s against 23-25 with
-    // 16 x 16 squares, and NHWC -> NCHW of 8x56x56x64 at 120-154 against 70 (56 columns are 7 squares of
-    // 8, but three of 16 and an edge).
-    const int lanes = std::min(8, target_.cpu.vector_bits / 32);
+    // Squares of 256-bit rows even with 512-bit vectors (8 f32, 4 f64): on a Zen 4 (AVX-512 in two
+    // 256-bit halves) 8 x 8 f32 squares in tiles of a cache line moved a 2048 x 2048 transposition at
+    // 29-30 GB/s against 23-25 with 16 x 16 squares, and NHWC -> NCHW of 8x56x56x64 at 120-154 against 70
+    // (56 columns are 7 squares of 8, but three of 16 and an edge); 8 x 8 f64 squares were slower than
+    // the strided loops before them.
+    const int lanes = std::min(256, target_.cpu.vector_bits) / (8 * bytes);
     if (contiguous == last || last != *c.output_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
     for (size_t k = 0; k < update.variables.size(); ++k)

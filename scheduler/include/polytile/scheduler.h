@@ -310,7 +310,8 @@ struct Nest {
   // gradient's scatter, a strided copy): each point stores 0 + its term, without reading the element, and
   // the init nest covers only the elements no point writes.
   bool stores = false;
-  // CPU transpositions (a copy whose input's contiguous variable is not the output's): the two innermost
+  // CPU transpositions (a copy of 4- or 8-byte elements whose input's contiguous variable is not the
+  // output's): the two innermost
   // loops run over transpose_lanes values of the input's contiguous variable and, inside, as many of the
   // output's; the code generator moves such a square by vectors, transposed in registers. 0: none.
   int transpose_lanes = 0;
