@@ -1254,8 +1254,8 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
 // moves squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
 // (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For every
 // vector width (squares of 256-bit rows at most, 4 lanes at least: none for 8-byte elements in 128-bit
-// vectors), in 2
-// and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the interpreter.
+// vectors), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the
+// interpreter.
 TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
   struct Case {
     std::string program;

@@ -541,15 +541,17 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
   if (!plain_loop(n) || !plain_loop(n.body[0])) return false;
   const sched::LoopNode& inner = n.body[0];
   const sched::LoopNode& s = inner.body[0];
-  if (s.kind != K::statement || s.statement != sched::LoopNode::Statement::plain || nest_.kind != sched::Nest::Kind::update) return false;
+  if (s.kind != K::statement || s.statement != sched::LoopNode::Statement::plain) return false;
+  // The scheduler chose the nest as a transposition (scheduler.cpp `transposition`): a copy of one tensor
+  // of the output's dtype, every index a variable.
   const Contraction& c = nest_.contraction;
-  if (c.inputs.size() != 1 || c.combination != CombinationOp::none || c.aggregation != AggregationOp::assign || c.init ||
-      !nest_.inlined.empty() || c.inputs[0].indices.empty() || c.output_indices.empty())
-    return false;
   const DType t = types_.tensors.at(nest_.tensor).dtype;
-  if (types_.tensors.at(c.inputs[0].tensor).dtype != t || (dtype_bytes(t) != 4 && dtype_bytes(t) != 8)) return false;
-  // The input's last index is n's iterator, the output's the inner loop's: each plain, a variable whose
-  // statement argument is that iterator.
+  POLYTILE_CHECK(nest_.kind == sched::Nest::Kind::update && c.inputs.size() == 1 && c.combination == CombinationOp::none &&
+                     c.aggregation == AggregationOp::assign && !c.init && nest_.inlined.empty() &&
+                     types_.tensors.at(c.inputs[0].tensor).dtype == t && !c.inputs[0].indices.empty() && !c.output_indices.empty(),
+                 "nest ", nest_.name, " has transposition squares but is no copy");
+  // This loop is the square's: the input's last index is n's iterator, the output's the inner loop's
+  // (each a variable whose statement argument is that iterator).
   auto is_iterator = [&](const Polynomial& p, int iterator) {
     const std::optional<std::string> variable = p.variable();
     if (!variable) return false;

@@ -66,6 +66,11 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
   // reduces and its outputs share inputs only with outputs computed soon after (a transpose, without
   // reductions, still gains from tiles: both tensors are walked a cache line at a time).
   const bool tile = facts.update && !facts.near_reuse_only && parallel > 0 && perm.size() >= 2 && points > 64 * 64 * 64;
+  // Member k's tile index for tiles of `size` from its lowest value.
+  auto tile_of = [&](size_t k, int64_t size) {
+    std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
+    return "floor(" + shifted + "/" + std::to_string(size) + ")";
+  };
   if (squares) {
     // A transposition: squares of lanes x lanes elements (the input's contiguous variable, then the
     // output's, innermost), each read as `lanes` vectors of the input and written as as many of the
@@ -76,17 +81,13 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
     const size_t t = static_cast<size_t>(std::find(perm.begin(), perm.end(), facts.transpose_variable) - perm.begin());
     const size_t last = perm.size() - 1;
     const int64_t lanes = facts.transpose_lanes, line = std::max<int64_t>(lanes, 64 / static_cast<int64_t>(facts.element_bytes));
-    auto block_of = [&](size_t k, int64_t size) {
-      std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
-      return "floor(" + shifted + "/" + std::to_string(size) + ")";
-    };
     const bool lines = line > lanes && extents[t] >= line;
     std::vector<std::string> tiles;
-    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t ? block_of(k, lines ? line : lanes) : k == last ? block_of(k, lanes) : perm[k]);
+    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t ? tile_of(k, lines ? line : lanes) : k == last ? tile_of(k, lanes) : perm[k]);
     root = isl_support::delete_node(root);
     root = insert_band(root, vars, {perm[t], perm[last]}, {true, true});
     root = root.insert_mark(isl::id(ctx.get(), "point"));
-    if (lines) root = insert_band(root, vars, {block_of(t, lanes)}, {true});
+    if (lines) root = insert_band(root, vars, {tile_of(t, lanes)}, {true});
     root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
   } else if (tile) {
@@ -96,10 +97,6 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
     const bool reduction_outer = parallel < perm.size() - (facts.innermost_contiguous ? 1 : 0) &&
                                  facts.output_bytes * 4 <= target.cpu.l2_bytes;
     std::vector<int64_t> sizes = tile_sizes(extents, parallel, target, facts.element_bytes, facts.innermost_input_stride);
-    auto tile_of = [&](size_t k, int64_t size) {
-      std::string shifted = lows[k] == 0 ? perm[k] : "(" + perm[k] + " - (" + std::to_string(lows[k]) + "))";
-      return "floor(" + shifted + "/" + std::to_string(size) + ")";
-    };
     std::vector<std::string> tiles, point;
     std::vector<bool> tile_coincident, point_coincident;
     if (reduction_outer) {

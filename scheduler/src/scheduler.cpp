@@ -313,9 +313,10 @@ class ProgramScheduler {
 
   // A copy of 4- or 8-byte elements whose every index is one variable (a permutation of the output's), with
   // the input's contiguous variable not the output's and both at least a square long: the CPU strategy
-  // tiles the two by squares (8 lanes, or a vector's where fewer) and the code generator transposes them
-  // in registers (Nest::transpose_lanes), so that both tensors are read and written a vector at a time.
-  void transposition(const Contraction& c, Nest& update, const BandOrder& band, NestFacts& facts) {
+  // tiles the two by squares (rows of 256 bits, or of a vector where narrower) and the code generator
+  // transposes them in registers (Nest::transpose_lanes), so that both tensors are read and written a
+  // vector at a time.
+  void transposition(const Contraction& c, const Nest& update, const BandOrder& band, NestFacts& facts) {
     const TensorType& out = types_.tensors.at(c.output);
     if (c.aggregation != AggregationOp::assign || c.combination != CombinationOp::none || c.init || c.inputs.size() != 1 ||
         !update.inlined.empty() || band.order.size() < 2 || band.outputs != band.order.size())

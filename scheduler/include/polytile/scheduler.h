@@ -311,9 +311,9 @@ struct Nest {
   // the init nest covers only the elements no point writes.
   bool stores = false;
   // CPU transpositions (a copy of 4- or 8-byte elements whose input's contiguous variable is not the
-  // output's): the two innermost
-  // loops run over transpose_lanes values of the input's contiguous variable and, inside, as many of the
-  // output's; the code generator moves such a square by vectors, transposed in registers. 0: none.
+  // output's): the two innermost loops run over transpose_lanes values of the input's contiguous variable
+  // and, inside, as many of the output's; the code generator moves such a square by vectors, transposed
+  // in registers. 0: none.
   int transpose_lanes = 0;
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
