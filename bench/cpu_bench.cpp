@@ -9,7 +9,8 @@
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
 // and weight gradients against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
-// itself without split reductions ("unsplit") and softmax against itself without row groups ("alone").
+// itself without split reductions ("unsplit"), softmax against itself without row groups ("alone"), and
+// softmax and the max pool gradient against themselves with every store through the caches ("cached").
 // polytile's gradients come from its own autodiff. Every benchmark reports GFLOP/s (or GB/s);
 // bench/run_bench.py pairs "<case>/polytile" with "<case>/<peer>" and prints the ratios.
 #include <benchmark/benchmark.h>
@@ -240,8 +241,9 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
 
 // ---------------------------------------------------------------------------------------------- pooling, softmax
 
-// The "unsplit" and "alone" peers: the same program without split reductions, or without row groups.
-enum class Variant { as_is, unsplit, alone };
+// The "unsplit", "alone" and "cached" peers: the same program without split reductions, without row
+// groups, or with every store through the caches (no non-temporal stores, CpuModel::stream_stores).
+enum class Variant { as_is, unsplit, alone, cached };
 
 // `stop_gradient`: tensors the gradient treats as constants (ad::Options::stop_gradient).
 void BM_PolytileStopping(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes,
@@ -258,6 +260,7 @@ void BM_PolytileStopping(benchmark::State& state, const std::string& text, Tenso
   cpu::CompileOptions o = options();
   if (variant == Variant::unsplit) o.target.cpu.split_max_outputs = 0;
   if (variant == Variant::alone) o.target.cpu.row_groups = false;
+  if (variant == Variant::cached) o.target.cpu.stream_stores = false;
   auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
   compiled->run(in, out);  // warm-up: the outputs and scratch tensors are allocated (and faulted in) once
@@ -385,7 +388,8 @@ void register_all() {
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
   double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
   benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("maxpool/bwd/polytile", BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"cached", Variant::cached}})
+    benchmark::RegisterBenchmark((std::string("maxpool/bwd/") + peer).c_str(), BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap bias_in{{"D", random_f32({64, 28, 28, 32}, 7)}};
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
   benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -398,7 +402,7 @@ void register_all() {
   benchmark::RegisterBenchmark("transpose/nhwc_to_nchw/onednn", BM_OneDnnTranspose, memory::dims{8, 64, 56, 56}, memory::format_tag::acdb, memory::format_tag::abcd)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
   double sm_bytes = 4.0 * 4096 * 1000 * 2;
-  for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}}) {
+  for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}, std::pair{"cached", Variant::cached}}) {
     benchmark::RegisterBenchmark((std::string("softmax/fwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, false, sm_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
   }

@@ -2047,6 +2047,82 @@ TEST(CpuTest, ViewsRunOnTheCallersMemory) {
 // The process's cache: a program compiled twice is one object; cache = false compiles afresh and keeps
 // nothing; the least recently used programs leave first when the capacity is reached; clear_cache empties
 // it while the programs callers hold keep running.
+// Program outputs of at least a quarter of the last-level cache that no later nest touches are stored
+// past the caches (Nest::stream): on x86 the streaming body's vector stores are non-temporal, where every
+// one is aligned to half its size or more (a max pool gradient's rows of 64 channels are 64-byte aligned;
+// softmax's rows of 1000 columns 32-byte aligned, whose 64-byte stores are split in two; rows of 100, 16-byte
+// aligned, keep their stores). The results match the interpreter on the runtime's aligned buffers and,
+// bit for bit, on the caller's memory one element off, where the entry calls the other body (a
+// non-temporal store of a vector there would fault).
+TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
+  const Program pool = parse_program(
+      "function (I[N, H, W, C]) -> (O) { O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2; }");
+  const Program softmax = parse_program(R"(function (X[N, C]) -> (O) {
+    M[i, 0 : N, 1] = >(X[i, j]);
+    E = exp(X - M);
+    S[i, 0 : N, 1] = +(E[i, j]);
+    O = E / S;
+  })");
+  // B is an output that D reads: only D streams.
+  const Program chain = parse_program("function (A[N, C]) -> (B, D) { B = A * 2; D = B + 1; }");
+  struct Case {
+    std::string name;
+    Program program;
+    Shapes shapes;
+    std::string streamed;
+    bool nontemporal;
+  };
+  const std::vector<Case> cases{
+      {"max pool gradient", ad::vjp(pool).program, {{"I", {2, 8, 16, 64}}, {"DO", {2, 4, 8, 64}}}, "DI", true},
+      {"softmax of rows of 1000", softmax, {{"X", {24, 1000}}}, "O", true},
+      {"softmax of rows of 100", softmax, {{"X", {64, 100}}}, "O", false},
+      {"an output another reads", chain, {{"A", {64, 64}}}, "D", true},
+  };
+  CompileOptions o;
+  o.target.cpu.l3_bytes = 64 * 1024;  // outputs of 16 KiB and more
+  o.threads = 2;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const TensorMap in = inputs_for(c.shapes, DType::f32, 3);
+    auto compiled = compile(c.program, types_of(in), o);
+    const auto& nests = compiled->schedule().nests;
+    int streaming = -1;
+    for (size_t k = 0; k < nests.size(); ++k) {
+      EXPECT_EQ(nests[k].stream, nests[k].tensor == c.streamed && k + 1 == nests.size()) << nests[k].name;
+      if (nests[k].stream) streaming = static_cast<int>(k);
+    }
+    ASSERT_GE(streaming, 0) << sched::print_loops(compiled->schedule());
+    EXPECT_NE(sched::print_loops(compiled->schedule()).find("; stores past the caches"), std::string::npos);
+#if defined(__x86_64__)
+    const std::string module = module_of(compiled->llvm_ir(), "nest_" + std::to_string(streaming));
+    EXPECT_EQ(module.find("!nontemporal") != std::string::npos, c.nontemporal) << module;
+    EXPECT_EQ(module.find("call void @llvm.x86.sse.sfence()") != std::string::npos, c.nontemporal);
+#endif
+    expect_same(c.program, in, c.name, o);
+    // On the caller's memory, one element past 64-byte alignment.
+    const TensorMap want = compiled->run(in);
+    ViewMap inputs, outputs;
+    for (const auto& [name, buffer] : in) inputs[name] = TensorView::of(buffer);
+    std::map<std::string, std::vector<float>> memory;
+    for (const auto& [name, buffer] : want) {
+      std::vector<float>& m = memory[name];
+      m.assign(static_cast<size_t>(buffer.size()) + 32, -1.0f);
+      float* at = m.data() + 16 - (reinterpret_cast<uintptr_t>(m.data()) % 64) / sizeof(float) + 1;
+      outputs[name] = TensorView{at, DType::f32, buffer.shape(), {}};
+    }
+    compiled->run(inputs, outputs);
+    for (const auto& [name, buffer] : want)
+      EXPECT_EQ(std::memcmp(outputs.at(name).data, buffer.data(), buffer.byte_size()), 0) << name;
+  }
+  // Outputs below a quarter of the cache, or with streaming off, go through the caches.
+  CompileOptions large_cache = o, off = o;
+  large_cache.target.cpu.l3_bytes = 1 << 30;
+  off.target.cpu.stream_stores = false;
+  const TensorMap in = inputs_for(cases[0].shapes, DType::f32, 3);
+  for (const CompileOptions& options : {large_cache, off})
+    for (const auto& nest : compile(cases[0].program, types_of(in), options)->schedule().nests) EXPECT_FALSE(nest.stream) << nest.name;
+}
+
 TEST(CpuTest, TheProgramCacheIsBoundedAndCanBeCleared) {
   auto program = [](int k) { return parse_program("function (A[N]) -> (B) { B = A * " + std::to_string(k) + "; }"); };
   const std::map<std::string, TensorType> types{{"A", {DType::f32, {8}}}};

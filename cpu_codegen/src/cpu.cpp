@@ -7,9 +7,11 @@
 
 #include <llvm/Analysis/LoopInfo.h>
 #include <llvm/Analysis/TargetLibraryInfo.h>
+#include <llvm/Analysis/ValueTracking.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/IntrinsicsX86.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
@@ -17,6 +19,7 @@
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Transforms/InstCombine/InstCombine.h>
 #include <llvm/Transforms/Scalar.h>
+#include <llvm/Transforms/Scalar/AlignmentFromAssumptions.h>
 #include <llvm/Transforms/Scalar/EarlyCSE.h>
 #include <llvm/Transforms/Scalar/GVN.h>
 #include <llvm/Transforms/Scalar/LICM.h>
@@ -109,6 +112,43 @@ struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoo
     for (llvm::Loop* l : around)
       if (!llvm::getBooleanLoopAttribute(l, "llvm.loop.unroll.disable")) llvm::addStringMetadataToLoop(l, "llvm.loop.unroll.disable", 1);
     return llvm::PreservedAnalyses::all();  // only loop metadata changed, which no analysis holds
+  }
+};
+
+// Non-temporal stores in a streaming nest's body (llvm_ir::kStreamAttribute) for an x86 target: its
+// vector stores into the marked tensor (the vectorized loops' stores; a scalar rest of a loop stays as it
+// is), where every one is aligned to at least half its size, write whole lines to memory without reading
+// them first, and an sfence before each return orders them before whatever the caller does next (another
+// thread reading the output after the parallel loop). Runs after the vectorizer and unroller, when
+// LLVM's alignment from the body's assumption has reached the stores.
+struct StreamStores : llvm::PassInfoMixin<StreamStores> {
+  llvm::PreservedAnalyses run(llvm::Function& f, llvm::FunctionAnalysisManager&) {
+    const llvm::Argument* streamed = nullptr;
+    for (const llvm::Argument& a : f.args())
+      if (f.getAttributes().hasParamAttr(a.getArgNo(), llvm_ir::kStreamAttribute)) streamed = &a;
+    if (!streamed || !llvm::Triple(f.getParent()->getTargetTriple()).isX86()) return llvm::PreservedAnalyses::all();
+    const llvm::DataLayout& layout = f.getParent()->getDataLayout();
+    llvm::LLVMContext& ctx = f.getContext();
+    llvm::MDNode* nontemporal = llvm::MDNode::get(ctx, {llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(llvm::Type::getInt32Ty(ctx), 1))});
+    std::vector<llvm::ReturnInst*> returns;
+    std::vector<llvm::StoreInst*> stores;
+    for (llvm::BasicBlock& block : f)
+      for (llvm::Instruction& i : block) {
+        if (auto* ret = llvm::dyn_cast<llvm::ReturnInst>(&i)) returns.push_back(ret);
+        auto* store = llvm::dyn_cast<llvm::StoreInst>(&i);
+        if (!store || !store->getValueOperand()->getType()->isVectorTy()) continue;
+        if (llvm::getUnderlyingObject(store->getPointerOperand(), /*MaxLookup=*/0) != streamed) continue;
+        // x86 stores a vector past the caches aligned to its size; the code generator splits one aligned
+        // to half of it into two. Any other vector store (a partial line cached between streamed ones)
+        // keeps the whole body as it was.
+        const uint64_t bytes = layout.getTypeStoreSize(store->getValueOperand()->getType()), align = store->getAlign().value();
+        if (bytes < 16 || align < 16 || align * 2 < bytes) return llvm::PreservedAnalyses::all();
+        stores.push_back(store);
+      }
+    if (stores.empty()) return llvm::PreservedAnalyses::all();
+    for (llvm::StoreInst* store : stores) store->setMetadata(llvm::LLVMContext::MD_nontemporal, nontemporal);
+    for (llvm::ReturnInst* ret : returns) llvm::IRBuilder<>(ret).CreateIntrinsic(llvm::Intrinsic::x86_sse_sfence, {}, {});
+    return llvm::PreservedAnalyses::none();
   }
 };
 
@@ -231,6 +271,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
     late.addPass(llvm::InstCombinePass());
     late.addPass(llvm::SimplifyCFGPass());
     late.addPass(llvm::createFunctionToLoopPassAdaptor(llvm::LICMPass(llvm::LICMOptions()), /*UseMemorySSA=*/true));
+    late.addPass(StreamStores());
     mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(late)));
   });
   llvm::LoopAnalysisManager lam;
@@ -303,6 +344,8 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
     fpm.addPass(llvm::LoopVectorizePass());
     fpm.addPass(llvm::InstCombinePass(kCombineOnce));
     fpm.addPass(llvm::SimplifyCFGPass());
+    fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
+    fpm.addPass(StreamStores());
   }
   llvm::ModulePassManager mpm;
   mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(fpm)));
@@ -334,6 +377,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.microkernel_chunks) + "/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
          (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
+         (m.stream_stores ? std::to_string(m.l3_bytes) + "/" : "nostream/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "");
   if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels

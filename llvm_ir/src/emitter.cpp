@@ -11,6 +11,7 @@
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
+#include <llvm/Transforms/Utils/Cloning.h>
 
 #include <algorithm>
 #include <set>
@@ -58,6 +59,7 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
     node(nest_.root, true);
   }
   b_.CreateRetVoid();
+  llvm::Function* stream = nest_.stream && !nest_.kernel ? streaming_body(name) : nullptr;
 
   auto* entry_ty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
   llvm::Function* outer = llvm::Function::Create(entry_ty, llvm::Function::ExternalLinkage, name, m_);
@@ -70,9 +72,34 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
   }
   args.push_back(outer->getArg(1));
   args.push_back(outer->getArg(2));
+  if (stream) {  // the streaming body where the tensor written (the first) is aligned as it promises
+    auto* aligned = llvm::BasicBlock::Create(ctx_, "aligned", outer);
+    auto* other = llvm::BasicBlock::Create(ctx_, "unaligned", outer);
+    Value* low = ob.CreateAnd(ob.CreatePtrToInt(args[0], i64), ob.getInt64(kStreamAlignment - 1));
+    ob.CreateCondBr(ob.CreateICmpEQ(low, ob.getInt64(0)), aligned, other);
+    ob.SetInsertPoint(aligned);
+    ob.CreateCall(stream, args);
+    ob.CreateRetVoid();
+    ob.SetInsertPoint(other);
+  }
   ob.CreateCall(fn_, args);
   ob.CreateRetVoid();
   return outer;
+}
+
+// A copy of the body just emitted whose first parameter (the tensor written) is aligned to
+// kStreamAlignment and marked kStreamAttribute, with the alignment also assumed where its code starts (so
+// that LLVM carries it to the vector stores its vectorizer makes), and kept a function of its own.
+llvm::Function* NestEmitter::streaming_body(const std::string& name) {
+  llvm::ValueToValueMapTy map;
+  llvm::Function* copy = llvm::CloneFunction(fn_, map);
+  copy->setName(name + ".stream");
+  copy->addFnAttr(llvm::Attribute::NoInline);
+  copy->addParamAttr(0, llvm::Attribute::getWithAlignment(ctx_, llvm::Align(kStreamAlignment)));
+  copy->addParamAttr(0, llvm::Attribute::get(ctx_, kStreamAttribute));
+  llvm::IRBuilder<> cb(&*copy->getEntryBlock().getFirstInsertionPt());
+  cb.CreateAlignmentAssumption(m_.getDataLayout(), copy->getArg(0), kStreamAlignment);
+  return copy;
 }
 
 llvm::Function* NestEmitter::emit_kernel(const std::string& name) {

@@ -75,6 +75,9 @@ class NestEmitter {
   llvm::FunctionType* part_type(const std::vector<int>& free);
   // The iterators a node's code reads that no loop inside it defines, in increasing order.
   static std::vector<int> free_iterators(const sched::LoopNode& n);
+  // A streaming nest's second body (see kStreamAttribute), called where the output is this aligned.
+  static constexpr uint64_t kStreamAlignment = 64;
+  llvm::Function* streaming_body(const std::string& name);
   // The allocas of the tensor pointers' parameters, iterators, accumulators and hardware indices.
   void prologue(llvm::Function* fn, const std::vector<std::string>& used);
   // for (*it = start; condition(); *it += step) body(); returns the branch back to the condition

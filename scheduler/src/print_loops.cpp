@@ -146,6 +146,7 @@ std::string print_loops(const Schedule& schedule) {
              (nest.microkernel->prefetch_bytes ? ", prefetch +" + std::to_string(nest.microkernel->prefetch_bytes) + " B" : "") +
              (nest.microkernel->prefetch_next_block ? ", prefetch next block" : "");
     if (nest.stores) out += "; each point stores its element";
+    if (nest.stream) out += "; stores past the caches";
     if (nest.transpose_lanes)
       out += "; transposed by " + std::to_string(nest.transpose_lanes) + "x" + std::to_string(nest.transpose_lanes) + " squares";
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";

@@ -162,7 +162,10 @@ class ProgramScheduler {
       } else {
         contraction(index, std::get<Contraction>(st));
       }
-      for (; sink_ && final < out_.nests.size(); ++final) sink_(final, out_.nests[final]);
+      for (; final < out_.nests.size(); ++final) {
+        out_.nests[final].stream = streams(final, index);
+        if (sink_) sink_(final, out_.nests[final]);
+      }
     }
     if (!target_.gpu && target_.cpu.row_groups) {
       std::set<std::string> kept(program_.outputs.begin(), program_.outputs.end());
@@ -173,6 +176,39 @@ class ProgramScheduler {
   }
 
  private:
+  // Nest::stream for nest k, of statement `statement`, once that statement's nests are all placed: a plain
+  // CPU nest writing a program output without reading it, where no later nest of the statement and no
+  // later statement touches the output, and the output is at least a quarter of the last-level cache.
+  bool streams(size_t k, size_t statement) const {
+    const Nest& n = out_.nests[k];
+    if (target_.gpu || !target_.cpu.stream_stores || n.points < 0 || n.microkernel || n.reduction || n.kernel ||
+        n.accumulators || n.transpose_lanes)
+      return false;
+    if (n.kind == Nest::Kind::update && !n.stores && n.contraction.aggregation != AggregationOp::assign) return false;
+    if (std::find(program_.outputs.begin(), program_.outputs.end(), n.tensor) == program_.outputs.end()) return false;
+    const TensorType& t = types_.tensors.at(n.tensor);
+    double bytes = static_cast<double>(dtype_bytes(t.dtype));
+    for (int64_t d : t.shape) bytes *= static_cast<double>(d);
+    if (bytes < static_cast<double>(target_.cpu.l3_bytes) / 4) return false;
+    auto touches = [&](const std::vector<std::string>& tensors) {
+      return std::find(tensors.begin(), tensors.end(), n.tensor) != tensors.end();
+    };
+    for (size_t j = k + 1; j < out_.nests.size(); ++j)
+      if (touches(nest_tensors(out_.nests[j]))) return false;
+    for (size_t j = statement + 1; j < program_.statements.size(); ++j) {
+      std::vector<std::string> used{statement_output(program_.statements[j])};
+      if (const auto* e = std::get_if<Elementwise>(&program_.statements[j])) {
+        e->expr.collect_tensors(used);
+      } else {
+        const auto& c = std::get<Contraction>(program_.statements[j]);
+        for (const auto& a : c.inputs) used.push_back(a.tensor);
+        if (c.init) used.push_back(*c.init);
+      }
+      if (touches(used)) return false;
+    }
+    return true;
+  }
+
   isl::set box(const std::vector<std::string>& vars, const std::vector<int64_t>& shape) {
     return internal::box(builder_.ctx.get(), "S", vars, shape);
   }

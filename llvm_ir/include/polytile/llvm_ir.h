@@ -52,6 +52,11 @@ void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::strin
 // instructions a wider vector halves, for a target that has the width to prefer it.
 inline constexpr const char* kVectorMathAttribute = "polytile-vector-math";
 
+// The parameter attribute (no value) on the tensor a streaming nest (sched::Nest::stream) writes, in the
+// nest's second body, which its entry calls where that tensor's pointer is 64-byte aligned (the parameter
+// says `align 64`): a code generator may make that body's aligned vector stores to it non-temporal.
+inline constexpr const char* kStreamAttribute = "polytile-stream";
+
 // The tensors a nest's code reads or writes (its buffers).
 std::vector<std::string> nest_tensors(const sched::Nest& nest);
 

@@ -25,6 +25,7 @@ struct CpuModel {
   int vector_bits = 512;        // widest SIMD register
   int64_t l1_bytes = 48 * 1024; // per core data cache
   int64_t l2_bytes = 2 * 1024 * 1024;
+  int64_t l3_bytes = 32 * 1024 * 1024;  // the last level, shared by the cores
   int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
   // Micro-kernel columns of this many vectors (a last column past the vector variable's range is masked),
   // where they leave registers for two rows and the range has that many (0, or where they do not: the
@@ -45,6 +46,9 @@ struct CpuModel {
   // more ahead (Microkernel::prefetch_bytes), those whose blocks each read pages of it that no other block
   // reads prefetch the next block's rows (prefetch_next_block); false emits no prefetches.
   bool prefetch = true;
+  // Stores that bypass the caches (Nest::stream) for program outputs of at least a quarter of the last
+  // level (glibc's memcpy switches to them at that size too); false: every store goes through the caches.
+  bool stream_stores = true;
 };
 
 // The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
@@ -315,6 +319,11 @@ struct Nest {
   // and, inside, as many of the output's; the code generator moves such a square by vectors, transposed
   // in registers. 0: none.
   int transpose_lanes = 0;
+  // CPU nests of plain loops that write a program output no later nest touches, without reading it, and
+  // large enough that the caller will not find it in the caches anyway (CpuModel::stream_stores): the
+  // code generator may store it past the caches (non-temporal stores, where its vector stores are
+  // aligned), which saves reading each line before writing it.
+  bool stream = false;
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
