@@ -179,6 +179,8 @@ class ProgramScheduler {
   // Nest::stream for nest k, of statement `statement`, once that statement's nests are all placed: a plain
   // CPU nest writing a program output without reading it, where no later nest of the statement and no
   // later statement touches the output, and the output is at least a quarter of the last-level cache.
+  // Not a transposition: its squares store half lines (256-bit rows), which past the caches took the
+  // 2048 x 2048 one from 1.6 to 3.2 ms.
   bool streams(size_t k, size_t statement) const {
     const Nest& n = out_.nests[k];
     if (target_.gpu || !target_.cpu.stream_stores || n.points < 0 || n.microkernel || n.reduction || n.kernel ||
