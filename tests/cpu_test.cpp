@@ -2065,6 +2065,7 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
   })");
   // B is an output that D reads: only D streams.
   const Program chain = parse_program("function (A[N, C]) -> (B, D) { B = A * 2; D = B + 1; }");
+  const Program matmul = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   struct Case {
     std::string name;
     Program program;
@@ -2077,6 +2078,8 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
       {"softmax of rows of 1000", softmax, {{"X", {24, 1000}}}, "O", true},
       {"softmax of rows of 100", softmax, {{"X", {64, 100}}}, "O", false},
       {"an output another reads", chain, {{"A", {64, 64}}}, "D", true},
+      // A micro-kernel whose blocks each store their accumulators once (the whole reduction in one tile).
+      {"a matmul of a short reduction", matmul, {{"A", {256, 16}}, {"B", {16, 64}}}, "C", true},
   };
   CompileOptions o;
   o.target.cpu.l3_bytes = 64 * 1024;  // outputs of 16 KiB and more
@@ -2121,6 +2124,16 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
   const TensorMap in = inputs_for(cases[0].shapes, DType::f32, 3);
   for (const CompileOptions& options : {large_cache, off})
     for (const auto& nest : compile(cases[0].program, types_of(in), options)->schedule().nests) EXPECT_FALSE(nest.stream) << nest.name;
+  // Nor do a micro-kernel's blocks that load their accumulators back at each reduction tile.
+  CompileOptions tiles = o;
+  tiles.target.cpu.l1_bytes = 4096;
+  const TensorMap long_in = inputs_for({{"A", {64, 2048}}, {"B", {2048, 64}}}, DType::f32, 3);
+  auto long_reduction = compile(matmul, types_of(long_in), tiles);
+  const sched::Nest& update = long_reduction->schedule().nests.back();
+  ASSERT_TRUE(update.microkernel) << sched::print_loops(long_reduction->schedule());
+  EXPECT_NE(sched::print_loops(long_reduction->schedule()).find("Load("), std::string::npos);
+  EXPECT_FALSE(update.stream);
+  expect_same(matmul, long_in, "a matmul of a long reduction", tiles);
 }
 
 TEST(CpuTest, TheProgramCacheIsBoundedAndCanBeCleared) {

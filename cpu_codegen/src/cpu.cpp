@@ -344,9 +344,9 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
     fpm.addPass(llvm::LoopVectorizePass());
     fpm.addPass(llvm::InstCombinePass(kCombineOnce));
     fpm.addPass(llvm::SimplifyCFGPass());
-    fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
-    fpm.addPass(StreamStores());
   }
+  fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
+  fpm.addPass(StreamStores());
   llvm::ModulePassManager mpm;
   mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(fpm)));
   mpm.run(m, mam);

@@ -319,8 +319,9 @@ struct Nest {
   // and, inside, as many of the output's; the code generator moves such a square by vectors, transposed
   // in registers. 0: none.
   int transpose_lanes = 0;
-  // CPU nests of plain loops that write a program output no later nest touches, without reading it, and
-  // large enough that the caller will not find it in the caches anyway (CpuModel::stream_stores): the
+  // CPU nests of plain loops (not transpositions), and micro-kernels without epilogue that store each
+  // block's accumulators once, that write a program output no later nest touches, without reading it,
+  // and large enough that the caller will not find it in the caches anyway (CpuModel::stream_stores): the
   // code generator may store it past the caches (non-temporal stores, where its vector stores are
   // aligned), which saves reading each line before writing it.
   bool stream = false;
