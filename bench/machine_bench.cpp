@@ -2,8 +2,10 @@
 // fraction of them (bench/run_bench.py does): "peak/fma" -- the f32 FMA throughput of independent
 // register-resident FMA chains on every bench thread, with the widest vectors the CPU has (AVX-512, else
 // AVX2 + FMA, chosen when the program runs) -- and "peak/triad" -- STREAM's triad a[i] = b[i] + s * c[i] over
-// arrays of 16 MiB (the size of the softmax and max pool tensors), split across the bench threads, counted
-// as STREAM counts it (two reads and one write per element).
+// arrays of 128 MiB (STREAM's rule: each array at least 4x the last-level cache, 32 MiB on the machines
+// measured here; with 16 MiB arrays, the size of the softmax and max pool tensors, part of the 48 MiB stayed
+// in the L3 and a repetition measured anything from 35 to 78 GB/s), split across the bench threads,
+// counted as STREAM counts it (two reads and one write per element).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -81,7 +83,7 @@ void BM_FmaPeak(benchmark::State& state) {
 }
 
 void BM_Triad(benchmark::State& state) {
-  const int64_t n = int64_t{4} << 20;  // 16 MiB of f32 per array
+  const int64_t n = int64_t{32} << 20;  // 128 MiB of f32 per array
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f), c(static_cast<size_t>(n), 2.0f);
   const int threads = bench_threads();
   auto part = [&](int t) {

@@ -97,14 +97,15 @@ def main():
             json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
     # The machine's limits, measured in the same run (bench/machine_bench.cpp): each rate as a fraction.
     # A limit is the best of its repetitions, not their median: what the machine can do, which a
-    # repetition that shared its cores with another guest of the host (half the FMA rate) only hides.
+    # repetition that shared the cores or the memory with another guest of the host (half the FMA rate,
+    # 33 instead of 60 GB/s) only hides. (The triad's arrays are 4x the L3: no repetition finds them there.)
     limits = {}
     for name, unit in (("peak/fma", "GFLOP/s"), ("peak/triad", "GB/s")):
         if name in repetitions:
             limits[unit] = max(b[unit] for b in repetitions[name])
     if limits:
         print("machine limits in this run: " + ", ".join(f"{v:.1f} {k}" for k, v in sorted(limits.items())) +
-              " (GFLOP/s: f32 FMA peak on the bench threads; GB/s: STREAM triad on 16 MiB arrays)\n")
+              " (GFLOP/s: f32 FMA peak on the bench threads; GB/s: STREAM triad on 128 MiB arrays; each the best of its repetitions)\n")
 
     def of_limit(rate_, unit):
         return f"{rate_ / limits[unit]:.2f}" if unit in limits else "-"

@@ -201,17 +201,8 @@ class ProgramScheduler {
     };
     for (size_t j = k + 1; j < out_.nests.size(); ++j)
       if (touches(nest_tensors(out_.nests[j]))) return false;
-    for (size_t j = statement + 1; j < program_.statements.size(); ++j) {
-      std::vector<std::string> used{statement_output(program_.statements[j])};
-      if (const auto* e = std::get_if<Elementwise>(&program_.statements[j])) {
-        e->expr.collect_tensors(used);
-      } else {
-        const auto& c = std::get<Contraction>(program_.statements[j]);
-        for (const auto& a : c.inputs) used.push_back(a.tensor);
-        if (c.init) used.push_back(*c.init);
-      }
-      if (touches(used)) return false;
-    }
+    for (size_t j = statement + 1; j < program_.statements.size(); ++j)
+      if (touches(statement_operands(program_.statements[j]))) return false;
     return true;
   }
 
