@@ -2116,6 +2116,12 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
     compiled->run(inputs, outputs);
     for (const auto& [name, buffer] : want)
       EXPECT_EQ(std::memcmp(outputs.at(name).data, buffer.data(), buffer.byte_size()), 0) << name;
+    // Exported ahead of time: the header names the streamed output, and the object computes the same.
+    const ExportedObject exported = export_object(c.program, types_of(in), "streams", o);
+    EXPECT_NE(exported.header.find(" * " + c.streamed + ": stored past the caches"), std::string::npos) << exported.header;
+    const TensorMap loaded = load(exported)->run(in, 2);
+    for (const auto& [name, buffer] : want)
+      EXPECT_EQ(std::memcmp(loaded.at(name).data(), buffer.data(), buffer.byte_size()), 0) << name;
   }
   // Outputs below a quarter of the cache, or with streaming off, go through the caches.
   CompileOptions large_cache = o, off = o;

@@ -77,7 +77,17 @@ struct Plan {
   std::vector<int64_t> slot_offset; // per slot without an argument: workspace offset, or -1
   int64_t workspace_bytes = 0;
   int64_t chunk_bytes = 0;  // the most a row group's task mallocs for its chunk tensors (0: none)
+  std::vector<std::string> streamed;  // the parameters of outputs stored past the caches (sched::Nest::stream)
 };
+
+// The header's line naming the outputs stored past the caches ("" when none).
+std::string streamed_line(const std::vector<std::string>& parameters) {
+  if (parameters.empty()) return std::string();
+  std::string names;
+  for (const std::string& p : parameters) names += (names.empty() ? "" : ", ") + p;
+  return " * " + names + ": stored past the caches (non-temporal stores) where 64-byte aligned, through them\n" +
+         " *   otherwise (large outputs nothing in the program reads again).\n";
+}
 
 Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
   Plan p;
@@ -110,6 +120,10 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
     p.slot_offset.push_back(offset);
   }
   for (const GroupChunks& g : impl.chunks) p.chunk_bytes = std::max(p.chunk_bytes, g.bytes);
+  for (const Argument& a : p.arguments)
+    if (a.output && std::any_of(impl.schedule.nests.begin(), impl.schedule.nests.end(),
+                                [&](const sched::Nest& n) { return n.stream && n.tensor == a.tensor; }))
+      p.streamed.push_back(a.parameter);
   return p;
 }
 
@@ -318,6 +332,7 @@ std::string header_text(const std::string& entry, const Plan& plan, const Progra
             ? " * Row groups run each task's chunks of rows in malloc'ed memory of up to " + std::to_string(plan.chunk_bytes) +
                   " bytes\n *   (freed before the task returns; where malloc fails, in the workspace instead).\n"
             : std::string())
+    << streamed_line(plan.streamed)
     << " * Returns 0, or 1 when workspace was NULL and malloc failed (nothing was written).\n"
     << " * Concurrent calls need disjoint outputs and workspaces.\n"
     << " *\n"
