@@ -1569,10 +1569,22 @@ TEST(CpuTest, TwoDistantRowsBlockTheBatch) {
 
 // The host target's register file goes with its vectors: AVX-512's 32 zmm registers, else AVX2's (or
 // SSE's) 16 -- planning AVX2 micro-kernels for 32 registers spilled their accumulators (half speed).
-TEST(CpuTest, HostTargetCountsItsVectorRegisters) {
+TEST(CpuTest, HostTargetCountsItsVectorRegistersAndReadsItsL3) {
   const sched::Target host = host_target();
   EXPECT_EQ(host.cpu.vector_registers, host.cpu.vector_bits == 512 ? 32 : 16) << host.cpu.vector_bits << "-bit vectors";
   EXPECT_EQ(host.cpu.vector_bits == 512, static_cast<bool>(__builtin_cpu_supports("avx512f")));
+  // The L3 is the one Linux's sysfs names where it names one ("32768K"), not glibc's sum for the package.
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level(dir + "level"), size(dir + "size");
+    int l = 0;
+    long kib = 0;
+    char unit = 0;
+    if (level >> l && l == 3 && size >> kib >> unit && unit == 'K') {
+      EXPECT_EQ(host.cpu.l3_bytes, kib * 1024) << dir;
+    }
+  }
+  EXPECT_GE(host.cpu.l3_bytes, host.cpu.l2_bytes);
 }
 
 // A 1x1 conv's kernel variables take one value each, so they push no row of a block past the image's
