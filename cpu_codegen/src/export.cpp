@@ -61,12 +61,6 @@ const char* c_type(DType t) {
   throw InternalError("export: unknown dtype");
 }
 
-int64_t byte_size(const TensorType& t) {
-  int64_t n = static_cast<int64_t>(dtype_bytes(t.dtype));
-  for (int64_t d : t.shape) n *= d;
-  return n;
-}
-
 using Argument = ExportedObject::Argument;
 
 // The entry point's plan: its arguments and, for every slot of the buffer table, where the pointer comes
@@ -115,7 +109,7 @@ Plan plan(const CompiledProgram::Impl& impl, const Program& source) {
     int64_t offset = -1;
     if (a == argument.end() && impl.touched.count(name)) {
       offset = p.workspace_bytes;
-      p.workspace_bytes += (byte_size(impl.types.tensors.at(name)) + 63) / 64 * 64;  // every tensor 64-byte aligned
+      p.workspace_bytes += (impl.types.tensors.at(name).bytes() + 63) / 64 * 64;  // every tensor 64-byte aligned
     }
     p.slot_offset.push_back(offset);
   }
@@ -264,12 +258,12 @@ void emit_entry(llvm::Module& m, const std::string& entry, const CompiledProgram
   }
   // An output that is an input of the program is copied.
   for (const Argument& a : plan.arguments) {
-    if (!a.output || !impl.inputs.count(a.tensor) || byte_size(a.type) == 0) continue;
+    if (!a.output || !impl.inputs.count(a.tensor) || a.type.bytes() == 0) continue;
     auto in = std::find_if(plan.arguments.begin(), plan.arguments.end(),
                            [&](const Argument& x) { return !x.output && x.tensor == a.tensor; });
     auto out = &a - plan.arguments.data();
     b.CreateMemCpy(fn->getArg(static_cast<unsigned>(out)), llvm::MaybeAlign(1),
-                   fn->getArg(static_cast<unsigned>(in - plan.arguments.begin())), llvm::MaybeAlign(1), byte_size(a.type));
+                   fn->getArg(static_cast<unsigned>(in - plan.arguments.begin())), llvm::MaybeAlign(1), a.type.bytes());
   }
   if (plan.workspace_bytes > 0) {
     llvm::FunctionCallee free_fn = m.getOrInsertFunction("free", llvm::FunctionType::get(b.getVoidTy(), {ptr}, false));

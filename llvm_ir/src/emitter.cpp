@@ -59,7 +59,7 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
     node(nest_.root, true);
   }
   b_.CreateRetVoid();
-  llvm::Function* stream = nest_.stream && !nest_.kernel ? streaming_body(name) : nullptr;
+  llvm::Function* stream = nest_.stream ? streaming_body(name) : nullptr;
 
   auto* entry_ty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, i64, i64}, false);
   llvm::Function* outer = llvm::Function::Create(entry_ty, llvm::Function::ExternalLinkage, name, m_);
@@ -91,6 +91,7 @@ llvm::Function* NestEmitter::emit(const std::string& name) {
 // kStreamAlignment and marked kStreamAttribute, with the alignment also assumed where its code starts (so
 // that LLVM carries it to the vector stores its vectorizer makes), and kept a function of its own.
 llvm::Function* NestEmitter::streaming_body(const std::string& name) {
+  POLYTILE_CHECK(!nest_.kernel, "kernel ", nest_.name, " is marked to store past the caches");  // the scheduler's rule
   llvm::ValueToValueMapTy map;
   llvm::Function* copy = llvm::CloneFunction(fn_, map);
   copy->setName(name + ".stream");

@@ -75,10 +75,7 @@ int64_t chunk_rows(const RowAccess& group, int64_t extent, const ProgramTypes& t
   group.writes.unite(group.reads).range().foreach_set([&](const isl::set& s) { tensors.insert(isl_set_get_tuple_name(s.get())); });
   double bytes = 0;
   for (const auto& t : tensors) {
-    const TensorType& type = types.tensors.at(t);
-    double size = static_cast<double>(dtype_bytes(type.dtype));
-    for (int64_t d : type.shape) size *= static_cast<double>(d);
-    bytes += size / static_cast<double>(extent);
+    bytes += static_cast<double>(types.tensors.at(t).bytes()) / static_cast<double>(extent);
   }
   const int64_t fit = static_cast<int64_t>(static_cast<double>(target.cpu.l2_bytes) / 2 / std::max(bytes, 1.0));
   const int64_t balanced = std::max<int64_t>(1, extent / (4 * std::max(1, target.threads)));

@@ -192,10 +192,7 @@ class ProgramScheduler {
       return false;
     }
     if (std::find(program_.outputs.begin(), program_.outputs.end(), n.tensor) == program_.outputs.end()) return false;
-    const TensorType& t = types_.tensors.at(n.tensor);
-    double bytes = static_cast<double>(dtype_bytes(t.dtype));
-    for (int64_t d : t.shape) bytes *= static_cast<double>(d);
-    if (bytes < static_cast<double>(target_.cpu.l3_bytes) / 4) return false;
+    if (types_.tensors.at(n.tensor).bytes() < target_.cpu.l3_bytes / 4) return false;
     auto touches = [&](const std::vector<std::string>& tensors) {
       return std::find(tensors.begin(), tensors.end(), n.tensor) != tensors.end();
     };
@@ -301,10 +298,8 @@ class ProgramScheduler {
     // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first (or
     // the first two fused, NestBuilder::fuse_leading).
     const size_t members = target_.gpu ? identity.size() : std::min<size_t>(2, identity.size());
-    int64_t bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
-    for (int64_t d : t.shape) bytes *= d;
     builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0,
-                   {dtype_bytes(t.dtype), false, false, bytes, {}});
+                   {dtype_bytes(t.dtype), false, false, t.bytes(), {}});
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
@@ -400,8 +395,7 @@ class ProgramScheduler {
     // Band maps name dims positionally (isl may print fixed dims as "n = 0" in the tuple).
     std::vector<std::string> positional;
     for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
-    int64_t out_bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
-    for (int64_t d : t.shape) out_bytes *= d;
+    const int64_t out_bytes = t.bytes();
     if (!target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
       return true;
     std::optional<isl::map> outer;  // a row reduction's outer loop: its first output variable

@@ -4,6 +4,12 @@
 
 namespace polytile {
 
+int64_t TensorType::bytes() const {
+  int64_t n = static_cast<int64_t>(dtype_bytes(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 std::string TensorType::str() const {
   std::string s = to_string(dtype) + "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

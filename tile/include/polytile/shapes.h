@@ -16,6 +16,7 @@ struct TensorType {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
   std::string str() const;  // "f32[2, 3]"
+  int64_t bytes() const;     // of its elements
 };
 
 struct ProgramTypes {
