@@ -130,6 +130,7 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   o.target = sched::gpu_target("sm_90");
   o.target.gpu->masked_registers = true;
   o.target.gpu->index32 = false;
+  o.target.gpu->unswitch_registers = false;  // every thread masked, not only those at the edges
   out.emplace_back("sm_90 with masked register tiles and 64-bit indices", o);
   return out;
 }
@@ -507,21 +508,30 @@ TEST(CpuTest, EveryGpuTuningCandidateUnderGpuSemantics) {
   }
 }
 
-// Register tiles whose rows isl guards (a padded convolution's edge) run branch-free where masked: the rows
-// out of range read clamped elements of the shared tiles (NaN on the host) and keep their accumulators. A
-// sum (one FMA, selected) and a max (the aggregation, selected) agree with the interpreter, masked and not.
+// Register tiles whose rows isl guards (a padded convolution's edge: 10 threads of 4 rows along 40
+// columns) run branch-free where masked: the rows out of range read clamped elements of the shared tiles
+// (NaN on the host) and keep their accumulators. Unswitched (the default), the threads whose rows are all
+// in range run a copy of the reduction loop without the guards, the others the guarded (or masked) loop;
+// a thread at the edge in the unguarded copy would read NaN. A sum (one FMA, selected) and a max (the
+// aggregation, selected) agree with the interpreter in all four ways.
 TEST(CpuTest, MaskedAndBranchingRegisterTilesAgree) {
-  const Shapes shapes{{"I", {2, 7, 9, 16}}, {"K", {3, 3, 16, 24}}};
+  const Shapes shapes{{"I", {2, 5, 40, 16}}, {"K", {3, 3, 16, 24}}};
   for (const char* op : {"+", ">"}) {
     const Program conv = parse_program(std::string("function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
                                                    "  O[n, y, x, co : N, H, W, CO] = ") +
                                        op + "(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
-    for (bool masked : {true, false}) {
-      CompileOptions options;
-      options.target = sched::gpu_target("sm_90");
-      options.target.gpu->masked_registers = masked;
-      expect_same(conv, inputs_for(shapes, DType::f32, 7), std::string(op) + (masked ? " masked" : " branching"), options);
-    }
+    for (bool masked : {true, false})
+      for (bool unswitch : {true, false}) {
+        CompileOptions options;
+        options.target = sched::gpu_target("sm_90");
+        options.target.gpu->masked_registers = masked;
+        options.target.gpu->unswitch_registers = unswitch;
+        const std::string what = std::string(op) + (masked ? " masked" : " branching") + (unswitch ? ", unswitched" : "");
+        auto compiled = compile(conv, {{"I", {DType::f32, shapes.at("I")}}, {"K", {DType::f32, shapes.at("K")}}}, options);
+        const sched::Nest& update = compiled->schedule().nests.back();
+        ASSERT_TRUE(update.accumulators && update.accumulators->elements() == 4) << what << ": the test lost its subject";
+        expect_same(conv, inputs_for(shapes, DType::f32, 7), what, options);
+      }
   }
 }
 

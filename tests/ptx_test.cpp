@@ -174,6 +174,9 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
   Options masked, branching;
   masked.model = sched::GpuModel{};
   masked.model->masked_registers = true;
+  masked.model->unswitch_registers = false;  // every thread takes the masked code (TEST below: unswitched)
+  branching.model = sched::GpuModel{};
+  branching.model->unswitch_registers = false;
   const std::string a = compile(p, types, masked).bundle.ptx, b = compile(p, types, branching).bundle.ptx;
   const size_t loads_a = count(a, "ld.shared.f32"), fmas_a = count(a, "fma.rn.f32");
   const size_t loads_b = count(b, "ld.shared.f32"), fmas_b = count(b, "fma.rn.f32");
@@ -182,6 +185,38 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
   EXPECT_EQ(loads_a * 8, fmas_a * 6) << a;   // 4 rows of the input and 2 columns of the filter per 8 FMAs
   EXPECT_EQ(loads_b * 8, fmas_b * 12) << b;  // the filter's columns again in each row's branch
   expect_assembles(compile(p, types, masked), "sm_90", "the masked register tile");
+}
+
+// The same convolution's reduction loop unswitched (the default): where all four rows of a thread are in
+// range, a copy of the loop without their guards loads the input's rows as vectors along its input
+// channels (4 steps of the unrolled loop: one ld.shared.v4 per row) and the filter's 2 columns once for
+// the 4 rows: 4 + 8 shared loads per 32 FMAs, and no branch; the loop with the guards is kept for the
+// threads at the image's edge. (Results: every GPU-semantics test in cpu_test, whose threads at the edges
+// and inside take the two versions.)
+TEST(PtxTest, UnguardedRegisterTilesWhereEveryPositionIsInRange) {
+  Program p = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  auto types = f32_types({{"I", {1, 4, 32, 64}}, {"K", {3, 3, 64, 64}}});
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  Options guarded;
+  guarded.model = sched::GpuModel{};
+  guarded.model->unswitch_registers = false;
+  const std::string a = compile(p, types).bundle.ptx, b = compile(p, types, guarded).bundle.ptx;
+  const size_t fmas_b = count(b, "fma.rn.f32"), scalar_b = count(b, "ld.shared.f32");
+  ASSERT_GT(fmas_b, 0u);
+  EXPECT_EQ(count(b, "ld.shared.v4.f32"), 0u) << b;
+  // The unswitched kernel is the guarded one plus the unguarded loop: 32 FMAs per 4 unrolled steps,
+  // with 4 vector loads and 8 scalar ones.
+  const size_t fmas_full = count(a, "fma.rn.f32") - fmas_b;
+  ASSERT_GT(fmas_full, 0u) << a;
+  EXPECT_EQ(count(a, "ld.shared.v4.f32") * 32, fmas_full * 4) << a;
+  EXPECT_EQ((count(a, "ld.shared.f32") - scalar_b) * 32, fmas_full * 8) << a;
+  expect_assembles(compile(p, types), "sm_90", "the unswitched register tile");
 }
 
 // A thread's register columns consecutive instead of a warp apart (GpuModel::interleave_columns = false):

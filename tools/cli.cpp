@@ -295,7 +295,8 @@ int64_t parse_int(const std::string& opt, const std::string& v) {
 const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
-    "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16), interleave (1 or 0)";
+    "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16), interleave (1 or 0), "
+    "unswitch (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -348,6 +349,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.unroll = static_cast<int>(number(0, 16));
     } else if (key == "interleave") {
       m.interleave_columns = number(0, 1) == 1;
+    } else if (key == "unswitch") {
+      m.unswitch_registers = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }

@@ -285,6 +285,10 @@ void NestEmitter::register_loop(const sched::LoopNode& n) {
   auto value = [&] { return b_.CreateLoad(ix_, it); };
   const bool branch_free = branch_free_registers(n);
   llvm::BranchInst* latch = emit_loop(it, ix(0), 1, [&] { return b_.CreateICmpSLT(value(), ix(n.unroll)); }, [&] {
+    if (full_registers_) {  // every position in range (the unswitched loop around checked it)
+      for (const auto& child : n.body) node(child, false);
+      return;
+    }
     Value* in_range = b_.CreateAnd(b_.CreateICmpSGE(value(), loop_expr(n.lower)), cond(n.condition));
     if (!branch_free) {
       in_range_body(in_range, n.body, "register");
@@ -532,6 +536,66 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
     return;
   }
   if (nest_.transpose_lanes > 0 && !square_edge_ && transpose_square(n)) return;
+  if (!full_registers_ && nest_.kernel && nest_.kernel->unswitch && innermost_sequential(n)) {
+    const std::vector<const sched::LoopNode*> guarded = guarded_register_loops(n);
+    if (!guarded.empty()) {  // unswitched: the loop once with every register position in range, once as it is
+      Value* full = b_.getTrue();
+      for (const sched::LoopNode* r : guarded)
+        for (int64_t k = 0; k < r->unroll; ++k) {
+          b_.CreateStore(ix(k), iters_.at(static_cast<size_t>(r->iterator)));
+          full = b_.CreateAnd(full, b_.CreateAnd(b_.CreateICmpSLE(loop_expr(r->lower), ix(k)), cond(r->condition)));
+        }
+      auto* full_bb = llvm::BasicBlock::Create(ctx_, "registers.full", fn_);
+      auto* part_bb = llvm::BasicBlock::Create(ctx_, "registers.part", fn_);
+      auto* done_bb = llvm::BasicBlock::Create(ctx_, "registers.done", fn_);
+      b_.CreateCondBr(full, full_bb, part_bb);
+      b_.SetInsertPoint(full_bb);
+      full_registers_ = true;
+      sequential_loop(n, outermost);
+      full_registers_ = false;
+      b_.CreateBr(done_bb);
+      b_.SetInsertPoint(part_bb);
+      sequential_loop(n, outermost);
+      b_.CreateBr(done_bb);
+      b_.SetInsertPoint(done_bb);
+      return;
+    }
+  }
+  sequential_loop(n, outermost);
+}
+
+// Register loops guarded by bounds of their own (a padded convolution's rows at the image's edge) whose
+// bounds hold the same in every iteration of the innermost sequential loop `n` around them: they mention
+// only their own iterator and iterators outside `n`. Empty where any guarded one depends on `n`'s loops.
+std::vector<const sched::LoopNode*> NestEmitter::guarded_register_loops(const sched::LoopNode& n) {
+  std::set<int> inside;
+  std::function<void(const sched::LoopNode&)> defined = [&](const sched::LoopNode& x) {
+    if (x.kind == sched::LoopNode::Kind::loop) inside.insert(x.iterator);
+    for (const auto& c : x.body) defined(c);
+    for (const auto& c : x.otherwise) defined(c);
+  };
+  defined(n);
+  std::vector<const sched::LoopNode*> guarded;
+  bool invariant = true;
+  std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& x) {
+    if (x.kind == sched::LoopNode::Kind::loop && x.unroll > 0 && x.step == 1 && x.hardware == sched::LoopNode::Hardware::none &&
+        !whole_register_loop(x)) {
+      std::function<bool(const sched::LoopExpr&)> outside = [&](const sched::LoopExpr& e) {
+        if (e.kind == sched::LoopExpr::Kind::iterator && e.iterator != x.iterator && inside.count(e.iterator)) return false;
+        return std::all_of(e.args.begin(), e.args.end(), outside);
+      };
+      invariant = invariant && outside(x.lower) && outside(x.condition);
+      guarded.push_back(&x);
+    }
+    for (const auto& c : x.body) walk(c);
+    for (const auto& c : x.otherwise) walk(c);
+  };
+  for (const auto& c : n.body) walk(c);
+  if (!invariant) guarded.clear();
+  return guarded;
+}
+
+void NestEmitter::sequential_loop(const sched::LoopNode& n, bool outermost) {
   bool split = outermost && n.parallel;
   llvm::AllocaInst* it = iters_.at(n.iterator);
   Value* start = loop_expr(n.lower);

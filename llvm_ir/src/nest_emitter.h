@@ -95,6 +95,14 @@ class NestEmitter {
   // guarded position (a convolution's filter across the rows of the tile) are loaded once, not once per row.
   bool branch_free_registers(const sched::LoopNode& n) const;
   static bool whole_register_loop(const sched::LoopNode& n);
+  // A kernel's innermost sequential loop around register loops with guards of their own that it does not
+  // change (a padded convolution's rows at the image's edge) is unswitched: where every position of those
+  // register loops is in range (most threads: those away from the edge), a copy of the loop without the
+  // guards (full_registers_), in which a thread's operands load as vectors along the reduction and once per
+  // position; elsewhere the loop as it is.
+  static std::vector<const sched::LoopNode*> guarded_register_loops(const sched::LoopNode& n);
+  // A sequential loop (not mapped, not a register loop), unrolled on the device if innermost (see node).
+  void sequential_loop(const sched::LoopNode& n, bool outermost);
   static bool innermost_sequential(const sched::LoopNode& n);
   // A transposition's square (Nest::transpose_lanes): `n` the loop over the input's contiguous variable
   // around the one over the output's, with the copy statement inside. Where both loops run all their
@@ -253,6 +261,7 @@ class NestEmitter {
   bool index32() const;
   Value* ix(int64_t v) const { return llvm::ConstantInt::get(ix_, static_cast<uint64_t>(v), true); }
   Value* register_mask_ = nullptr;        // in a branch-free register loop: whether its position is in range
+  bool full_registers_ = false;           // in an unswitched loop's copy whose register positions are all in range
   std::set<int> masked_iterators_;        // ... the iterators of the guarded register loops around
   std::map<std::string, Value*> ptrs_;
   const bool device_;

@@ -123,6 +123,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
     nest.kernel->index32 = target.gpu->index32;
     nest.kernel->unroll = target.gpu->unroll;
+    nest.kernel->unswitch = target.gpu->unswitch_registers;
     nest.shared.clear();
     nest.accumulators.reset();
     generate(nest, neutral);

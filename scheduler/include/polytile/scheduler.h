@@ -107,6 +107,12 @@ struct GpuModel {
   // (ld.shared.v4.f32 for 4 columns) and its accumulators are stored once at the end anyway. A tuning
   // candidate, not yet timed.
   bool interleave_columns = true;
+  // A kernel's innermost reduction loop around a register tile with guarded positions (a padded
+  // convolution's rows at the image's edge) runs in two versions: without the guards where the thread's
+  // every position is in range (all but the threads at the edges), as it is elsewhere. Unguarded, a
+  // position's operands load as vectors along the reduction and the operands the guard does not touch
+  // once for all positions. False: one version, guarded. Not yet timed on a GPU.
+  bool unswitch_registers = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
@@ -250,6 +256,8 @@ struct KernelLaunch {
   bool index32 = true;
   // How many times the code generator unrolls the kernel's innermost sequential loop (GpuModel::unroll).
   int unroll = 4;
+  // Whether the code generator unswitches guarded register tiles (GpuModel::unswitch_registers).
+  bool unswitch = true;
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
 };
 
