@@ -535,6 +535,49 @@ TEST(CpuTest, MaskedAndBranchingRegisterTilesAgree) {
   }
 }
 
+// A shared tile's copy moves 16-byte vectors where its rows, the input's rows and the block's origin
+// allow and the input's address is aligned (checked in each block), else element by element. Under GPU
+// semantics: a matmul (every tile in vectors where the inputs are aligned), the same on inputs one element
+// past 16-byte alignment (every copy element by element), and a 9-tap window whose tiles of 136 columns
+// start 3 columns before their block's 128 (element by element: the origin is not a multiple of 4), all
+// against the interpreter; without the fallback the misaligned runs read NaN from the tiles.
+TEST(CpuTest, SharedTileCopiesMoveVectorsWhereAligned) {
+  CompileOptions o;
+  o.target = sched::gpu_target("sm_90");
+  const Program matmul = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
+  const Program window = parse_program(
+      "function (A[M, N], W[T]) -> (O) { O[i, j : M, N] = +(A[i, j + k - 3] * W[k]), k < 9; }");
+  const std::vector<std::pair<const Program*, Shapes>> cases = {{&matmul, {{"A", {64, 32}}, {"B", {32, 48}}}},
+                                                                {&window, {{"A", {8, 520}}, {"W", {9}}}}};
+  for (const auto& [program, shapes] : cases) {
+    const TensorMap in = inputs_for(shapes, DType::f32, 3);
+    auto compiled = compile(*program, types_of(in), o);
+    bool promoted = false;
+    for (const sched::Nest& nest : compiled->schedule().nests) promoted = promoted || !nest.shared.empty();
+    ASSERT_TRUE(promoted) << "no shared tile: the test lost its subject\n" << sched::print_loops(compiled->schedule());
+    expect_same(*program, in, "aligned inputs", o);
+    const TensorMap want = interpret(*program, in);
+    std::map<std::string, std::vector<float>> memory;
+    ViewMap inputs, outputs;
+    for (const auto& [name, buffer] : in) {
+      std::vector<float>& m = memory[name];
+      m.assign(static_cast<size_t>(buffer.size()) + 8, 0.0f);
+      float* at = m.data() + 4 - (reinterpret_cast<uintptr_t>(m.data()) % 16) / sizeof(float) + 1;
+      std::memcpy(at, buffer.data(), static_cast<size_t>(buffer.byte_size()));
+      inputs[name] = TensorView{at, DType::f32, buffer.shape(), {}};
+    }
+    TensorMap got;
+    for (const std::string& name : program->outputs) {
+      got[name] = Buffer(DType::f32, want.at(name).shape());
+      outputs[name] = TensorView::of(got.at(name));
+    }
+    compiled->run(inputs, outputs);
+    for (const auto& [name, buffer] : want)
+      for (int64_t e = 0; e < buffer.size(); ++e)
+        ASSERT_NEAR(got.at(name).get(e), buffer.get(e), 1e-4 * std::max(1.0, std::fabs(buffer.get(e)))) << name << "[" << e << "], misaligned inputs";
+  }
+}
+
 // The GPU model decides the kernels' launches: two models of one architecture are two compilations.
 TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");

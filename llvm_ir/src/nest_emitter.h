@@ -128,6 +128,12 @@ class NestEmitter {
   Value* shared_address_clamped(size_t tile, const std::vector<Value*>& local, bool masked);
   // The tile's copy by the threads of the block: sets its origin and copies box element e to e's thread.
   void copy_statement(const sched::LoopNode& n);
+  // A copy's unit `unit` (`lanes` elements of the box's last dimension): its index in the tile and in the
+  // input, and whether it lies inside the input.
+  Value* copy_position(size_t t, const std::vector<Value*>& origin, Value* unit, int64_t lanes, std::vector<Value*>& local,
+                       std::vector<Value*>& global);
+  // The copy of a plain input's tile in units of `lanes` elements, each thread's loads batched.
+  void copy_units(size_t t, const std::vector<Value*>& origin, Value* thread, int64_t lanes);
   // The tile of an input the update reads from shared memory, if any.
   std::optional<size_t> shared_tile(const std::string& tensor) const;
   void barrier();

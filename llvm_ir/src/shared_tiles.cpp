@@ -38,7 +38,9 @@ Value* NestEmitter::shared_address_clamped(size_t tile, const std::vector<Value*
 }
 
 // Box element e (row-major) goes to the thread whose linear index (x fastest) is e modulo the block's
-// threads: consecutive threads copy consecutive elements of the box's last dimension.
+// threads: consecutive threads copy consecutive elements of the box's last dimension. A plain input's tile
+// moves in 16-byte vectors where the rows allow (copy_units) and the block's origin and the tensor's
+// address are aligned (checked here: the same for every thread of the block), else element by element.
 void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const size_t t = static_cast<size_t>(n.tile);
   const sched::SharedTile& tile = nest_.shared.at(t);
@@ -48,26 +50,111 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const sched::KernelLaunch& k = *nest_.kernel;
   auto id = [&](int axis) { return b_.CreateLoad(ix_, hardware_[1][axis]); };
   Value* thread = b_.CreateAdd(id(0), b_.CreateMul(ix(k.block[0]), b_.CreateAdd(id(1), b_.CreateMul(ix(k.block[1]), id(2)))));
+  if (nest_.inlined.count(tile.tensor)) {  // an inlined producer: computed where the element is inside, one by one
+    const int64_t threads = k.block[0] * k.block[1] * k.block[2];
+    auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, copy_element_), ix(tile.elements())); };
+    emit_loop(copy_element_, thread, threads, more, [&] {
+      std::vector<Value*> local, global;
+      Value* inside = copy_position(t, origin, b_.CreateLoad(ix_, copy_element_), 1, local, global);
+      auto* copy_bb = llvm::BasicBlock::Create(ctx_, "copy", fn_);
+      auto* next_bb = llvm::BasicBlock::Create(ctx_, "copy.next", fn_);
+      b_.CreateCondBr(inside, copy_bb, next_bb);
+      b_.SetInsertPoint(copy_bb);
+      store_address(type.dtype, shared_address(t, local), input(tile.tensor, global));
+      b_.CreateBr(next_bb);
+      b_.SetInsertPoint(next_bb);
+    });
+    return;
+  }
+  const int64_t bytes = static_cast<int64_t>(m_.getDataLayout().getTypeAllocSize(storage_type(type.dtype)));
+  // 8-byte elements one by one: copied as pairs, the i64 matmul's kernel spilled registers in ptxas for sm_80.
+  const int64_t lanes = bytes < 8 ? 16 / bytes : 1;
+  if (lanes == 1 || tile.sizes.back() % lanes != 0 || tile.pitch % lanes != 0 || type.shape.back() % lanes != 0) {
+    copy_units(t, origin, thread, 1);
+    return;
+  }
+  Value* low = b_.CreateAnd(b_.CreatePtrToInt(buffer(tile.tensor), b_.getInt32Ty()), b_.getInt32(15));  // the low bits
+  Value* aligned = b_.CreateAnd(b_.CreateICmpEQ(b_.CreateSRem(origin.back(), ix(lanes)), ix(0)), b_.CreateICmpEQ(low, b_.getInt32(0)));
+  auto* vector_bb = llvm::BasicBlock::Create(ctx_, "copy.vectors", fn_);
+  auto* scalar_bb = llvm::BasicBlock::Create(ctx_, "copy.elements", fn_);
+  auto* done_bb = llvm::BasicBlock::Create(ctx_, "copy.done", fn_);
+  b_.CreateCondBr(aligned, vector_bb, scalar_bb);
+  b_.SetInsertPoint(vector_bb);
+  copy_units(t, origin, thread, lanes);
+  b_.CreateBr(done_bb);
+  b_.SetInsertPoint(scalar_bb);
+  copy_units(t, origin, thread, 1);
+  b_.CreateBr(done_bb);
+  b_.SetInsertPoint(done_bb);
+}
+
+// The local and global index of unit `unit` (row-major, `lanes` elements of the last dimension each) and
+// whether it lies inside the input (a unit lies all inside or all outside: the caller's alignment).
+Value* NestEmitter::copy_position(size_t t, const std::vector<Value*>& origin, Value* unit, int64_t lanes, std::vector<Value*>& local,
+                                  std::vector<Value*>& global) {
+  const sched::SharedTile& tile = nest_.shared.at(t);
+  const TensorType& type = types_.tensors.at(tile.tensor);
+  local.assign(tile.sizes.size(), nullptr);
+  global.assign(tile.sizes.size(), nullptr);
+  Value* inside = b_.getTrue();
+  Value* rest = unit;
+  for (size_t d = tile.sizes.size(); d-- > 0;) {
+    const int64_t units = d + 1 == tile.sizes.size() ? tile.sizes[d] / lanes : tile.sizes[d];
+    local[d] = b_.CreateURem(rest, ix(units));
+    rest = b_.CreateUDiv(rest, ix(units));
+    if (d + 1 == tile.sizes.size() && lanes > 1) local[d] = b_.CreateNUWMul(local[d], ix(lanes));
+    global[d] = b_.CreateAdd(origin[d], local[d]);
+    inside = b_.CreateAnd(inside, b_.CreateICmpULT(global[d], ix(type.shape[d])));  // 0 <= g < extent
+  }
+  return inside;
+}
+
+// A plain input's copy in units of `lanes` elements (one load and one store each): each thread takes up to
+// kCopyBatch units at a time, a block's thread count apart, and loads them all before it stores any, so
+// that the loads' latencies overlap (one by one, every unit waited for its load). A unit outside the input
+// loads the tensor's first element instead (no branch around the loads) and is not stored.
+void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value* thread, int64_t lanes) {
+  constexpr int64_t kCopyBatch = 8;
+  const sched::SharedTile& tile = nest_.shared.at(t);
+  const TensorType& type = types_.tensors.at(tile.tensor);
+  const sched::KernelLaunch& k = *nest_.kernel;
   const int64_t threads = k.block[0] * k.block[1] * k.block[2];
-  auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, copy_element_), ix(tile.elements())); };
-  emit_loop(copy_element_, thread, threads, more, [&] {
-    Value* rest = b_.CreateLoad(ix_, copy_element_);
-    std::vector<Value*> local(tile.sizes.size()), global(tile.sizes.size());
-    Value* inside = b_.getTrue();
-    for (size_t d = tile.sizes.size(); d-- > 0;) {
-      local[d] = b_.CreateURem(rest, ix(tile.sizes[d]));
-      rest = b_.CreateUDiv(rest, ix(tile.sizes[d]));
-      global[d] = b_.CreateAdd(origin[d], local[d]);
-      inside = b_.CreateAnd(inside, b_.CreateICmpULT(global[d], ix(type.shape[d])));  // 0 <= g < extent
+  const int64_t units = tile.elements() / lanes;
+  const int64_t batch = std::min(kCopyBatch, (units + threads - 1) / threads);
+  llvm::Type* element = storage_type(type.dtype);
+  llvm::Type* unit_type = lanes > 1 ? llvm::FixedVectorType::get(element, static_cast<unsigned>(lanes)) : element;
+  const llvm::Align align(static_cast<uint64_t>(m_.getDataLayout().getTypeAllocSize(unit_type)));
+  auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, copy_element_), ix(units)); };
+  llvm::BranchInst* latch = emit_loop(copy_element_, thread, batch * threads, more, [&] {
+    Value* first = b_.CreateLoad(ix_, copy_element_);
+    std::vector<Value*> values, insides;
+    std::vector<std::vector<Value*>> locals;
+    for (int64_t u = 0; u < batch; ++u) {
+      Value* unit = b_.CreateNSWAdd(first, ix(u * threads));
+      std::vector<Value*> local, global;
+      Value* inside = copy_position(t, origin, unit, lanes, local, global);
+      if (u > 0) inside = b_.CreateAnd(inside, b_.CreateICmpSLT(unit, ix(units)));
+      for (Value*& g : global) g = b_.CreateSelect(inside, g, ix(0));  // indices, not addresses: ld.global.nc stays
+      Value* from = element_address(tile.tensor, global);
+      llvm::LoadInst* load = b_.CreateAlignedLoad(unit_type, from, align);
+      // The kernel does not write the input (ld.global.nc): the alignment check's ptrtoint keeps LLVM from
+      // inferring that the parameter is only read, so the loads say it.
+      if (tile.tensor != nest_.tensor) load->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(ctx_, {}));
+      values.push_back(load);
+      insides.push_back(inside);
+      locals.push_back(std::move(local));
     }
-    auto* copy_bb = llvm::BasicBlock::Create(ctx_, "copy", fn_);
-    auto* next_bb = llvm::BasicBlock::Create(ctx_, "copy.next", fn_);
-    b_.CreateCondBr(inside, copy_bb, next_bb);
-    b_.SetInsertPoint(copy_bb);
-    store_address(type.dtype, shared_address(t, local), input(tile.tensor, global));
-    b_.CreateBr(next_bb);
-    b_.SetInsertPoint(next_bb);
+    for (int64_t u = 0; u < batch; ++u) {
+      auto* store_bb = llvm::BasicBlock::Create(ctx_, "copy.store", fn_);
+      auto* next_bb = llvm::BasicBlock::Create(ctx_, "copy.next", fn_);
+      b_.CreateCondBr(insides[static_cast<size_t>(u)], store_bb, next_bb);
+      b_.SetInsertPoint(store_bb);
+      b_.CreateAlignedStore(values[static_cast<size_t>(u)], shared_address(t, locals[static_cast<size_t>(u)]), align);
+      b_.CreateBr(next_bb);
+      b_.SetInsertPoint(next_bb);
+    }
   });
+  hint_loop(latch, "llvm.loop.unroll.disable");
 }
 
 }  // namespace polytile::llvm_ir::internal
