@@ -131,7 +131,8 @@ std::vector<std::pair<std::string, CompileOptions>> gpu_semantics() {
   o.target.gpu->masked_registers = true;
   o.target.gpu->index32 = false;
   o.target.gpu->unswitch_registers = false;  // every thread masked, not only those at the edges
-  out.emplace_back("sm_90 with masked register tiles and 64-bit indices", o);
+  o.target.gpu->vector_copies = false;        // and the tiles copied element by element
+  out.emplace_back("sm_90 with masked register tiles, 64-bit indices and element-by-element copies", o);
   return out;
 }
 

@@ -103,7 +103,10 @@ Prints one stage of the compiler for FILE.tile:
                               default; 0: in 64 bits), unroll (times a kernel's innermost sequential loop
                               is unrolled, 4; 0: LLVM's and ptxas's choice), interleave (1: a thread's
                               register columns a warp apart, the default; 0: consecutive, loaded from
-                              shared memory as vectors)
+                              shared memory as vectors), unswitch (1: a reduction loop around guarded
+                              register rows also runs unguarded where all rows are in range, the default;
+                              0: guarded only), vcopy (1: shared tiles copied in 16-byte vectors where
+                              aligned, several loads at a time, the default; 0: element by element)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -296,7 +299,7 @@ const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
     "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16), interleave (1 or 0), "
-    "unswitch (1 or 0)";
+    "unswitch (1 or 0), vcopy (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -351,6 +354,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.interleave_columns = number(0, 1) == 1;
     } else if (key == "unswitch") {
       m.unswitch_registers = number(0, 1) == 1;
+    } else if (key == "vcopy") {
+      m.vector_copies = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }

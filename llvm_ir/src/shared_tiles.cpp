@@ -69,7 +69,7 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const int64_t bytes = static_cast<int64_t>(m_.getDataLayout().getTypeAllocSize(storage_type(type.dtype)));
   // 8-byte elements one by one: copied as pairs, the i64 matmul's kernel spilled registers in ptxas for sm_80.
   const int64_t lanes = bytes < 8 ? 16 / bytes : 1;
-  if (lanes == 1 || tile.sizes.back() % lanes != 0 || tile.pitch % lanes != 0 || type.shape.back() % lanes != 0) {
+  if (!k.vector_copies || lanes == 1 || tile.sizes.back() % lanes != 0 || tile.pitch % lanes != 0 || type.shape.back() % lanes != 0) {
     copy_units(t, origin, thread, 1);
     return;
   }
@@ -120,7 +120,7 @@ void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value*
   const sched::KernelLaunch& k = *nest_.kernel;
   const int64_t threads = k.block[0] * k.block[1] * k.block[2];
   const int64_t units = tile.elements() / lanes;
-  const int64_t batch = std::min(kCopyBatch, (units + threads - 1) / threads);
+  const int64_t batch = k.vector_copies ? std::min(kCopyBatch, (units + threads - 1) / threads) : 1;
   llvm::Type* element = storage_type(type.dtype);
   llvm::Type* unit_type = lanes > 1 ? llvm::FixedVectorType::get(element, static_cast<unsigned>(lanes)) : element;
   const llvm::Align align(static_cast<uint64_t>(m_.getDataLayout().getTypeAllocSize(unit_type)));

@@ -79,6 +79,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   launch.index32 = gpu.index32;
   launch.unroll = gpu.unroll;
   launch.unswitch = gpu.unswitch_registers;
+  launch.vector_copies = gpu.vector_copies;
   std::optional<NeutralBand> band = read_band(neutral, ordered(vars, order));
   if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
   const size_t parallel = band->parallel;
@@ -443,7 +444,7 @@ std::string GpuModel::key() const {
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
                     min_slice, max_split_bytes, int64_t{accumulators}, int64_t{keep_accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
                     int64_t{masked_registers}, int64_t{index32}, int64_t{unroll}, int64_t{interleave_columns},
-                    int64_t{unswitch_registers}})
+                    int64_t{unswitch_registers}, int64_t{vector_copies}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;
 }

@@ -124,6 +124,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     nest.kernel->index32 = target.gpu->index32;
     nest.kernel->unroll = target.gpu->unroll;
     nest.kernel->unswitch = target.gpu->unswitch_registers;
+    nest.kernel->vector_copies = target.gpu->vector_copies;
     nest.shared.clear();
     nest.accumulators.reset();
     generate(nest, neutral);

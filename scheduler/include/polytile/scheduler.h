@@ -113,6 +113,11 @@ struct GpuModel {
   // position's operands load as vectors along the reduction and the operands the guard does not touch
   // once for all positions. False: one version, guarded. Not yet timed on a GPU.
   bool unswitch_registers = true;
+  // A shared tile's copy moves 16-byte vectors where its rows, the input's rows and the block's origin
+  // allow and the input's address is aligned (else elements), each thread loading up to 8 of them before
+  // storing any. False: element by element, each stored before the next is loaded (as before; for
+  // comparison). Not yet timed on a GPU.
+  bool vector_copies = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
@@ -258,6 +263,8 @@ struct KernelLaunch {
   int unroll = 4;
   // Whether the code generator unswitches guarded register tiles (GpuModel::unswitch_registers).
   bool unswitch = true;
+  // Whether shared tiles are copied in vectors, several loads at a time (GpuModel::vector_copies).
+  bool vector_copies = true;
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
 };
 
