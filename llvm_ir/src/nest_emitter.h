@@ -132,6 +132,7 @@ class NestEmitter {
   // input, and whether it lies inside the input.
   Value* copy_position(size_t t, const std::vector<Value*>& origin, Value* unit, int64_t lanes, std::vector<Value*>& local,
                        std::vector<Value*>& global);
+  static bool multiple_of(const sched::LoopExpr& e, int64_t m);
   // The copy of a plain input's tile in units of `lanes` elements, each thread's loads batched.
   void copy_units(size_t t, const std::vector<Value*>& origin, Value* thread, int64_t lanes);
   // The tile of an input the update reads from shared memory, if any.

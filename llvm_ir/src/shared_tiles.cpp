@@ -73,8 +73,20 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
     copy_units(t, origin, thread, 1);
     return;
   }
-  Value* low = b_.CreateAnd(b_.CreatePtrToInt(buffer(tile.tensor), b_.getInt32Ty()), b_.getInt32(15));  // the low bits
-  Value* aligned = b_.CreateAnd(b_.CreateICmpEQ(b_.CreateSRem(origin.back(), ix(lanes)), ix(0)), b_.CreateICmpEQ(low, b_.getInt32(0)));
+  // Aligned where the origin's last index is a multiple of the lanes -- known here for most tiles (a
+  // matmul's 32 * c2), else checked -- and the input's address a multiple of 16 bytes: on the device, the
+  // runtime's buffers always are (cuMemAlloc aligns to 256 bytes); on the host, the caller's may not be.
+  const bool origin_aligned = multiple_of(n.args.back(), lanes);
+  if (origin_aligned && device_) {
+    copy_units(t, origin, thread, lanes);
+    return;
+  }
+  Value* aligned = b_.getTrue();
+  if (!origin_aligned) aligned = b_.CreateICmpEQ(b_.CreateSRem(origin.back(), ix(lanes)), ix(0));
+  if (!device_) {
+    Value* low = b_.CreateAnd(b_.CreatePtrToInt(buffer(tile.tensor), b_.getInt32Ty()), b_.getInt32(15));  // the low bits
+    aligned = b_.CreateAnd(aligned, b_.CreateICmpEQ(low, b_.getInt32(0)));
+  }
   auto* vector_bb = llvm::BasicBlock::Create(ctx_, "copy.vectors", fn_);
   auto* scalar_bb = llvm::BasicBlock::Create(ctx_, "copy.elements", fn_);
   auto* done_bb = llvm::BasicBlock::Create(ctx_, "copy.done", fn_);
@@ -86,6 +98,21 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   copy_units(t, origin, thread, 1);
   b_.CreateBr(done_bb);
   b_.SetInsertPoint(done_bb);
+}
+
+// Whether `e` is a multiple of `m` whatever its iterators' values.
+bool NestEmitter::multiple_of(const sched::LoopExpr& e, int64_t m) {
+  using K = sched::LoopExpr::Kind;
+  switch (e.kind) {
+    case K::constant: return e.value % m == 0;
+    case K::add:
+    case K::sub:
+    case K::min:
+    case K::max: return std::all_of(e.args.begin(), e.args.end(), [&](const sched::LoopExpr& a) { return multiple_of(a, m); });
+    case K::neg: return multiple_of(e.args[0], m);
+    case K::mul: return std::any_of(e.args.begin(), e.args.end(), [&](const sched::LoopExpr& a) { return multiple_of(a, m); });
+    default: return false;
+  }
 }
 
 // The local and global index of unit `unit` (row-major, `lanes` elements of the last dimension each) and
@@ -110,7 +137,7 @@ Value* NestEmitter::copy_position(size_t t, const std::vector<Value*>& origin, V
 }
 
 // A plain input's copy in units of `lanes` elements (one load and one store each): each thread takes up to
-// kCopyBatch units at a time, a block's thread count apart, and loads them all before it stores any, so
+// kCopyBatch units (64 bytes) at a time, a block's thread count apart, and loads them all before it stores any, so
 // that the loads' latencies overlap (one by one, every unit waited for its load). A unit outside the input
 // loads the tensor's first element instead (no branch around the loads) and is not stored.
 void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value* thread, int64_t lanes) {
@@ -120,9 +147,12 @@ void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value*
   const sched::KernelLaunch& k = *nest_.kernel;
   const int64_t threads = k.block[0] * k.block[1] * k.block[2];
   const int64_t units = tile.elements() / lanes;
-  const int64_t batch = k.vector_copies ? std::min(kCopyBatch, (units + threads - 1) / threads) : 1;
   llvm::Type* element = storage_type(type.dtype);
   llvm::Type* unit_type = lanes > 1 ? llvm::FixedVectorType::get(element, static_cast<unsigned>(lanes)) : element;
+  // At most 64 bytes of loads in flight per thread (16 registers): with 128 bytes the interleaved
+  // matmul's update spilled in ptxas for sm_90, which caps its registers for occupancy.
+  const int64_t unit_bytes = static_cast<int64_t>(m_.getDataLayout().getTypeAllocSize(unit_type));
+  const int64_t batch = k.vector_copies ? std::clamp<int64_t>(std::min(kCopyBatch, 64 / unit_bytes), 1, (units + threads - 1) / threads) : 1;
   const llvm::Align align(static_cast<uint64_t>(m_.getDataLayout().getTypeAllocSize(unit_type)));
   auto more = [&] { return b_.CreateICmpSLT(b_.CreateLoad(ix_, copy_element_), ix(units)); };
   llvm::BranchInst* latch = emit_loop(copy_element_, thread, batch * threads, more, [&] {
@@ -134,8 +164,15 @@ void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value*
       std::vector<Value*> local, global;
       Value* inside = copy_position(t, origin, unit, lanes, local, global);
       if (u > 0) inside = b_.CreateAnd(inside, b_.CreateICmpSLT(unit, ix(units)));
-      for (Value*& g : global) g = b_.CreateSelect(inside, g, ix(0));  // indices, not addresses: ld.global.nc stays
-      Value* from = element_address(tile.tensor, global);
+      // Clamped as indices, not addresses (so that ld.global.nc stays); with 32-bit indices as one flat
+      // offset (one 64-bit address computation instead of one per dimension).
+      Value* from = nullptr;
+      if (ix_->getBitWidth() == 32) {
+        from = b_.CreateGEP(element, buffer(tile.tensor), b_.CreateSelect(inside, flat_index(tile.tensor, global), ix(0)));
+      } else {
+        for (Value*& g : global) g = b_.CreateSelect(inside, g, ix(0));
+        from = element_address(tile.tensor, global);
+      }
       llvm::LoadInst* load = b_.CreateAlignedLoad(unit_type, from, align);
       // The kernel does not write the input (ld.global.nc): the alignment check's ptrtoint keeps LLVM from
       // inferring that the parameter is only read, so the loads say it.

@@ -31,6 +31,11 @@ class DeviceBuffer {
  public:
   DeviceBuffer(const DriverApi& api, size_t bytes) : api_(api) {
     if (api_.cuMemAlloc(&ptr_, bytes == 0 ? 1 : bytes) != CUDA_SUCCESS) ptr_ = 0;
+    // The kernels copy shared tiles in 16-byte vectors, trusting their buffers to be aligned so (the
+    // driver aligns every allocation to 256 bytes).
+    const CUdeviceptr at = ptr_;
+    if (at % 16 != 0) api_.cuMemFree(ptr_), ptr_ = 0;
+    POLYTILE_CHECK(at % 16 == 0, "the driver allocated device memory at ", at, ", not 16-byte aligned");
   }
   ~DeviceBuffer() {
     if (ptr_) api_.cuMemFree(ptr_);
