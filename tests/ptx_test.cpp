@@ -65,6 +65,20 @@ void expect_assembles(const Compiled& c, const std::string& arch, const std::str
   }
 }
 
+// How many times `what` occurs in `text`.
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A padded 3x3 convolution: its register tiles' rows are guarded at the image's edge.
+Program padded_conv() {
+  return parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+}
+
 bool have_toolkit() {
   if (!find_ptxas() || !find_libdevice()) {
     std::cout << "skipped: the CUDA toolkit's ptxas or libdevice is not here (CUDA_PATH, /usr/local/cuda)\n";
@@ -141,17 +155,12 @@ TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
       "function (A[M, N]) -> (S, R) { T = sin(A) * 3; U = sin(T); S[i : M] = +(U[i, j]); V = cos(T) + sin(A); R[j : N] = >(V[i, j]); }");
   Compiled c = compile(p, f32_types({{"A", {30, 40}}}));
   ASSERT_GE(c.bundle.kernels.size(), 3u);
-  auto count = [&](const std::string& what) {
-    size_t n = 0;
-    for (size_t at = c.bundle.ptx.find(what); at != std::string::npos; at = c.bundle.ptx.find(what, at + 1)) ++n;
-    return n;
-  };
-  EXPECT_EQ(count(".version "), 1u);
-  EXPECT_EQ(count(".address_size "), 1u);
+  EXPECT_EQ(count(c.bundle.ptx, ".version "), 1u);
+  EXPECT_EQ(count(c.bundle.ptx, ".address_size "), 1u);
   size_t tables = 0;
   for (const auto& k : c.bundle.kernels) {
-    EXPECT_EQ(count(".entry " + k.name + "("), 1u) << k.name;
-    tables += count(".global .align 4 .b8 " + k.name + "___cudart_i2opi_f[");
+    EXPECT_EQ(count(c.bundle.ptx, ".entry " + k.name + "("), 1u) << k.name;
+    tables += count(c.bundle.ptx, ".global .align 4 .b8 " + k.name + "___cudart_i2opi_f[");
   }
   EXPECT_GE(tables, 2u) << c.bundle.ptx.substr(0, 2000);
   expect_assembles(c, "sm_90", "three kernels calling sin");
@@ -163,15 +172,8 @@ TEST(PtxTest, KernelsCompiledApartJoinIntoOneModule) {
 // (The masked rows' results against the interpreter, under GPU semantics with NaN in the shared tiles:
 // CpuTest.EveryGpuTuningCandidateUnderGpuSemantics and CpuTest.MaskedAndBranchingRegisterTilesAgree.)
 TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
-  Program p = parse_program(
-      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
-      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  Program p = padded_conv();
   auto types = f32_types({{"I", {1, 4, 32, 64}}, {"K", {3, 3, 64, 64}}});
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   Options masked, branching;
   masked.model = sched::GpuModel{};
   masked.model->masked_registers = true;
@@ -195,15 +197,8 @@ TEST(PtxTest, MaskedRegisterTilesLoadSharedOperandsOnce) {
 // threads at the image's edge. (Results: every GPU-semantics test in cpu_test, whose threads at the edges
 // and inside take the two versions.)
 TEST(PtxTest, UnguardedRegisterTilesWhereEveryPositionIsInRange) {
-  Program p = parse_program(
-      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
-      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  Program p = padded_conv();
   auto types = f32_types({{"I", {1, 4, 32, 64}}, {"K", {3, 3, 64, 64}}});
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   Options guarded;
   guarded.model = sched::GpuModel{};
   guarded.model->unswitch_registers = false;
@@ -227,11 +222,6 @@ TEST(PtxTest, UnguardedRegisterTilesWhereEveryPositionIsInRange) {
 TEST(PtxTest, ConsecutiveColumnsLoadSharedTilesAsVectors) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
   const auto types = f32_types({{"A", {256, 256}}, {"B", {256, 256}}});
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   Options consecutive;
   consecutive.model = sched::GpuModel{};
   consecutive.model->interleave_columns = false;
@@ -254,11 +244,6 @@ TEST(PtxTest, ConsecutiveColumnsLoadSharedTilesAsVectors) {
 // (Results, both ways: CpuTest.SharedTileCopiesMoveVectorsWhereAligned.)
 TEST(PtxTest, SharedTilesCopiedInVectors) {
   Program p = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
   const std::string aligned = compile(p, f32_types({{"A", {4096, 4096}}, {"B", {4096, 4096}}})).bundle.ptx;
   // Per step: A's 512 vectors and B's 2048 over 256 threads, 2 and 8 per thread, at most 4 (64 bytes) at a time.
   EXPECT_EQ(count(aligned, "ld.global.nc.v4.f32"), 6u) << aligned;
@@ -321,10 +306,7 @@ TEST(PtxTest, ReductionLoopsUnrolledAsTheModelSays) {
     Options o;
     o.model = sched::GpuModel{};
     o.model->unroll = unroll;
-    const std::string ptx = compile(p, types, o).bundle.ptx;
-    size_t n = 0;
-    for (size_t at = ptx.find("fma.rn.f32"); at != std::string::npos; at = ptx.find("fma.rn.f32", at + 1)) ++n;
-    return n;
+    return count(compile(p, types, o).bundle.ptx, "fma.rn.f32");
   };
   EXPECT_EQ(fmas(4), 64u);
   EXPECT_EQ(fmas(2), 32u);

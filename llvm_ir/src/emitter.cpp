@@ -392,6 +392,20 @@ void NestEmitter::mapped_loop(const sched::LoopNode& n) {
   in_range_body(in_range, n.body, "mapped");
 }
 
+void NestEmitter::if_else(Value* condition, const char* name, const std::function<void()>& then, const std::function<void()>& otherwise) {
+  auto* then_bb = llvm::BasicBlock::Create(ctx_, std::string(name) + ".then", fn_);
+  auto* else_bb = llvm::BasicBlock::Create(ctx_, std::string(name) + ".else", fn_);
+  auto* done_bb = llvm::BasicBlock::Create(ctx_, std::string(name) + ".end", fn_);
+  b_.CreateCondBr(condition, then_bb, else_bb);
+  b_.SetInsertPoint(then_bb);
+  then();
+  b_.CreateBr(done_bb);
+  b_.SetInsertPoint(else_bb);
+  otherwise();
+  b_.CreateBr(done_bb);
+  b_.SetInsertPoint(done_bb);
+}
+
 void NestEmitter::in_range_body(Value* in_range, const std::vector<sched::LoopNode>& body, const char* name) {
   auto* then_bb = llvm::BasicBlock::Create(ctx_, name, fn_);
   auto* cont_bb = llvm::BasicBlock::Create(ctx_, std::string(name) + ".end", fn_);
@@ -545,19 +559,11 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
           b_.CreateStore(ix(k), iters_.at(static_cast<size_t>(r->iterator)));
           full = b_.CreateAnd(full, b_.CreateAnd(b_.CreateICmpSLE(loop_expr(r->lower), ix(k)), cond(r->condition)));
         }
-      auto* full_bb = llvm::BasicBlock::Create(ctx_, "registers.full", fn_);
-      auto* part_bb = llvm::BasicBlock::Create(ctx_, "registers.part", fn_);
-      auto* done_bb = llvm::BasicBlock::Create(ctx_, "registers.done", fn_);
-      b_.CreateCondBr(full, full_bb, part_bb);
-      b_.SetInsertPoint(full_bb);
-      full_registers_ = true;
-      sequential_loop(n, outermost);
-      full_registers_ = false;
-      b_.CreateBr(done_bb);
-      b_.SetInsertPoint(part_bb);
-      sequential_loop(n, outermost);
-      b_.CreateBr(done_bb);
-      b_.SetInsertPoint(done_bb);
+      if_else(full, "registers", [&] {
+        full_registers_ = true;
+        sequential_loop(n, outermost);
+        full_registers_ = false;
+      }, [&] { sequential_loop(n, outermost); });
       return;
     }
   }

@@ -113,6 +113,8 @@ class NestEmitter {
   void counted_loop(llvm::AllocaInst* it, Value* from, Value* to, const std::function<void()>& body);
   // A loop mapped to blocks or threads: its body where the index lies in the loop's range.
   void mapped_loop(const sched::LoopNode& n);
+  // then() where `condition` holds, otherwise() where not (blocks named `name`.then, .else, .end).
+  void if_else(Value* condition, const char* name, const std::function<void()>& then, const std::function<void()>& otherwise);
   // The nodes of `body` where `in_range` holds (blocks named `name`).
   void in_range_body(Value* in_range, const std::vector<sched::LoopNode>& body, const char* name);
   // On the host, a kernel's code that threads run (a loop mapped to threads, a statement) runs once per

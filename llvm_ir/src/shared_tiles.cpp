@@ -87,17 +87,7 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
     Value* low = b_.CreateAnd(b_.CreatePtrToInt(buffer(tile.tensor), b_.getInt32Ty()), b_.getInt32(15));  // the low bits
     aligned = b_.CreateAnd(aligned, b_.CreateICmpEQ(low, b_.getInt32(0)));
   }
-  auto* vector_bb = llvm::BasicBlock::Create(ctx_, "copy.vectors", fn_);
-  auto* scalar_bb = llvm::BasicBlock::Create(ctx_, "copy.elements", fn_);
-  auto* done_bb = llvm::BasicBlock::Create(ctx_, "copy.done", fn_);
-  b_.CreateCondBr(aligned, vector_bb, scalar_bb);
-  b_.SetInsertPoint(vector_bb);
-  copy_units(t, origin, thread, lanes);
-  b_.CreateBr(done_bb);
-  b_.SetInsertPoint(scalar_bb);
-  copy_units(t, origin, thread, 1);
-  b_.CreateBr(done_bb);
-  b_.SetInsertPoint(done_bb);
+  if_else(aligned, "copy.vectors", [&] { copy_units(t, origin, thread, lanes); }, [&] { copy_units(t, origin, thread, 1); });
 }
 
 // Whether `e` is a multiple of `m` whatever its iterators' values.
