@@ -40,7 +40,8 @@ Value* NestEmitter::shared_address_clamped(size_t tile, const std::vector<Value*
 // Box element e (row-major) goes to the thread whose linear index (x fastest) is e modulo the block's
 // threads: consecutive threads copy consecutive elements of the box's last dimension. A plain input's tile
 // moves in 16-byte vectors where the rows allow (copy_units) and the block's origin and the tensor's
-// address are aligned (checked here: the same for every thread of the block), else element by element.
+// address are aligned (known or checked below: the same for every thread of the block), else element by
+// element.
 void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const size_t t = static_cast<size_t>(n.tile);
   const sched::SharedTile& tile = nest_.shared.at(t);
@@ -127,8 +128,8 @@ Value* NestEmitter::copy_position(size_t t, const std::vector<Value*>& origin, V
 }
 
 // A plain input's copy in units of `lanes` elements (one load and one store each): each thread takes up to
-// kCopyBatch units (64 bytes) at a time, a block's thread count apart, and loads them all before it stores any, so
-// that the loads' latencies overlap (one by one, every unit waited for its load). A unit outside the input
+// kCopyBatch units and 64 bytes at a time, a block's thread count apart, and loads them all before it
+// stores any, so that the loads' latencies overlap (one by one, every unit waited for its load). A unit outside the input
 // loads the tensor's first element instead (no branch around the loads) and is not stored.
 void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value* thread, int64_t lanes) {
   constexpr int64_t kCopyBatch = 8;
@@ -164,8 +165,8 @@ void NestEmitter::copy_units(size_t t, const std::vector<Value*>& origin, Value*
         from = element_address(tile.tensor, global);
       }
       llvm::LoadInst* load = b_.CreateAlignedLoad(unit_type, from, align);
-      // The kernel does not write the input (ld.global.nc): the alignment check's ptrtoint keeps LLVM from
-      // inferring that the parameter is only read, so the loads say it.
+      // The kernel does not write the input (ld.global.nc): where the host's alignment check takes the
+      // parameter's address, LLVM no longer infers that it is only read, so the loads say it.
       if (tile.tensor != nest_.tensor) load->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(ctx_, {}));
       values.push_back(load);
       insides.push_back(inside);
