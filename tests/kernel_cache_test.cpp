@@ -10,6 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "polytile/autodiff.h"
 #include "polytile/error.h"
 #include "polytile/parser.h"
@@ -21,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/polytile_kernel_cache_" + name;
+  // Under the process's id, so that two runs of the tests at once do not share a cache.
+  const std::string dir = ::testing::TempDir() + "/polytile_kernel_cache_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(dir);
   return dir;
 }

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <limits>
 
+#include <unistd.h>
+
 #include "polytile/error.h"
 #include "polytile/npy.h"
 
@@ -39,7 +41,7 @@ TEST(NpyTest, ReadsNumpysHeaderLayout) {
 }
 
 TEST(NpyTest, FileRoundTrip) {
-  std::string path = ::testing::TempDir() + "/polytile_npy_test.npy";
+  std::string path = ::testing::TempDir() + "/polytile_npy_test_" + std::to_string(::getpid()) + ".npy";
   Buffer b = Buffer::from_values(DType::f64, {2}, {1.5, -2});
   write_npy(path, b);
   EXPECT_EQ(read_npy(path).to_doubles(), b.to_doubles());

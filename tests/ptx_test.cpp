@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "generators.h"
 #include "polytile/autodiff.h"
 #include "polytile/error.h"
@@ -366,7 +368,7 @@ TEST(PtxTest, DeterministicAndRoundTrips) {
   EXPECT_EQ(a.bundle.ptx, b.bundle.ptx);
   EXPECT_EQ(a.bundle.manifest(), b.bundle.manifest());
   EXPECT_EQ(a.llvm_ir, b.llvm_ir);
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "polytile_ptx_test_bundle";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("polytile_ptx_test_bundle_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   a.bundle.write(dir.string());
   cuda::KernelBundle back = cuda::KernelBundle::read(dir.string());
