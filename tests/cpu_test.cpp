@@ -536,6 +536,41 @@ TEST(CpuTest, MaskedAndBranchingRegisterTilesAgree) {
   }
 }
 
+// A GPU update that writes every output element and keeps its accumulators across its steps starts them at
+// the aggregation's identity, and no init kernel writes the output first (a matmul's sum, a max); one that
+// leaves elements without points (a stride-2 sum over half the input's length) keeps its init kernel. Each
+// against the interpreter on caller memory filled with NaN: an element no kernel writes shows.
+TEST(CpuTest, GpuUpdatesCoveringEveryElementStartAtTheIdentity) {
+  CompileOptions o;
+  o.target = sched::gpu_target("sm_90");
+  const Program sum = parse_file(POLYTILE_SOURCE_DIR "/examples/matmul.tile");
+  const Program max = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = >(A[i, k] * B[k, j]); }");
+  const Program strided = parse_program("function (A[N], B[N, M]) -> (C) { C[i, j : N, M] = +(A[2 * i + k] * B[i, j]), k < 2; }");
+  const Shapes matrices{{"A", {40, 24}}, {"B", {24, 36}}};
+  const std::vector<std::tuple<const Program*, Shapes, bool>> cases = {
+      {&sum, matrices, true}, {&max, matrices, true}, {&strided, {{"A", {64}}, {"B", {64, 40}}}, false}};
+  for (const auto& [program, shapes, covered] : cases) {
+    const TensorMap in = inputs_for(shapes, DType::f32, 9);
+    auto compiled = compile(*program, types_of(in), o);
+    const std::string loops = sched::print_loops(compiled->schedule());
+    EXPECT_EQ(loops.find(".init (") == std::string::npos, covered) << loops;
+    EXPECT_EQ(loops.find("= identity") != std::string::npos, covered) << loops;
+    const TensorMap want = interpret(*program, in);
+    ViewMap inputs, outputs;
+    for (const auto& [name, buffer] : in) inputs[name] = TensorView::of(buffer);
+    TensorMap got;
+    for (const std::string& name : program->outputs) {
+      got[name] = Buffer(DType::f32, want.at(name).shape());
+      for (int64_t e = 0; e < got.at(name).size(); ++e) got.at(name).set(e, std::nan(""));
+      outputs[name] = TensorView::of(got.at(name));
+    }
+    compiled->run(inputs, outputs);
+    for (const auto& [name, buffer] : want)
+      for (int64_t e = 0; e < buffer.size(); ++e)
+        ASSERT_NEAR(got.at(name).get(e), buffer.get(e), 1e-4 * std::max(1.0, std::fabs(buffer.get(e)))) << name << "[" << e << "]\n" << loops;
+  }
+}
+
 // A shared tile's copy moves 16-byte vectors where its rows, the input's rows and the block's origin
 // allow and the input's address is aligned (checked in each block), else element by element. Under GPU
 // semantics: a matmul (every tile in vectors where the inputs are aligned), the same on inputs one element

@@ -64,8 +64,9 @@ const char* statement_name(LoopNode::Statement s) {
   return "?";
 }
 
-// `accumulators`: the nest's statements other than copies name their accumulator (acc[position]).
-void print_node(const LoopNode& n, int depth, bool accumulators, std::string& out) {
+// `accumulators` (if any): the nest's statements other than copies name their accumulator (acc[position]),
+// and its AccIn say where they start at the identity.
+void print_node(const LoopNode& n, int depth, const Accumulators* accumulators, std::string& out) {
   const std::string pad(static_cast<size_t>(2 * depth), ' ');
   switch (n.kind) {
     case LoopNode::Kind::block:
@@ -100,7 +101,7 @@ void print_node(const LoopNode& n, int depth, bool accumulators, std::string& ou
       for (size_t k = 0; k < n.registers.size(); ++k) registers += (k ? ", " : "") + n.registers[k].str();
       out += pad + statement_name(n.statement) + tile + (n.predicated ? "p" : "") + "(" + args + ")" +
              (accumulators && n.statement != LoopNode::Statement::copy ? " acc[" + registers + "]" : "") +
-             "\n";
+             (accumulators && accumulators->from_identity && n.statement == LoopNode::Statement::acc_load ? " = identity" : "") + "\n";
       return;
     }
     case LoopNode::Kind::barrier: out += pad + "barrier\n"; return;
@@ -167,7 +168,7 @@ std::string print_loops(const Schedule& schedule) {
         out += "; accumulators " + (nest.accumulators->sizes.empty() ? std::string("1") : dims(nest.accumulators->sizes));
     }
     out += ")\n";
-    print_node(nest.root, 1, nest.accumulators.has_value(), out);
+    print_node(nest.root, 1, nest.accumulators ? &*nest.accumulators : nullptr, out);
   }
   return out;
 }

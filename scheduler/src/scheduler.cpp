@@ -425,6 +425,11 @@ class ProgramScheduler {
                                  dtype_bytes(types_.tensors.at(c.inputs[k].tensor).dtype)});
       }
       builder_.build(update, domain, positional, band.order, parallel ? band.outputs : 0, facts);
+      if (target_.gpu && update.accumulators && target_.gpu->keep_accumulators && !c.init && c.aggregation != AggregationOp::assign &&
+          init_domain && elements.is_subset(written)) {
+        update.accumulators->from_identity = true;
+        init_domain.reset();
+      }
     }
     auto rows = row_access(update, [&] {
       isl::union_map reads = isl::union_map::empty(builder_.ctx.get());

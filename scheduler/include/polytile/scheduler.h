@@ -303,6 +303,11 @@ struct Accumulators {
   // Register loops with guards run branch-free where every input is read from a shared tile
   // (GpuModel::masked_registers): out of range, a position reads clamped elements and keeps its accumulator.
   bool masked = false;
+  // The update writes every output element (isl: the elements are the write map's image) and keeps its
+  // accumulators from an element's first step to its last (GpuModel::keep_accumulators): the first step
+  // starts them at the aggregation's identity instead of loading the element, and no init nest writes it
+  // before (`AccIn(...) acc[...] = identity` in the loop IR).
+  bool from_identity = false;
   int64_t elements() const;
 };
 
