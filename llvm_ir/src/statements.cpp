@@ -136,11 +136,11 @@ void NestEmitter::accumulator_statement(const sched::LoopNode& n) {
   for (size_t k = 0; k < outputs.size(); ++k) vars[nest_.variables.at(outputs[k])] = vals[k];
   Value* element = output_address(vars);
   Value* acc = accumulator_address(n.registers);
-  if (n.statement == sched::LoopNode::Statement::acc_load && nest_.accumulators->from_identity)
-    store_address(t, acc, identity(nest_.contraction.aggregation, t));
-  else if (n.statement == sched::LoopNode::Statement::acc_load)
-    store_address(t, acc, load_address(t, element));
-  else store_address(t, element, load_address(t, acc));
+  if (n.statement == sched::LoopNode::Statement::acc_store) {
+    store_address(t, element, load_address(t, acc));
+    return;
+  }
+  store_address(t, acc, nest_.accumulators->from_identity ? identity(nest_.contraction.aggregation, t) : load_address(t, element));
 }
 
 void NestEmitter::statement(const sched::LoopNode& n) {

@@ -75,11 +75,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
                                           std::vector<SharedTile>& shared, std::optional<Accumulators>& accumulators,
                                           KernelStatements& added, bool z_in_parts) {
   const GpuModel& gpu = *target.gpu;
-  launch = KernelLaunch{};
-  launch.index32 = gpu.index32;
-  launch.unroll = gpu.unroll;
-  launch.unswitch = gpu.unswitch_registers;
-  launch.vector_copies = gpu.vector_copies;
+  launch = KernelLaunch::of(gpu);
   std::optional<NeutralBand> band = read_band(neutral, ordered(vars, order));
   if (!band || band->parallel == 0 || !band->bounded) return neutral;  // nothing to map: one thread
   const size_t parallel = band->parallel;
@@ -437,6 +433,15 @@ int64_t Accumulators::elements() const {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;
+}
+
+KernelLaunch KernelLaunch::of(const GpuModel& model) {
+  KernelLaunch launch;
+  launch.index32 = model.index32;
+  launch.unroll = model.unroll;
+  launch.unswitch = model.unswitch_registers;
+  launch.vector_copies = model.vector_copies;
+  return launch;
 }
 
 std::string GpuModel::key() const {

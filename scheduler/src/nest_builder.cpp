@@ -120,11 +120,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
       }
       if (added.z_parts.empty()) break;  // the same tree again
     }
-    nest.kernel = KernelLaunch{};  // mapped around some statements only: one thread runs the nest
-    nest.kernel->index32 = target.gpu->index32;
-    nest.kernel->unroll = target.gpu->unroll;
-    nest.kernel->unswitch = target.gpu->unswitch_registers;
-    nest.kernel->vector_copies = target.gpu->vector_copies;
+    nest.kernel = KernelLaunch::of(*target.gpu);  // mapped around some statements only: one thread runs the nest
     nest.shared.clear();
     nest.accumulators.reset();
     generate(nest, neutral);

@@ -114,7 +114,7 @@ struct GpuModel {
   // once for all positions. False: one version, guarded. Not yet timed on a GPU.
   bool unswitch_registers = true;
   // A shared tile's copy moves 16-byte vectors where its rows, the input's rows and the block's origin
-  // allow and the input's address is aligned (else elements), each thread loading up to 8 of them before
+  // allow and the input's address is aligned (else elements), each thread loading up to 64 bytes before
   // storing any. False: element by element, each stored before the next is loaded (as before; for
   // comparison). Not yet timed on a GPU.
   bool vector_copies = true;
@@ -266,6 +266,8 @@ struct KernelLaunch {
   // Whether shared tiles are copied in vectors, several loads at a time (GpuModel::vector_copies).
   bool vector_copies = true;
   int64_t blocks() const { return grid[0] * grid[1] * grid[2]; }
+  // A sequential launch (one thread) with the code generator's choices the model makes.
+  static KernelLaunch of(const GpuModel& model);
 };
 
 // A GPU kernel's input promoted to shared memory (as PPCG promotes): for one block of outputs and one
