@@ -109,7 +109,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.picks_columns = std::move(picks_columns);
-  choices.long_tiles = long_tiles(out_bytes, reduction_points, longest, target);
+  choices.long_tiles = long_tiles(out_bytes, longest, target);
   choices.lanes = lanes;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));

@@ -204,8 +204,8 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
   return target.threads >= 2 && weight_mode(out_bytes * target.threads, reduction_points / target.threads, target);
 }
 
-bool long_tiles(int64_t out_bytes, int64_t reduction_points, int64_t longest, const Target& target) {
-  return !output_fits_l2(out_bytes, target) && (reduction_points >= kLongReduction || longest >= kLongTiles);
+bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target) {
+  return !output_fits_l2(out_bytes, target) && longest >= kLongTiles;
 }
 
 bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan) {

@@ -36,16 +36,19 @@ bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& targ
 // still runs in weight mode.
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
-// Whether a micro-kernel sizes its reduction tiles for L2 instead of L1 (see size_reduction_tiles): the
-// complement of weight mode among long reductions, an output whose share per thread overflows half of L2.
-// Each reduction tile then loads and stores the accumulators from beyond L2, as many times per block as
-// there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's tile, now
-// read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 257 -> 287 GFLOP/s;
-// shorter reductions such as the 576 points of the bench's 3x3 64->64 conv measured slower, fwd 324 ->
-// 271). Also when one reduction variable has 768 points or more (a matmul's k: sgemm 768 384 -> 419, 1000
-// 350 -> 367, 1024 377 -> 395, 1536 365 -> 409 GFLOP/s), not for a window's several short ones (3x3
-// 128->128 conv, 1152 points: fwd 394-436 -> 382-390, bwd-data 431-433 -> 413-427 with L2 tiles).
-bool long_tiles(int64_t out_bytes, int64_t reduction_points, int64_t longest, const Target& target);
+// Whether a micro-kernel sizes its reduction tiles for L2 instead of L1 (see size_reduction_tiles): a
+// reduction variable of 768 points or more (a matmul's k) into an output whose share per thread overflows
+// half of L2. Each reduction tile then loads and stores the accumulators from beyond L2, as many times per
+// block as there are tiles; tiles sized for L2 make that several times rarer, and the vector operand's
+// tile, now read from L2, costs one vector load per row group of fused multiply-adds (sgemm 2048: 257 ->
+// 287 GFLOP/s; 768 384 -> 419, 1000 350 -> 367, 1024 377 -> 395, 1536 365 -> 409). Not for a window's
+// several short variables, however many points they have together: a conv's blocks inside one reduction
+// tile are a few rows of pixels, whose accumulators stay in L1 and L2 anyway, while its vector operand's
+// tile streams from L2 at every step (3x3 128->128, 1152 points: fwd 394-436 -> 382-390 GFLOP/s,
+// bwd-data 431-433 -> 413-427 with L2 tiles; 3x3 256->256, 2304 points, on one thread of a Cascade Lake:
+// fwd and bwd-data 15.7 -> 14.8 and 16.5 -> 15.6 ms with L1 tiles, which the rule gave them until
+// 2026-11-28, when it also took reductions of 2048 points or more).
+bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
 // block variable and not the vector one, so each row of a block broadcasts an element of its own.
