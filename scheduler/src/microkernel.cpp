@@ -39,6 +39,23 @@ bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const Mic
   return any;
 }
 
+// MicrokernelChoices::block_strides: the bytes between consecutive values of each block dimension in the
+// output -- the other output variables', a row block's (rows x the block variable's) and a column block's.
+std::vector<double> block_strides(const Contraction& c, const ProgramTypes& types, const std::vector<std::string>& vars,
+                                  const Microkernel& mk) {
+  const TensorType& out = types.tensors.at(c.output);
+  std::vector<Polynomial> idx;
+  for (const auto& p : c.output_indices) idx.push_back(p.bind_dims(types.dims));
+  auto stride = [&](size_t k, int64_t step) {
+    return output_stride(idx, vars[k], out.shape) * static_cast<double>(step * static_cast<int64_t>(dtype_bytes(out.dtype)));
+  };
+  std::vector<double> strides;
+  for (size_t k : mk.others) strides.push_back(stride(k, 1));
+  strides.push_back(stride(mk.block, mk.rows));
+  strides.push_back(stride(mk.vector, int64_t{mk.chunks} * mk.lanes));
+  return strides;
+}
+
 }  // namespace
 
 // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it.
@@ -110,17 +127,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.zero_init = stored_elements != nullptr;
   choices.picks_columns = std::move(picks_columns);
   choices.long_tiles = long_tiles(out_bytes, longest, target);
-  {
-    const TensorType& out = types.tensors.at(c.output);
-    std::vector<Polynomial> idx;
-    for (const auto& p : c.output_indices) idx.push_back(p.bind_dims(types.dims));
-    auto stride = [&](size_t k, int64_t step) {
-      return output_stride(idx, nest.variables[k], out.shape) * static_cast<double>(step * static_cast<int64_t>(dtype_bytes(out.dtype)));
-    };
-    for (size_t k : mk.others) choices.block_strides.push_back(stride(k, 1));
-    choices.block_strides.push_back(stride(mk.block, mk.rows));
-    choices.block_strides.push_back(stride(mk.vector, int64_t{mk.chunks} * mk.lanes));
-  }
+  choices.block_strides = block_strides(c, types, nest.variables, mk);
   choices.lanes = lanes;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));

@@ -46,8 +46,8 @@ bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& tar
 // tile are a few rows of pixels, whose accumulators stay in L1 and L2 anyway, while its vector operand's
 // tile streams from L2 at every step (3x3 128->128, 1152 points: fwd 394-436 -> 382-390 GFLOP/s,
 // bwd-data 431-433 -> 413-427 with L2 tiles; 3x3 256->256, 2304 points, on one thread of a Cascade Lake:
-// fwd and bwd-data 15.7 -> 14.8 and 16.5 -> 15.6 ms with L1 tiles, which the rule gave them until
-// 2026-11-28, when it also took reductions of 2048 points or more).
+// fwd and bwd-data 15.7 -> 14.8 and 16.5 -> 15.6 ms with L1 tiles; until 2026-11-28 the rule also gave
+// L2 tiles to every reduction of 2048 points or more).
 bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
