@@ -18,13 +18,14 @@ using isl_support::text;
 
 namespace {
 
+constexpr double kPageBytes = 4096;
+
 // Microkernel::prefetch_next_block: one block column; every broadcast input whose rows differ read at
 // most once per element over the points without the vector variable (isl: the access restricted to the
 // domain, v projected out, is injective), its rows less than a page apart and a page or more per block
 // (rows in pages of their own, such as a batch dimension's images, are streams the prefetchers follow).
 bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
                       const poly::internal::IslAnalysis& analysis, const Microkernel& mk) {
-  constexpr double page = 4096;
   if (mk.vector_hi - mk.vector_lo + 1 > int64_t{mk.chunks} * mk.lanes) return false;
   bool any = false;
   for (size_t k = 0; k < c.inputs.size(); ++k) {
@@ -32,7 +33,7 @@ bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const Mic
     if (!broadcast_per_row(in, plan)) continue;
     const TensorType& t = types.tensors.at(in.tensor);
     const double stride = output_stride(in.indices, plan.block, t.shape) * static_cast<double>(dtype_bytes(t.dtype));
-    if (stride >= page || stride * mk.rows < page) return false;
+    if (stride >= kPageBytes || stride * mk.rows < kPageBytes) return false;
     if (!isl_support::project_out_input(analysis.reads[k], static_cast<unsigned>(mk.vector)).is_injective()) return false;
     any = true;
   }
@@ -360,15 +361,14 @@ class MicrokernelNest {
       // prefetchers of each core then fetch the other's lines, and the two pass the accumulators' lines
       // back and forth (that gradient on a 2-core Cascade Lake: 10.4-10.6 ms split by column blocks,
       // 7.8-7.9 ms by its 22 row blocks). Unless every dimension is like that.
-      std::vector<bool> apart(counts.size(), false);
+      std::vector<bool> allowed(counts.size());
       for (size_t k = 0; k < counts.size(); ++k)
-        apart[k] = block_strides[k] * static_cast<double>((counts[k] + threads - 1) / threads) >= 4096;
-      const bool any_apart = std::find(apart.begin(), apart.end(), true) != apart.end();
-      auto allowed = [&](size_t k) { return apart[k] || !any_apart; };
+        allowed[k] = block_strides[k] * static_cast<double>((counts[k] + threads - 1) / threads) >= kPageBytes;
+      if (std::find(allowed.begin(), allowed.end(), true) == allowed.end()) allowed.assign(counts.size(), true);
       size_t split = 0;  // the first allowed, until an even one: fewer idle values per value
-      while (!allowed(split)) ++split;
+      while (!allowed[split]) ++split;
       for (size_t k = split + 1; k < counts.size(); ++k)
-        if (allowed(k) && idle(counts[split]) > 0 && idle(counts[k]) * counts[split] < idle(counts[split]) * counts[k]) split = k;
+        if (allowed[k] && idle(counts[split]) > 0 && idle(counts[k]) * counts[split] < idle(counts[split]) * counts[k]) split = k;
       int64_t chunk = (counts[split] + threads - 1) / threads;
       int64_t lo = split < mk_.others.size() ? range_[mk_.others[split]].first : 0;
       const Tuple L = step_tuple();
