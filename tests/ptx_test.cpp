@@ -239,6 +239,119 @@ TEST(PtxTest, ConsecutiveColumnsLoadSharedTilesAsVectors) {
   expect_assembles(compile(p, types, consecutive), "sm_90", "the matmul with consecutive columns");
 }
 
+// The GPU benchmark's programs (bench/gpu/cases.txt: each case's program and, for bwd_data / bwd_weights,
+// its gradient with respect to the first / second input) at the benchmark's shapes.
+std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> gpu_bench_programs() {
+  std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, TensorType>>>> out;
+  std::ifstream cases(POLYTILE_SOURCE_DIR "/bench/gpu/cases.txt");
+  EXPECT_TRUE(cases) << "bench/gpu/cases.txt";
+  for (std::string line; std::getline(cases, line);) {
+    std::istringstream fields(line);
+    std::string name, directions, file;
+    if (line.empty() || line[0] == '#' || !(fields >> name >> directions >> file)) continue;
+    const Program p = parse_file(POLYTILE_SOURCE_DIR "/" + file);
+    Shapes shapes;
+    for (std::string spec; fields >> spec;) {
+      const size_t eq = spec.find('=');
+      std::vector<int64_t> dims;
+      std::istringstream d(spec.substr(eq + 1));
+      for (std::string x; std::getline(d, x, 'x');) dims.push_back(std::stoll(x));
+      shapes[spec.substr(0, eq)] = dims;
+    }
+    const auto types = f32_types(shapes);
+    std::istringstream ds(directions);
+    for (std::string direction; std::getline(ds, direction, ',');) {
+      if (direction == "fwd") {
+        out.push_back({name + " fwd", {p, types}});
+        continue;
+      }
+      ad::Options ao;
+      ao.wrt = {p.inputs[direction == "bwd_data" ? 0 : 1].name};
+      ad::Result g = ad::vjp(p, ao);
+      auto gtypes = types;
+      gtypes[g.program.inputs.back().name] = infer_types(p, types).tensors.at(p.outputs[0]);
+      out.push_back({name + " " + direction, {g.program, gtypes}});
+    }
+  }
+  return out;
+}
+
+// The gate of the GPU benchmark's kernels (convolutions in every direction, matrix products): with the
+// registers fitted (GpuModel::fit_registers, the default), none spills for sm_80 or sm_90 -- at ptxas's
+// own register choice three of them did (the 256- and 96-channel weight gradients' partial sums, the
+// 96-channel data gradient). Compile's own report is the bundle's: the same kernels, registers and spills
+// as ptxas over the whole module.
+TEST(PtxTest, GpuBenchmarkKernelsSpillNothing) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  const auto programs = gpu_bench_programs();
+  ASSERT_EQ(programs.size(), 23u);
+  int ceilings = 0;
+  for (const auto& [what, program] : programs) {
+    for (const char* arch : {"sm_80", "sm_90"}) {
+      Options o;
+      o.arch = arch;
+      Compiled c = compile(program.first, program.second, o);
+      expect_assembles(c, arch, what + " for " + arch);
+      Assembled a = assemble(c.bundle.ptx, arch);
+      ASSERT_EQ(c.resources.size(), c.bundle.kernels.size()) << what;
+      for (size_t k = 0; k < c.resources.size(); ++k) {
+        const KernelResources& r = c.resources[k];
+        EXPECT_EQ(r.name, c.bundle.kernels[k].name) << what;
+        auto whole = std::find_if(a.kernels.begin(), a.kernels.end(), [&](const KernelResources& x) { return x.name == r.name; });
+        ASSERT_NE(whole, a.kernels.end()) << what;
+        EXPECT_EQ(whole->registers, r.registers) << what << " " << r.name;
+        EXPECT_EQ(count(c.bundle.ptx, ".minnctapersm " + std::to_string(r.min_blocks_per_sm) + "\n"), r.min_blocks_per_sm ? 1u : 0u)
+            << what << " " << r.name;
+        ceilings += r.min_blocks_per_sm > 0;
+      }
+    }
+  }
+  EXPECT_GT(ceilings, 0);  // what the next test shows in one case: the fitting is what removes the spills
+}
+
+// A kernel that spills at ptxas's own register choice gets a ceiling: the 96-channel 3x3 conv's data
+// gradient takes 64 registers for its 256 threads (4 blocks per multiprocessor) and spills; asked for
+// fewer blocks (`.minnctapersm`), it takes more registers and spills nothing. Without fitting, the PTX has
+// no ceiling and compile assembles nothing.
+TEST(PtxTest, KernelsThatSpillGetARegisterCeiling) {
+  if (!have_toolkit()) GTEST_SKIP() << "no CUDA toolkit";
+  Program p = padded_conv();
+  ad::Options ao;
+  ao.wrt = {"I"};
+  Program g = ad::vjp(p, ao).program;
+  const auto types = f32_types({{"I", {32, 28, 28, 96}}, {"K", {3, 3, 96, 96}}, {"DO", {32, 28, 28, 96}}});
+  Options fixed;
+  fixed.model = sched::GpuModel{};
+  fixed.model->fit_registers = false;
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    fixed.arch = arch;
+    Compiled plain = compile(g, types, fixed);
+    EXPECT_TRUE(plain.resources.empty());
+    EXPECT_EQ(count(plain.bundle.ptx, ".minnctapersm"), 0u);
+    Assembled a = assemble(plain.bundle.ptx, arch);
+    ASSERT_EQ(a.kernels.size(), 1u) << a.log;
+    EXPECT_GT(a.kernels[0].spill_stores, 0) << arch << ": the precondition (ptxas's own choice spills)\n" << a.log;
+
+    Options fitted;
+    fitted.arch = arch;
+    Compiled c = compile(g, types, fitted);
+    ASSERT_EQ(c.resources.size(), 1u);
+    const KernelResources& r = c.resources[0];
+    EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << arch;
+    EXPECT_GT(r.registers, a.kernels[0].registers) << arch;
+    // At most the blocks per multiprocessor its own choice allowed (64K registers, 256 threads).
+    EXPECT_GE(r.min_blocks_per_sm, 1) << arch;
+    EXPECT_LE(r.min_blocks_per_sm, 65536 / ((a.kernels[0].registers + 7) / 8 * 8 * 256)) << arch;
+    expect_assembles(c, arch, std::string("the 96-channel data gradient for ") + arch);
+    // Nothing else changed: the same PTX but for the ceiling's line, once.
+    const std::string ceiling = ".minnctapersm " + std::to_string(r.min_blocks_per_sm) + "\n";
+    ASSERT_EQ(count(c.bundle.ptx, ceiling), 1u) << arch;
+    std::string without = c.bundle.ptx;
+    without.erase(without.find(ceiling), ceiling.size());
+    EXPECT_EQ(without, plain.bundle.ptx) << arch;
+  }
+}
+
 // Shared tiles are copied in 16-byte vectors where their rows and the input's are whole vectors: the
 // matmul's tiles of A (32 x 64 floats per block) and B (64 x 128) as ld.global.nc.v4.f32 and
 // st.shared.v4.f32, each thread loading 4 vectors (64 bytes) before it stores them; with rows of 30

@@ -106,7 +106,9 @@ Prints one stage of the compiler for FILE.tile:
                               shared memory as vectors), unswitch (1: a reduction loop around guarded
                               register rows also runs unguarded where all rows are in range, the default;
                               0: guarded only), vcopy (1: shared tiles copied in 16-byte vectors where
-                              aligned, several loads at a time, the default; 0: element by element)
+                              aligned, several loads at a time, the default; 0: element by element),
+                              regs (1: where ptxas is found, a kernel that spills at ptxas's own register
+                              choice gets a register ceiling it fills, the default; 0: ptxas's choice)
   --verbose                   say on stderr why a pass left a contraction unchanged
   --verify                    prove every rewrite with isl: reduce and defract for all sizes where isl can
                               express them (else at the --shape sizes), and for the schedule stages also
@@ -299,7 +301,7 @@ const char* kGpuModelHelp =
     "threads (per block), tile (register tile RxC), shared (bytes of shared tiles; 0: none), reuse (reads per "
     "element for a tile), split-blocks (split sums filling fewer blocks; 0: never), split-slice (points per slice), "
     "accumulators (1 or 0), keep (1 or 0), pad (1 or 0), fit (1 or 0), masked (1 or 0), index32 (1 or 0), unroll (0-16), interleave (1 or 0), "
-    "unswitch (1 or 0), vcopy (1 or 0)";
+    "unswitch (1 or 0), vcopy (1 or 0), regs (1 or 0)";
 
 sched::GpuModel parse_gpu_model(const std::string& spec) {
   sched::GpuModel m;
@@ -356,6 +358,8 @@ sched::GpuModel parse_gpu_model(const std::string& spec) {
       m.unswitch_registers = number(0, 1) == 1;
     } else if (key == "vcopy") {
       m.vector_copies = number(0, 1) == 1;
+    } else if (key == "regs") {
+      m.fit_registers = number(0, 1) == 1;
     } else {
       user_error("--gpu-model: unknown key '", key, "' (keys: ", kGpuModelHelp, ")");
     }
@@ -497,8 +501,10 @@ int cmd_compile(const Args& a, std::ostream& out) {
   infer_types(p, shapes);  // user errors (a missing shape) first
   ptx::Compiled compiled = ptx::compile(p, shapes, options);
   compiled.bundle.write(dir);
-  std::optional<ptx::Assembled> assembled;
-  if (ptx::find_ptxas()) assembled = ptx::assemble(compiled.bundle.ptx, options.arch);
+  // ptxas's reports: compile's own where it fitted registers, else one run over the bundle's PTX.
+  std::vector<ptx::KernelResources> reports = compiled.resources;
+  const bool assembled = !reports.empty() || ptx::find_ptxas();
+  if (reports.empty() && assembled) reports = ptx::assemble(compiled.bundle.ptx, options.arch).kernels;
   out << "bundle " << dir << ": " << compiled.bundle.kernels.size() << " kernel" << (compiled.bundle.kernels.size() == 1 ? "" : "s")
       << " for " << options.arch << ", compiled in " << static_cast<int64_t>(compiled.seconds * 1e3 + 0.5) << " ms\n";
   auto dims = [](const std::array<int64_t, 3>& d) {
@@ -506,11 +512,12 @@ int cmd_compile(const Args& a, std::ostream& out) {
   };
   for (const auto& k : compiled.bundle.kernels) {
     out << "  " << k.name << ": grid " << dims(k.grid) << ", block " << dims(k.block);
-    if (assembled)
-      for (const auto& r : assembled->kernels)
-        if (r.name == k.name)
-          out << "; ptxas: " << r.registers << " registers, " << r.spill_stores << "/" << r.spill_loads
-              << " bytes spilled (stores/loads), " << r.shared_bytes << " bytes shared";
+    for (const auto& r : reports)
+      if (r.name == k.name) {
+        out << "; ptxas: " << r.registers << " registers, " << r.spill_stores << "/" << r.spill_loads
+            << " bytes spilled (stores/loads), " << r.shared_bytes << " bytes shared";
+        if (r.min_blocks_per_sm) out << ", register ceiling for " << r.min_blocks_per_sm << " blocks per multiprocessor";
+      }
     out << "\n";
   }
   if (!assembled) out << "  (ptxas not found: the PTX was not assembled)\n";

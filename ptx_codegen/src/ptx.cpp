@@ -208,9 +208,42 @@ namespace {
 // texts join into one module.
 struct KernelCode {
   std::string ir, ptx;
+  std::optional<KernelResources> resources;  // ptxas's report, where it assembled the kernel
 };
 
-KernelCode compile_kernel(const sched::Nest& nest, const std::string& name, const ProgramTypes& types, const Options& options) {
+// sched::GpuModel::fit_registers: assembles the kernel `name` (the only one of `ptx`) and, where it spills
+// at ptxas's own register choice, asks for as many blocks of `threads` per multiprocessor as its registers
+// allowed (`.minnctapersm`: a register ceiling ptxas fills), then one fewer, down to one, until it spills
+// nothing; `ptx` is the last one tried. ptxas's report of that PTX.
+KernelResources fit_registers(std::string& ptx, const std::string& name, int64_t threads, const std::string& arch) {
+  auto report = [&](const std::string& text) {
+    Assembled a = assemble(text, arch);
+    POLYTILE_CHECK(a.kernels.size() == 1 && a.kernels[0].name == name, "ptxas reported ", a.kernels.size(), " kernels for ", name);
+    return a.kernels[0];
+  };
+  KernelResources r = report(ptx);
+  if (r.spill_stores == 0 && r.spill_loads == 0) return r;
+  // The launch bounds LLVM printed for the kernel (its block's threads); the ceiling goes after them.
+  const size_t entry = ptx.find(".entry " + name + "(");
+  const size_t bounds = entry == std::string::npos ? entry : ptx.find("\n.maxntid ", entry);
+  POLYTILE_CHECK(bounds != std::string::npos, "the PTX of ", name, " has no .maxntid");
+  const size_t line_end = ptx.find('\n', bounds + 1);
+  // Every sm_75+ multiprocessor has 64K registers, allocated to a warp 256 at a time (8 per thread).
+  const int64_t per_thread = (r.registers + 7) / 8 * 8;
+  const int fitted = static_cast<int>(std::max<int64_t>(1, 65536 / (per_thread * threads)));
+  std::string tried;
+  for (int blocks = fitted; blocks >= 1; --blocks) {
+    tried = ptx.substr(0, line_end) + "\n.minnctapersm " + std::to_string(blocks) + ptx.substr(line_end);
+    r = report(tried);
+    r.min_blocks_per_sm = blocks;
+    if (r.spill_stores == 0 && r.spill_loads == 0) break;
+  }
+  ptx = std::move(tried);
+  return r;
+}
+
+KernelCode compile_kernel(const sched::Nest& nest, const std::string& name, const ProgramTypes& types, const Options& options,
+                          bool fit) {
   std::unique_ptr<llvm::TargetMachine> tm = target_machine(options.arch);
   llvm::LLVMContext context;
   llvm::Module module(name, context);
@@ -225,6 +258,10 @@ KernelCode compile_kernel(const sched::Nest& nest, const std::string& name, cons
   llvm::raw_string_ostream ir(out.ir);
   module.print(ir, nullptr);
   out.ptx = emit_ptx(module, *tm);
+  if (fit) {
+    const auto& b = nest.kernel->block;
+    out.resources = fit_registers(out.ptx, name, b[0] * b[1] * b[2], options.arch);
+  }
   return out;
 }
 
@@ -256,14 +293,16 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
   lower_options.reduce_and_defract = options.reduce_and_defract;
   lower_options.verify = options.verify;
   // Each kernel compiles on a thread of its own as soon as its nest is final, while the scheduler goes on
-  // with the next nests (a weight gradient's partial sums compile while their sum is scheduled).
+  // with the next nests (a weight gradient's partial sums compile while their sum is scheduled), and is
+  // assembled there where registers are fitted.
+  const bool fit = lower_options.target.gpu->fit_registers && find_ptxas().has_value();
   ProgramTypes types;
   std::vector<std::future<KernelCode>> pending;
   sched::LowerObserver observer;
   observer.program = [&types](const Program&, const ProgramTypes& t) { types = t; };
   observer.nest = [&](size_t k, const sched::Nest& nest) {
-    pending.push_back(std::async(std::launch::async, [&types, &options, k, nest] {
-      return compile_kernel(nest, kernel_name(k, nest), types, options);
+    pending.push_back(std::async(std::launch::async, [&types, &options, fit, k, nest] {
+      return compile_kernel(nest, kernel_name(k, nest), types, options, fit);
     }));
   };
   sched::Lowered lowered = sched::lower(program, inputs, lower_options, observer);
@@ -308,6 +347,7 @@ Compiled compile(const Program& program, const std::map<std::string, TensorType>
     bundle.kernels.push_back(std::move(kernel));
     code.push_back(pending[k].get());
     out.llvm_ir += code.back().ir;
+    if (code.back().resources) out.resources.push_back(*code.back().resources);
   }
   bundle.ptx = join_ptx(code);
 

@@ -449,7 +449,7 @@ std::string GpuModel::key() const {
   for (int64_t v : {int64_t{threads_per_block}, int64_t{tile_rows}, int64_t{tile_cols}, shared_bytes, min_reuse, min_blocks,
                     min_slice, max_split_bytes, int64_t{accumulators}, int64_t{keep_accumulators}, int64_t{pad_shared}, int64_t{fit_threads},
                     int64_t{masked_registers}, int64_t{index32}, int64_t{unroll}, int64_t{interleave_columns},
-                    int64_t{unswitch_registers}, int64_t{vector_copies}})
+                    int64_t{unswitch_registers}, int64_t{vector_copies}, int64_t{fit_registers}})
     k += (k.empty() ? "" : "/") + std::to_string(v);
   return k;
 }

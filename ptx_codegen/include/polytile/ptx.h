@@ -31,13 +31,26 @@ struct Options {
   std::optional<sched::GpuModel> model;
 };
 
+struct KernelResources {
+  std::string name;
+  int registers = 0;
+  int64_t spill_stores = 0, spill_loads = 0;  // bytes
+  int64_t shared_bytes = 0, stack_bytes = 0;
+  // The register ceiling compile gave the kernel (sched::GpuModel::fit_registers) as the blocks per
+  // multiprocessor it asked ptxas for (`.minnctapersm`); 0: none, ptxas's own choice.
+  int min_blocks_per_sm = 0;
+};
+
 struct Compiled {
   cuda::KernelBundle bundle;  // PTX and manifest: what runs
   Program program;            // after the passes
   ProgramTypes types;
   sched::Schedule schedule;   // one nest per kernel, in launch order
   std::string llvm_ir;        // the optimized modules, one per kernel in launch order, before PTX (deterministic)
-  double seconds = 0;         // text to PTX: passes, schedule, LLVM
+  double seconds = 0;         // text to PTX: passes, schedule, LLVM (and ptxas where it fits registers)
+  // ptxas's report of each kernel in launch order, where compile assembled them (the toolkit's ptxas was
+  // found and the model fits registers, sched::GpuModel::fit_registers); empty otherwise.
+  std::vector<KernelResources> resources;
 };
 
 // UserError for what the inputs make impossible (as cpu::compile), a target that is not sm_XY >= 75,
@@ -64,13 +77,6 @@ std::optional<std::string> find_libdevice(const std::string& configured = "", st
 
 // ptxas of the CUDA toolkit ($CUDA_PATH/bin, the toolkit found at build time, /usr/local/cuda/bin, PATH).
 std::optional<std::string> find_ptxas();
-
-struct KernelResources {
-  std::string name;
-  int registers = 0;
-  int64_t spill_stores = 0, spill_loads = 0;  // bytes
-  int64_t shared_bytes = 0, stack_bytes = 0;
-};
 
 struct Assembled {
   std::string arch;

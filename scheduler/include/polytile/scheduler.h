@@ -119,6 +119,14 @@ struct GpuModel {
   // storing any. False: element by element, each stored before the next is loaded (as before; for
   // comparison). Not yet timed on a GPU.
   bool vector_copies = true;
+  // Where the CUDA toolkit's ptxas is found, ptx::compile assembles each kernel as soon as its PTX exists,
+  // and one that spills registers at ptxas's own choice gets a register ceiling ptxas fills instead
+  // (`.minnctapersm`: as many blocks per multiprocessor as its registers allowed, then one fewer, down to
+  // one, until it spills nothing). ptxas picks fewer registers than a block's threads could have (64 for
+  // 256 threads, the budget of 4 resident blocks) and spilled hoisted addresses of three benchmark kernels
+  // (4-64 bytes). False: ptxas's choice, whatever it spills. The PTX then depends on the toolkit's ptxas
+  // where one is found (as what the driver's JIT makes of it does).
+  bool fit_registers = true;
   // Every field above, as text: what a cache of compiled kernels keys them by (a new field goes here too).
   std::string key() const;
 };
