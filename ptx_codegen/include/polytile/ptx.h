@@ -5,7 +5,8 @@
 // root, since the interpreter is the oracle) -> LLVM's NVPTX back end -> the kernels' PTX joined into one
 // module -> a kernel bundle (polytile/cuda_runtime.h) that polytile-run-bundle or cuda::Runner runs. LLVM stays inside
 // this library; nothing here needs a GPU or the CUDA driver. ptxas from the CUDA toolkit, where present,
-// assembles the PTX and reports registers, spills and shared memory per kernel.
+// assembles the PTX and reports registers, spills and shared memory per kernel; compile runs it on each
+// kernel to give one that spills a register ceiling (sched::GpuModel::fit_registers).
 #pragma once
 
 #include <functional>
