@@ -278,6 +278,25 @@ TEST(HalfTest, ContractionsAccumulateInF32AndRoundOnce) {
     EXPECT_EQ(interpreted_and_compiled(text, {{"I", I}, {"H", H}}).dtype(), DType::f16) << text;
 }
 
+// A default seeds an f16 contraction's accumulator as a value of its dtype, a half (the interpreter's rule),
+// before the f32 accumulation: 1 + 2^-11 (an f32 default) is a tie between the halves 1 and 1 + 2^-10 and
+// rounds to 1, so 1 + four 2^-12 is 1 + 2^-10; seeded with the f32 value, the sum 1 + 3 * 2^-11 (a tie
+// again) rounds to 1 + 2^-9 (random programs of the differential fuzzer found it). An f16 default is
+// widened as it is, an f64 one rounded once, and both backends agree with the interpreter bit for bit.
+TEST(HalfTest, ADefaultSeedsTheAccumulatorAsAHalf) {
+  const Buffer B = Buffer::from_values(DType::f16, {4}, {0x1p-12, 0x1p-12, 0x1p-12, 0x1p-12});
+  const std::string sum = "function (D[M], B[N]) -> (O) { O[j : M] = +(B[i]) default D; }";
+  for (DType d : {DType::f32, DType::f64}) {
+    const Buffer D = Buffer::from_values(d, {2}, {1 + 0x1p-11, 3});
+    const Buffer o = interpreted_and_compiled(sum, {{"D", D}, {"B", B}});
+    ASSERT_EQ(o.dtype(), DType::f16);
+    EXPECT_EQ(o.get(0), 1 + 0x1p-10) << to_string(d);
+    EXPECT_EQ(o.get(1), 3) << to_string(d);  // 3 + 2^-10, a tie between 3 and 3 + 2^-9: the even one
+  }
+  const Buffer H = Buffer::from_values(DType::f16, {2}, {1 + 0x1p-10, 3});
+  EXPECT_EQ(interpreted_and_compiled(sum, {{"D", H}, {"B", B}}).get(0), 1 + 0x1p-9);
+}
+
 // Ahead-of-time export and the kernel cache run what the JIT runs: the header declares int64_t and
 // uint16_t (binary16 bits) arguments, and the loaded object computes the interpreter's values.
 TEST(DTypeTest, ExportedObjectsRunBothDtypes) {

@@ -3,7 +3,7 @@
 // once (ir.h): it reads f32 casts of its f16 operands, writes an f32 tensor, and a cast to f16 gives the
 // original output. The casts are elementwise statements, so fusion may inline them into the contraction's
 // loads. Contractions that only select (max, min or assign of one operand) stay f16: their results are
-// inputs' halves either way.
+// inputs' halves either way. A default (init tensor) seeds the f32 accumulator with its value as a half.
 #include <map>
 
 #include "polytile/lower.h"
@@ -36,6 +36,24 @@ Program widen_half_contractions(const Program& p, const ProgramTypes& types) {
         out.statements.push_back(Elementwise{it->second, Expr::call(Intrinsic::cast, {Expr::tensor(tensor)}, DType::f32)});
       }
       tensor = it->second;
+    }
+    // The default seeds the accumulator as a value of the output's dtype (as the interpreter does): a
+    // default of another dtype is rounded to a half before it is widened.
+    if (c->init) {
+      std::string& init = *wide.init;
+      if (dtype(init) == DType::f16) {
+        auto [it, made] = widened.try_emplace(init, "");
+        if (made) {
+          it->second = fresh_name(init + "_f32", names);
+          out.statements.push_back(Elementwise{it->second, Expr::call(Intrinsic::cast, {Expr::tensor(init)}, DType::f32)});
+        }
+        init = it->second;
+      } else {
+        const std::string rounded = fresh_name(init + "_f16_f32", names);
+        out.statements.push_back(Elementwise{
+            rounded, Expr::call(Intrinsic::cast, {Expr::call(Intrinsic::cast, {Expr::tensor(init)}, DType::f16)}, DType::f32)});
+        init = rounded;
+      }
     }
     wide.output = fresh_name(c->output + "_f32", names);
     out.statements.push_back(wide);
