@@ -614,6 +614,25 @@ TEST(CpuTest, SharedTileCopiesMoveVectorsWhereAligned) {
   }
 }
 
+// A rank-0 input read at every point (a scalar compared with itself in a cond) is promoted to a shared
+// tile of no dimensions, its one element: copied as an element (the vector copies
+// read the tile's last dimension, which it does not have: the copy crashed; the differential fuzzer's GPU
+// semantics found it), against the interpreter.
+TEST(CpuTest, RankZeroSharedTilesAreCopiedAsOneElement) {
+  const Program p = parse_program(
+      "function (A[], B[M, N]) -> (O) { O[i : 3] = +(A[] == A[] ? B[j - i + 2, 2*j]), i < 3, j < 1, k < 3; }");
+  CompileOptions o;
+  o.target = sched::gpu_target("sm_90");
+  TensorMap in = inputs_for({{"B", {4, 6}}}, DType::f32, 5);
+  in["A"] = Buffer::from_values(DType::i32, {}, {7});
+  auto compiled = compile(p, types_of(in), o);
+  bool scalar_tile = false;
+  for (const sched::Nest& nest : compiled->schedule().nests)
+    for (const sched::SharedTile& tile : nest.shared) scalar_tile = scalar_tile || (tile.tensor == "A" && tile.sizes.empty());
+  ASSERT_TRUE(scalar_tile) << "no rank-0 shared tile: the test lost its subject\n" << sched::print_loops(compiled->schedule());
+  expect_same(p, in, "a rank-0 shared tile", o);
+}
+
 // The GPU model decides the kernels' launches: two models of one architecture are two compilations.
 TEST(CpuTest, TheGpuModelIsPartOfTheCacheKey) {
   Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");

@@ -70,7 +70,9 @@ void NestEmitter::copy_statement(const sched::LoopNode& n) {
   const int64_t bytes = static_cast<int64_t>(m_.getDataLayout().getTypeAllocSize(storage_type(type.dtype)));
   // 8-byte elements one by one: copied as pairs, the i64 matmul's kernel spilled registers in ptxas for sm_80.
   const int64_t lanes = bytes < 8 ? 16 / bytes : 1;
-  if (!k.vector_copies || lanes == 1 || tile.sizes.back() % lanes != 0 || tile.pitch % lanes != 0 || type.shape.back() % lanes != 0) {
+  // A rank-0 tile (a scalar input read at every point) is its one element.
+  if (!k.vector_copies || lanes == 1 || tile.sizes.empty() || tile.sizes.back() % lanes != 0 || tile.pitch % lanes != 0 ||
+      type.shape.back() % lanes != 0) {
     copy_units(t, origin, thread, 1);
     return;
   }
