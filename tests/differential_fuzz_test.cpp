@@ -2,7 +2,7 @@
 // run on the CPU backend (every rewriting pass proven with isl) and with the GPU strategy's kernels under
 // GPU semantics against the reference interpreter -- the same values, or a UserError from both -- and
 // random differentiable programs through all three AD modes against central finite differences in f64
-// (ill-conditioned ones counted, not checked). The default budget (1000 programs on the CPU backend, 300
+// (ill-conditioned ones counted, not checked). The default budget (1000 programs on the CPU backend, 2 x 200
 // under GPU semantics, 400 through autodiff) runs in about a minute; set POLYTILE_FUZZ_PROGRAMS=N for a longer run (the README
 // records one) and POLYTILE_FUZZ_SEED=S for other programs than the suite's. Each failure prints the seed,
 // the iteration and the program; POLYTILE_FUZZ_TRACE=1 prints every program of the backends' tests to stderr
@@ -122,13 +122,20 @@ TEST(DifferentialFuzzTest, RandomProgramsAgreeOnTheCpuBackend) {
 }
 
 // The same with the GPU strategy's kernels (blocks, threads, shared tiles, register tiles) run on the host
-// with GPU semantics, on other programs.
+// with GPU semantics, on other programs: the default model, and a small one under which these programs
+// span several blocks with partial register tiles and split reductions.
 TEST(DifferentialFuzzTest, RandomProgramsAgreeUnderGpuSemantics) {
   cpu::CompileOptions options;
   options.verify = true;
   options.threads = 1;
   options.target = sched::gpu_target("sm_90");
-  programs_agree("gpu semantics", options, 20261128, 300);
+  programs_agree("gpu semantics", options, 20261128, 200);
+  options.target.gpu->threads_per_block = 8;
+  options.target.gpu->tile_rows = 2;
+  options.target.gpu->tile_cols = 3;
+  options.target.gpu->min_blocks = 64;
+  options.target.gpu->min_slice = 2;
+  programs_agree("gpu semantics with 8-thread blocks, 2x3 register tiles and split reductions", options, 20261129, 200);
 }
 
 // <head, outputs> at the given inputs; `magnitude` gets sum |head * output|, which bounds the rounding
