@@ -2,11 +2,11 @@
 // run on the CPU backend (every rewriting pass proven with isl) and with the GPU strategy's kernels under
 // GPU semantics against the reference interpreter -- the same values, or a UserError from both -- and
 // random differentiable programs through all three AD modes against central finite differences in f64
-// (ill-conditioned ones counted, not checked). The default budget (1000 programs on the CPU backend, 2 x 200
-// under GPU semantics, 400 through autodiff) runs in about a minute; set POLYTILE_FUZZ_PROGRAMS=N for a longer run (the README
-// records one) and POLYTILE_FUZZ_SEED=S for other programs than the suite's. Each failure prints the seed,
-// the iteration and the program; POLYTILE_FUZZ_TRACE=1 prints every program of the backends' tests to stderr
-// before it runs (a crash ends the run: the last one printed).
+// (ill-conditioned ones counted, not checked). The default budget (1000 programs on the CPU backend,
+// 2 x 200 under GPU semantics, 400 through autodiff) runs in about a minute; set POLYTILE_FUZZ_PROGRAMS=N
+// for a longer run (the README records some) and POLYTILE_FUZZ_SEED=S for other programs than the
+// suite's. Each failure prints the seed, the iteration and the program; POLYTILE_FUZZ_TRACE=1 prints every
+// program of the backends' tests to stderr before it runs (a crash ends the run: the last one printed).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,8 +63,8 @@ std::string differs(const Buffer& got, const Buffer& want, double f64_tolerance 
   return "";
 }
 
-// Random programs (the generator seeded with `suite_seed`, or POLYTILE_FUZZ_SEED) compiled with `options` against
-// the interpreter: the same values, or a UserError from both.
+// Random programs (the generator seeded with `suite_seed`, or POLYTILE_FUZZ_SEED) compiled with `options`
+// against the interpreter: the same values, or a UserError from both.
 void programs_agree(const std::string& backend, const cpu::CompileOptions& options, uint64_t suite_seed, int default_programs) {
   const uint64_t seed = seed_or(suite_seed);
   const int programs = budget(default_programs);
