@@ -16,6 +16,15 @@ Program widen_half_contractions(const Program& p, const ProgramTypes& types) {
   std::set<std::string> names = tensor_names(p);
   std::map<std::string, std::string> widened;  // f16 tensor -> its f32 cast, once made
   auto dtype = [&](const std::string& t) { return types.tensors.at(t).dtype; };
+  // The f32 cast of an f16 tensor, made before its first use.
+  auto widen = [&](const std::string& tensor) {
+    auto [it, made] = widened.try_emplace(tensor, "");
+    if (made) {
+      it->second = fresh_name(tensor + "_f32", names);
+      out.statements.push_back(Elementwise{it->second, Expr::call(Intrinsic::cast, {Expr::tensor(tensor)}, DType::f32)});
+    }
+    return it->second;
+  };
   for (const auto& st : p.statements) {
     const auto* c = std::get_if<Contraction>(&st);
     const bool arithmetic = c && (c->aggregation == AggregationOp::sum || c->aggregation == AggregationOp::product ||
@@ -27,27 +36,14 @@ Program widen_half_contractions(const Program& p, const ProgramTypes& types) {
     Contraction wide = *c;
     // The operands that carry the value (a cond's third; the others only compare, exactly in either type).
     const size_t first = c->combination == CombinationOp::cond ? 2 : 0;
-    for (size_t i = first; i < wide.inputs.size(); ++i) {
-      std::string& tensor = wide.inputs[i].tensor;
-      if (dtype(tensor) != DType::f16) continue;
-      auto [it, made] = widened.try_emplace(tensor, "");
-      if (made) {
-        it->second = fresh_name(tensor + "_f32", names);
-        out.statements.push_back(Elementwise{it->second, Expr::call(Intrinsic::cast, {Expr::tensor(tensor)}, DType::f32)});
-      }
-      tensor = it->second;
-    }
+    for (size_t i = first; i < wide.inputs.size(); ++i)
+      if (dtype(wide.inputs[i].tensor) == DType::f16) wide.inputs[i].tensor = widen(wide.inputs[i].tensor);
     // The default seeds the accumulator as a value of the output's dtype (as the interpreter does): a
     // default of another dtype is rounded to a half before it is widened.
     if (c->init) {
       std::string& init = *wide.init;
       if (dtype(init) == DType::f16) {
-        auto [it, made] = widened.try_emplace(init, "");
-        if (made) {
-          it->second = fresh_name(init + "_f32", names);
-          out.statements.push_back(Elementwise{it->second, Expr::call(Intrinsic::cast, {Expr::tensor(init)}, DType::f32)});
-        }
-        init = it->second;
+        init = widen(init);
       } else {
         const std::string rounded = fresh_name(init + "_f16_f32", names);
         out.statements.push_back(Elementwise{
