@@ -250,15 +250,9 @@ std::vector<std::pair<std::string, std::pair<Program, std::map<std::string, Tens
     std::string name, directions, file;
     if (line.empty() || line[0] == '#' || !(fields >> name >> directions >> file)) continue;
     const Program p = parse_file(POLYTILE_SOURCE_DIR "/" + file);
-    Shapes shapes;
-    for (std::string spec; fields >> spec;) {
-      const size_t eq = spec.find('=');
-      std::vector<int64_t> dims;
-      std::istringstream d(spec.substr(eq + 1));
-      for (std::string x; std::getline(d, x, 'x');) dims.push_back(std::stoll(x));
-      shapes[spec.substr(0, eq)] = dims;
-    }
-    const auto types = f32_types(shapes);
+    std::string specs;
+    std::getline(fields, specs);  // A=1024x1024 B=...
+    const auto types = f32_types(testing::shapes_from_args(specs));
     std::istringstream ds(directions);
     for (std::string direction; std::getline(ds, direction, ',');) {
       if (direction == "fwd") {
