@@ -195,6 +195,7 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
   std::set<std::string> down_columns;  // the inputs a warp reads down their columns: their tiles are padded
   for (const NestFacts::Read& r : facts.reads)
     if (reads_down_columns(facts.reads, r.tensor, lane)) down_columns.insert(r.tensor);
+  std::string largest;  // the tensor of the largest tile in the last try (promote)
   for (;;) {
     // The copies' steps: each point to its block and reduction tile (the tree's prefix at the threads).
     std::vector<std::string> step = blocks;
@@ -202,16 +203,13 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
     const isl::union_map steps = isl::union_map(ctx.get(), "{ S[" + join(vars) + "] -> [" + join(step) + "] }").intersect_domain(domain);
     int64_t per_tile = block_points;
     for (int64_t t : tiles) per_tile *= t;
-    std::vector<Promoted> promoted = promote(steps, facts, per_tile, gpu.min_reuse);
-    if (gpu.pad_shared)
-      for (Promoted& p : promoted)
-        if (p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0 && down_columns.count(p.tile.tensor)) ++p.tile.pitch;
-    int64_t bytes = 0;
-    for (const Promoted& p : promoted) bytes += p.tile.storage() * static_cast<int64_t>(p.element_bytes);
-    if (bytes <= std::min(gpu.shared_bytes, GpuModel::static_shared_limit)) {
-      if (promoted.empty()) return with_accumulators(tree_with({}));
-      for (const Promoted& p : promoted) prove_cover(p);
-      return graft_copies(with_accumulators(tree_with(tiles)), steps, promoted, shared, added);
+    const std::optional<std::vector<Promoted>> promoted =
+        promote(steps, facts, per_tile, gpu.min_reuse, gpu.pad_shared ? &down_columns : nullptr,
+                std::min(gpu.shared_bytes, GpuModel::static_shared_limit), largest);
+    if (promoted) {  // the tiles fit
+      if (promoted->empty()) return with_accumulators(tree_with({}));
+      for (const Promoted& p : *promoted) prove_cover(p);
+      return graft_copies(with_accumulators(tree_with(tiles)), steps, *promoted, shared, added);
     }
     auto widest = std::max_element(tiles.begin(), tiles.end());
     if (*widest == 1) return with_accumulators(tree_with({}));  // not even one reduction point per tile fits
@@ -221,32 +219,56 @@ isl::schedule NestBuilder::gpu_plain_nest(const isl::schedule& neutral, const st
 
 // The inputs to promote at a tree's reduction tiles: each read tensor whose footprint over one step (a
 // block and a reduction tile) has a fixed-size box (prove_cover proves it covers the footprint), and whose
-// elements are read at least `min_reuse` times per tile on average.
-std::vector<NestBuilder::Promoted> NestBuilder::promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile,
-                                                        int64_t min_reuse) {
+// elements are read at least `min_reuse` times per tile on average; the tiles of `padded` tensors with
+// rows of even length get one more element per row. None when the tiles take more than `budget` bytes:
+// the boxes of the tensors after the one that passes it are not computed (the halving of the reduction
+// tiles tries one size after another, and a box is most of the cost of a try). `largest` names the
+// tensor of the largest tile, and the one named there is taken first where the order cannot change what
+// is promoted (every tensor has a tile slot), so that a try that does not fit stops after one box.
+std::optional<std::vector<NestBuilder::Promoted>> NestBuilder::promote(const isl::union_map& steps, const NestFacts& facts,
+                                                                       int64_t per_tile, int64_t min_reuse,
+                                                                       const std::set<std::string>* padded, int64_t budget,
+                                                                       std::string& largest) {
+  std::vector<const NestFacts::Read*> firsts;  // each tensor's first read, in the reads' order
+  for (const NestFacts::Read& r : facts.reads)
+    if (std::none_of(firsts.begin(), firsts.end(), [&](const NestFacts::Read* f) { return f->tensor == r.tensor; })) firsts.push_back(&r);
+  std::vector<const NestFacts::Read*> order = firsts;
+  if (order.size() <= StatementIds::max_tiles)
+    std::stable_partition(order.begin(), order.end(), [&](const NestFacts::Read* f) { return f->tensor == largest; });
   std::vector<Promoted> out;
-  std::vector<std::string> seen;
-  for (const NestFacts::Read& r : facts.reads) {
-    if (std::find(seen.begin(), seen.end(), r.tensor) != seen.end()) continue;
-    seen.push_back(r.tensor);
+  int64_t bytes = 0, most = -1;
+  for (const NestFacts::Read* r : order) {
     if (out.size() == StatementIds::max_tiles) break;
-    isl::union_map accesses = isl::union_map(r.access);
+    isl::union_map accesses = isl::union_map(r->access);
     for (const NestFacts::Read& other : facts.reads)
-      if (other.tensor == r.tensor) accesses = accesses.unite(isl::union_map(other.access));
+      if (other.tensor == r->tensor) accesses = accesses.unite(isl::union_map(other.access));
     const isl::map footprint = steps.reverse().apply_range(accesses).as_map();
     const isl::fixed_box box = footprint.range_simple_fixed_box_hull();
     if (!box.is_valid()) continue;
     Promoted p;
-    p.tile.tensor = r.tensor;
-    p.element_bytes = r.element_bytes;
+    p.tile.tensor = r->tensor;
+    p.element_bytes = r->element_bytes;
     const isl::multi_val size = box.size();
     for (unsigned d = 0; d < size.size(); ++d) p.tile.sizes.push_back(size.at(static_cast<int>(d)).get_num_si());
     p.tile.pitch = p.tile.sizes.empty() ? 1 : p.tile.sizes.back();
     if (p.tile.elements() * min_reuse > per_tile) continue;
+    if (padded && p.tile.sizes.size() >= 2 && p.tile.pitch % 2 == 0 && padded->count(p.tile.tensor)) ++p.tile.pitch;
+    const int64_t tile_bytes = p.tile.storage() * static_cast<int64_t>(p.element_bytes);
+    if (tile_bytes > most) {
+      most = tile_bytes;
+      largest = r->tensor;
+    }
+    bytes += tile_bytes;
+    if (bytes > budget) return std::nullopt;
     p.offset = box.offset();
     p.footprint = footprint;
     out.push_back(std::move(p));
   }
+  // In the reads' order (the shared tiles' numbers).
+  auto rank = [&](const Promoted& p) {
+    return std::find_if(firsts.begin(), firsts.end(), [&](const NestFacts::Read* f) { return f->tensor == p.tile.tensor; }) - firsts.begin();
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const Promoted& a, const Promoted& b) { return rank(a) < rank(b); });
   return out;
 }
 

@@ -188,7 +188,9 @@ struct NestBuilder {
     isl::multi_aff offset;  // the tile's origin, a function of the block and reduction tile dimensions
     isl::map footprint;     // each step to the elements its points read
   };
-  std::vector<Promoted> promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile, int64_t min_reuse);
+  std::optional<std::vector<Promoted>> promote(const isl::union_map& steps, const NestFacts& facts, int64_t per_tile,
+                                               int64_t min_reuse, const std::set<std::string>* padded, int64_t budget,
+                                               std::string& largest);
   void prove_cover(const Promoted& p);
   isl::schedule_node thread_mark(const isl::schedule& tree);
   isl::schedule graft_copies(const isl::schedule& tree, const isl::union_map& steps, const std::vector<Promoted>& promoted,
