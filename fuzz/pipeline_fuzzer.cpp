@@ -1,6 +1,7 @@
 // libFuzzer target: parse, check and lower. Tile text is parsed; every input dim is bound to a small size
 // taken from the input bytes; then types are inferred, every contraction is analyzed with isl, reduced and
-// defracted with translation validation on, scheduled with isl (loop ASTs included), and differentiated.
+// defracted with translation validation on, scheduled with isl for the CPU and for an sm_90 GPU (loop ASTs
+// included), and differentiated.
 // A UserError at any stage is a correct refusal; an InternalError (a failed proof or a broken invariant)
 // or any other exception aborts, and libFuzzer keeps the input.
 #include <cstddef>
@@ -34,7 +35,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     polytile::ProgramTypes types = polytile::infer_types(p, inputs);
     polytile::poly::analyze_program(p, types);
     polytile::Program lowered = polytile::poly::reduce_and_defract(p, polytile::poly::PassContext{&types, true});
-    polytile::sched::schedule(lowered, polytile::infer_types(lowered, inputs));
+    const polytile::ProgramTypes lowered_types = polytile::infer_types(lowered, inputs);
+    polytile::sched::schedule(lowered, lowered_types);
+    static const polytile::sched::Target gpu = polytile::sched::gpu_target("sm_90");
+    polytile::sched::schedule(lowered, lowered_types, gpu);  // the GPU strategy's kernels, shared tiles, barriers
     polytile::ad::vjp(p);
   } catch (const polytile::UserError&) {
     return 0;

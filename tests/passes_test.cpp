@@ -100,6 +100,39 @@ TEST(PassesTest, ReduceDeclinesWhenIntegralityWouldBeLost) {
   EXPECT_NE(r.reason.find("would not keep every original index variable integral"), std::string::npos) << r.reason;
 }
 
+// From the pipeline fuzzer: v2 and v5v appear only as v2 - v5v, so the contraction ranges over whole lines
+// of (v2, v5v) wherever it has points, and the interpreter and analyze refuse it as unbounded. Defract
+// used to fold the pair into one variable (one point of each line): the CPU backend then ran the program
+// the interpreter refuses, and with translation validation on it failed with an internal error even at
+// sizes where the contraction has no points (CO < 7) and the program is valid.
+TEST(PassesTest, ContractionsWithAnUnboundedDirectionAreLeftAsWritten) {
+  const std::string text =
+      "function (DO[N, OH, OW, CO], K[KH, KW, CI, AO]) -> (DI) {\n"
+      "  DI[v0, v1, x2, v3 : N, 3*OH, 3*OW, CI] = +(DO[v0, 1/3*v1 - 2/3*vt, 1/3*v2 - 1/3*v5v, 6] * K[v4, v5, v6, v6]);\n"
+      "}\n";
+  Program p = parse_program(text);
+  for (int64_t co : {3, 8}) {  // no points, and points
+    ProgramTypes types = types_for(p, {{"DO", {1, 2, 2, co}}, {"K", {2, 2, 2, 2}}});
+    std::vector<std::string> log;
+    Program after = reduce_and_defract(p, PassContext{&types, /*verify=*/true}, &log);
+    EXPECT_EQ(print(after), print(p)) << co;
+    EXPECT_NE(std::find(log.begin(), log.end(), "defract: DI has index variables that no index or constraint bounds: left as written"), log.end());
+    TensorMap inputs{{"DO", testing::random_buffer({1, 2, 2, co}, 1)}, {"K", testing::random_buffer({2, 2, 2, 2}, 2)}};
+    if (co == 3) {
+      testing::expect_near_buffers(interpret(after, inputs).at("DI"), interpret(p, inputs).at("DI"), 0, "no points");
+      continue;
+    }
+    for (const Program* q : {&p, &after}) {
+      try {
+        analyze_program(*q, infer_types(*q, {{"DO", {DType::f64, {1, 2, 2, co}}}, {"K", {DType::f64, {2, 2, 2, 2}}}}));
+        ADD_FAILURE() << "an unbounded contraction was analyzed";
+      } catch (const UserError& e) {
+        EXPECT_NE(std::string(e.what()).find("index variable v2 of contraction DI is unbounded"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 // Runs reduce then defract on the program's only contraction and compares values with the original.
 void expect_passes_keep_values(const std::string& text, const std::map<std::string, std::vector<int64_t>>& shapes) {
   Program p = parse_program(text);

@@ -485,11 +485,39 @@ static std::map<std::string, std::vector<DimExpr>> symbolic_shapes(const Program
   return shapes;
 }
 
+// Whether the index variables can move together along some direction that changes no index expression
+// and no constraint (their linear parts have a kernel): every one of them is bounded on both sides by a
+// size, so the contraction ranges over an unbounded set wherever it has points, which analyze and the
+// interpreter refuse as an unbounded index variable. A rewrite cannot keep such a direction (defract
+// dropped one and made the program run, summing over one point of each line, where the interpreter
+// refuses it), so a contraction with one is left as written, whatever its sizes.
+static bool has_free_direction(const Contraction& c) {
+  const std::vector<std::string> vars = c.index_variables();
+  std::vector<const Polynomial*> forms;
+  for (const Polynomial& p : c.output_indices) forms.push_back(&p);
+  for (const TensorAccess& a : c.inputs)
+    for (const Polynomial& p : a.indices) forms.push_back(&p);
+  for (const Constraint& k : c.constraints) forms.push_back(&k.poly);
+  if (vars.empty()) return false;
+  if (forms.empty()) return true;
+  lattice::IntMatrix linear(forms.size(), vars.size());
+  for (size_t r = 0; r < forms.size(); ++r) {
+    int64_t den = 1;  // the row scaled to integers
+    for (const auto& v : vars) den = std::lcm(den, forms[r]->coefficient(v).den());
+    for (size_t k = 0; k < vars.size(); ++k) linear(r, k) = (forms[r]->coefficient(vars[k]) * Rational(den)).num();
+  }
+  return lattice::kernel_basis(linear).cols() > 0;
+}
+
 // Runs one pass on a contraction, logs a decline, and proves a change when asked to: for every size where
 // isl can express the sizes, else at the sizes in ctx.types.
 static Contraction run_pass(const char* name, PassResult (*pass)(const Contraction&, const PassContext&), const Contraction& c,
                             const PassContext& ctx, const std::map<std::string, std::vector<DimExpr>>& shapes,
                             std::vector<std::string>* log) {
+  if (has_free_direction(c)) {
+    if (log) log->push_back(std::string(name) + ": " + c.output + " has index variables that no index or constraint bounds: left as written");
+    return c;
+  }
   PassResult r = pass(c, ctx);
   if (!r.changed && log) log->push_back(std::string(name) + ": " + r.reason);
   if (r.changed && ctx.verify) {
