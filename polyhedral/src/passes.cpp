@@ -15,6 +15,7 @@
 
 #include "polytile/error.h"
 #include "polytile/lattice.h"
+#include "isl_text.h"
 
 namespace polytile::poly {
 namespace {
@@ -502,9 +503,8 @@ static bool has_free_direction(const Contraction& c) {
   if (forms.empty()) return true;
   lattice::IntMatrix linear(forms.size(), vars.size());
   for (size_t r = 0; r < forms.size(); ++r) {
-    int64_t den = 1;  // the row scaled to integers
-    for (const auto& v : vars) den = std::lcm(den, forms[r]->coefficient(v).den());
-    for (size_t k = 0; k < vars.size(); ++k) linear(r, k) = (forms[r]->coefficient(vars[k]) * Rational(den)).num();
+    const isl_text::Form f = isl_text::make_form(*forms[r], vars);  // the row scaled to integers
+    for (size_t k = 0; k < vars.size(); ++k) linear(r, k) = f.coeffs[k];
   }
   return lattice::kernel_basis(linear).cols() > 0;
 }
