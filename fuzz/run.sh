@@ -12,9 +12,10 @@ for f in examples/*.tile; do
   grep -v '^//' "$f" > "build-fuzz/corpus-parser/$(basename "$f")"
   cp "build-fuzz/corpus-parser/$(basename "$f")" build-fuzz/corpus-pipeline/
 done
-# The file target's first byte picks the reader: 0 .npy, 1 .npz, 2 a bundle manifest (fuzz/seeds/file has
-# .npy files of each dtype and version and a conv gradient's manifest).
-cp fuzz/seeds/file/* build-fuzz/corpus-file/
+# The file target's first byte picks the reader: 0 .npy, 1 .npz, 2 a bundle manifest. fuzz/corpus/file is
+# its corpus, minimized (-merge=1) after a run seeded with .npy files of each dtype and a gradient's
+# manifest; the tests replay it (file_fuzzer_corpus).
+cp fuzz/corpus/file/* build-fuzz/corpus-file/
 for f in tests/data/*.npz; do
   { printf '\001'; cat "$f"; } > "build-fuzz/corpus-file/$(basename "$f")"
 done
