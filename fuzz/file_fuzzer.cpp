@@ -47,6 +47,7 @@ void npz(const std::string& bytes) {
     polytile::read_npz(path);
   } catch (const polytile::UserError&) {
   }
+  std::remove(path.c_str());
 }
 
 void manifest(const std::string& text) {
