@@ -12,6 +12,9 @@ for f in examples/*.tile; do
   grep -v '^//' "$f" > "build-fuzz/corpus-parser/$(basename "$f")"
   cp "build-fuzz/corpus-parser/$(basename "$f")" build-fuzz/corpus-pipeline/
 done
+# The pipeline target's corpus from earlier runs (minimized, its inputs of over 150 ms left out), which the
+# tests replay (pipeline_fuzzer_corpus).
+cp fuzz/corpus/pipeline/* build-fuzz/corpus-pipeline/
 # The file target's first byte picks the reader: 0 .npy, 1 .npz, 2 a bundle manifest. fuzz/corpus/file is
 # its corpus, minimized (-merge=1) after a run seeded with .npy files of each dtype and a gradient's
 # manifest; the tests replay it (file_fuzzer_corpus).
