@@ -71,7 +71,7 @@ void manifest(const std::string& text) {
     inputs.emplace(buffer.name, polytile::Buffer(buffer.type.dtype, buffer.type.shape));
   }
   b.check_inputs(inputs);  // a UserError here is a bug: it aborts
-  for (auto& [name, value] : inputs) {
+  for (const auto& [name, value] : inputs) {
     if (value.shape().empty()) continue;
     std::vector<int64_t> other = value.shape();
     other[0] += 1;
