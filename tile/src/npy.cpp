@@ -115,7 +115,7 @@ Buffer parse_npy(const std::string& bytes, const std::string& what) {
                " data bytes follow");
   }
   Buffer b(*dtype, shape);
-  std::memcpy(b.data(), bytes.data() + data, b.byte_size());
+  if (b.byte_size() > 0) std::memcpy(b.data(), bytes.data() + data, b.byte_size());  // an empty array has no storage
   return b;
 }
 
