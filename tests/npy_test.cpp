@@ -15,7 +15,7 @@ namespace {
 
 TEST(NpyTest, RoundTripsEveryDtypeAndRank) {
   for (DType t : kDTypes) {
-    for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {3}, {2, 3}, {1, 2, 3}}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {3}, {2, 3}, {1, 2, 3}, {3, 0, 2}}) {  // {3, 0, 2}: no storage
       Buffer b(t, shape);
       for (int64_t i = 0; i < b.size(); ++i) b.set(i, (i % 3) - 1.25 * is_float(t));
       Buffer r = parse_npy(format_npy(b), "mem");
