@@ -209,6 +209,50 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   EXPECT_EQ(print(compile(rows, types_of(x), two)->program()).find("_slices"), std::string::npos);
 }
 
+// Reductions whose band leads with no output variable still run on the threads: a row sum S[i] (its one
+// output variable is the output's contiguous one) splits its rows; a column sum or maximum S[j] (the output
+// variable is innermost, vectorized) splits column tiles, whole cache lines of S each, the last one short
+// where the threads do not divide the columns; a total S[0 : 1] is split into slices like a bias gradient.
+// Each is proven (expect_same compiles with verify) and computed as the interpreter does, on two threads.
+TEST(CpuTest, ReductionsWithNoLeadingOutputVariableRunOnTheThreads) {
+  CompileOptions two;
+  two.target.threads = 2;
+  two.threads = 2;
+  auto update = [](const CompiledProgram& c) -> const sched::Nest& {
+    for (const auto& n : c.schedule().nests)
+      if (n.name == "S.update") return n;
+    throw std::runtime_error("no S.update nest");
+  };
+  for (DType t : {DType::f32, DType::f64}) {
+    const std::string what = " (" + to_string(t) + ")";
+    Program rows = parse_program("function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }");
+    TensorMap x = inputs_for({{"X", {400, 100}}}, t, 11);  // 40000 points: a row reduction
+    expect_same(rows, x, "row sum" + what, two);
+    const sched::Nest& row_nest = update(*compile(rows, types_of(x), two));
+    EXPECT_TRUE(row_nest.reduction.has_value()) << what;
+    EXPECT_TRUE(row_nest.parallel_outer) << what;
+    EXPECT_EQ(row_nest.outer_hi - row_nest.outer_lo + 1, 400) << what;
+    for (const char* agg : {"+", ">"}) {
+      Program cols = parse_program(std::string("function (X[N, C]) -> (S) { S[j : C] = ") + agg + "(X[i, j]); }");
+      TensorMap y = inputs_for({{"X", {37, 2000}}}, t, 12);
+      const std::string name = std::string("column ") + (agg[0] == '+' ? "sum" : "maximum") + what;
+      expect_same(cols, y, name, two);
+      const sched::Nest& col_nest = update(*compile(cols, types_of(y), two));
+      EXPECT_TRUE(col_nest.parallel_outer) << name;
+      EXPECT_EQ(col_nest.outer_hi - col_nest.outer_lo + 1, 2) << name << ": one column tile per thread";
+      const std::string width = t == DType::f32 ? "1008" : "1000";  // 1000 rounded up to whole lines of S
+      EXPECT_NE(col_nest.tree.find("floor((d0)/" + width + ")"), std::string::npos) << name << "\n" << col_nest.tree;
+      CompileOptions one = two;
+      one.target.threads = 1;
+      EXPECT_FALSE(update(*compile(cols, types_of(y), one)).parallel_outer) << name << " on one thread";
+    }
+  }
+  Program total = parse_program("function (X[N, C]) -> (S) { S[0 : 1] = +(X[i, j]); }");
+  TensorMap z = inputs_for({{"X", {512, 300}}}, DType::f64, 13);
+  expect_same(total, z, "total", two);
+  EXPECT_NE(print(compile(total, types_of(z), two)->program()).find("S_slices"), std::string::npos);
+}
+
 // The chunk tensors of a row group (sched::ChunkTensor), by name.
 std::vector<std::string> chunk_tensor_names(const sched::NestGroup& g) {
   std::vector<std::string> out;

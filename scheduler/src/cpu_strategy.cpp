@@ -90,6 +90,18 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
     if (lines) root = insert_band(root, vars, {tile_of(t, lanes)}, {true});
     root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
+  } else if (facts.column_tile > 0 && parallel == 0 && facts.update) {
+    // Column tiles (a column sum): the tiles of the last member (an output variable: distinct values write
+    // distinct elements) outermost, split across the threads; inside, the band as it was.
+    const size_t last = perm.size() - 1;
+    std::vector<bool> point_coincident(perm.size(), false);
+    point_coincident[last] = true;
+    root = isl_support::delete_node(root);
+    root = insert_band(root, vars, perm, point_coincident);
+    root = root.insert_mark(isl::id(ctx.get(), "point"));
+    root = insert_band(root, vars, {tile_of(last, facts.column_tile)}, {true});
+    root = root.insert_mark(isl::id(ctx.get(), "tile"));
+    return root.insert_mark(statements.parallel_mark).schedule();
   } else if (tile) {
     // The output block is small next to the inputs (a weight gradient): split the leading output variable
     // across the threads, and inside a split run the reductions outermost so each input element is read

@@ -126,7 +126,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
     generate(nest, neutral);
     return;
   }
-  nest.parallel_outer = !vars.empty() && coincident > 0;
+  nest.parallel_outer = !vars.empty() && (coincident > 0 || facts.column_tile > 0);
   const std::optional<NeutralBand> band = read_band(neutral, members);
   nest.points = !band ? 1 : band->bounded ? band->points() : domain.is_empty() ? 0 : -1;
   const bool squares = transposing && band && band->members.size() >= 2 && band->parallel == band->members.size();

@@ -96,6 +96,9 @@ struct NestFacts {
   // last member by squares of `transpose_lanes`; empty: not a transposition.
   std::string transpose_variable = {};
   int transpose_lanes = 0;
+  // CPU reductions with no output variable leading (a column sum): the width of the column tiles of the
+  // band's last member that the threads split (scheduler.cpp's column_tile); 0: none.
+  int64_t column_tile = 0;
 };
 
 // How a micro-kernel nest is laid out, decided by try_microkernel.

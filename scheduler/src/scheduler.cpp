@@ -36,6 +36,7 @@ struct BandOrder {
   std::vector<size_t> order;  // indices into the update's variables
   size_t outputs = 0;         // how many output variables lead
   bool innermost = false;     // the last member was moved innermost for contiguity
+  bool innermost_output = false;  // ... and it is an output variable (no output variable then leads: a column sum)
 };
 
 BandOrder band_order(const Contraction& c, const std::vector<std::string>& variables,
@@ -90,6 +91,7 @@ BandOrder band_order(const Contraction& c, const std::vector<std::string>& varia
   for (size_t k = 0; k < variables.size(); ++k)
     if (variables[k] == innermost) order.push_back(k);
   band.innermost = !innermost.empty();
+  band.innermost_output = in_output.count(innermost) != 0;
   return band;
 }
 
@@ -347,6 +349,27 @@ class ProgramScheduler {
     add(std::move(finalize), std::move(rows));
   }
 
+  // A reduction whose output variables are all the output's contiguous one, innermost in the band (a column
+  // sum S[j] = +(X[i, j]), a column maximum), has no outer output loop for the threads: its band leads with
+  // the reduction. That variable is cut into column tiles instead, each a whole number of the output's cache
+  // lines (no line written by two threads) and at most half of L1 (the tile's elements stay there across the
+  // reduction), as many tiles as a multiple of the threads; the tiles' loop goes outermost and the threads
+  // split it, so that each thread reads its columns of every row. 0: no tiles (one thread, few columns).
+  int64_t column_tile(const std::vector<poly::VariableBounds>& bounds, const std::string& v, const TensorType& t) const {
+    const int64_t threads = target_.threads;
+    if (threads < 2) return 0;
+    int64_t extent = 0;
+    for (const auto& b : bounds)
+      if (b.name == v) extent = b.max - b.min + 1;
+    const int64_t bytes = static_cast<int64_t>(dtype_bytes(t.dtype));
+    const int64_t line = std::max<int64_t>(1, 64 / bytes);
+    if (extent < 2 * threads * line) return 0;
+    const int64_t most = std::max(line, target_.cpu.l1_bytes / (2 * bytes));
+    const int64_t tiles = threads * ((extent + threads * most - 1) / (threads * most));
+    const int64_t width = (extent + tiles - 1) / tiles;
+    return (width + line - 1) / line * line;
+  }
+
   // A copy of 4- or 8-byte elements whose every index is one variable (a permutation of the output's), with
   // the input's contiguous variable not the output's and both at least a square long: the CPU strategy
   // tiles the two by squares (rows of 256 bits, or of a vector where narrower) and the code generator
@@ -390,7 +413,9 @@ class ProgramScheduler {
       for (const auto& [tensor, producer] : in->second) update.inlined[tensor] = std::get<Elementwise>(program_.statements[producer]);
     const BandOrder band = target_.gpu ? gpu_band_order(c, update.variables)
                                        : band_order(c, update.variables, analysis.summary.bounds, t.shape, target_.threads);
-    const bool parallel = band.outputs > 0 && poly::internal::writes_each_output_once(c, types_, analysis);
+    // Distinct values of the output variables write distinct elements: their loops may run on different threads.
+    const bool injective = (band.outputs > 0 || band.innermost_output) && poly::internal::writes_each_output_once(c, types_, analysis);
+    const bool parallel = band.outputs > 0 && injective;
     const isl::set domain = isl_support::set_tuple_id(analysis.domain, builder_.statements.id(LoopNode::Statement::plain));
     // Band maps name dims positionally (isl may print fixed dims as "n = 0" in the tuple).
     std::vector<std::string> positional;
@@ -399,7 +424,9 @@ class ProgramScheduler {
     if (!target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
       return true;
     std::optional<isl::map> outer;  // a row reduction's outer loop: its first output variable
-    if (!target_.gpu && builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, parallel)) {
+    // A row reduction's rows run on the threads also where its output variable is the output's contiguous one
+    // (a row sum: S[i] = +(X[i, j]), whose band leads with no output variable).
+    if (!target_.gpu && builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, injective)) {
       if (!update.reduction->outputs.empty())
         outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" + positional[update.reduction->outputs[0]] + "] }");
     } else {
@@ -418,6 +445,7 @@ class ProgramScheduler {
         }
       }
       if (!target_.gpu && parallel) transposition(c, update, band, facts);
+      if (!target_.gpu && !parallel && injective && band.innermost_output) facts.column_tile = column_tile(analysis.summary.bounds, update.variables[band.order.back()], t);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)

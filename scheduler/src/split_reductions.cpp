@@ -39,11 +39,11 @@ struct Candidate {
 // A sum with more than `max_outputs` output elements is none: that is decided before the isl analysis.
 std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types, int64_t max_outputs) {
   if (c.aggregation != AggregationOp::sum) return std::nullopt;
-  // Outputs indexed by plain variables (a weight gradient, a matmul, a total): the slices' kernels stay
-  // as simple for isl as the original. (A defracted data gradient's lattice of outputs, with the slice
-  // linearized in, costs isl seconds; it has many outputs anyway.)
+  // Outputs indexed by plain variables or constants (a weight gradient, a matmul, a total S[0 : 1]): the
+  // slices' kernels stay as simple for isl as the original. (A defracted data gradient's lattice of
+  // outputs, with the slice linearized in, costs isl seconds; it has many outputs anyway.)
   for (const auto& p : c.output_indices)
-    if (!p.variable()) return std::nullopt;
+    if (!p.variable() && !p.is_constant()) return std::nullopt;
   Candidate k;
   for (int64_t d : types.tensors.at(c.output).shape) k.outputs *= d;
   if (k.outputs == 0 || k.outputs > max_outputs) return std::nullopt;
