@@ -24,6 +24,8 @@
 #include <iostream>
 #include <random>
 #include <set>
+#include <tuple>
+#include <unordered_map>
 
 #include "bench_threads.h"
 #include "polytile/autodiff.h"
@@ -307,6 +309,35 @@ void BM_OneDnnTranspose(benchmark::State& state, memory::dims dims, memory::form
   state.counters["GB/s"] = benchmark::Counter(8.0 * static_cast<double>(elements) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Reductions of a 64 MiB matrix (8192 x 2048 f32) along its rows (contiguous), its columns (strided: the
+// output is the contiguous axis) and all of it, against oneDNN's reduction primitive to the same dst shape.
+const char* kRowSum = "function (X[M, N]) -> (S) {\n  S[i : M] = +(X[i, j]);\n}\n";
+const char* kColumnSum = "function (X[M, N]) -> (S) {\n  S[j : N] = +(X[i, j]);\n}\n";
+const char* kColumnMax = "function (X[M, N]) -> (S) {\n  S[j : N] = >(X[i, j]);\n}\n";
+const char* kTotal = "function (X[M, N]) -> (S) {\n  S[0 : 1] = +(X[i, j]);\n}\n";
+constexpr int64_t kReduceRows = 8192, kReduceColumns = 2048;
+
+void BM_OneDnnReduction(benchmark::State& state, dnnl::algorithm algorithm, memory::dims dst_dims) {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream s{eng};
+  const memory::dims src_dims{kReduceRows, kReduceColumns};
+  memory::desc src_md(src_dims, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc dst_md(dst_dims, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(algorithm, src_md, dst_md, 0.f, 0.f), eng);
+  memory src(src_md, eng), dst(dst_md, eng);
+  Buffer values = random_f32({kReduceRows * kReduceColumns}, 8);
+  std::memcpy(src.get_data_handle(), values.data(), static_cast<size_t>(kReduceRows * kReduceColumns) * 4);
+  dnnl::reduction r(pd);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+  r.execute(s, args);
+  s.wait();
+  for (auto _ : state) {
+    r.execute(s, args);
+    s.wait();
+  }
+  state.counters["GB/s"] = benchmark::Counter(4.0 * kReduceRows * kReduceColumns * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // ---------------------------------------------------------------------------------------------- compile time
 
 void BM_CompileConvForwardAndBackward(benchmark::State& state) {
@@ -411,6 +442,17 @@ void register_all() {
   // is shifted). softmax/bwd above differentiates the program as written, through the maxima too.
   benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_PolytileStopping, kSoftmax, sm_in, true, sm_bytes * 2,
                                Variant::as_is, std::set<std::string>{"M"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  TensorMap reduce_in{{"X", random_f32({kReduceRows, kReduceColumns}, 8)}};
+  const double reduce_bytes = 4.0 * kReduceRows * kReduceColumns;
+  for (auto [name, text, algorithm, dst] :
+       {std::tuple{"rows", kRowSum, dnnl::algorithm::reduction_sum, memory::dims{kReduceRows, 1}},
+        std::tuple{"columns", kColumnSum, dnnl::algorithm::reduction_sum, memory::dims{1, kReduceColumns}},
+        std::tuple{"columns_max", kColumnMax, dnnl::algorithm::reduction_max, memory::dims{1, kReduceColumns}},
+        std::tuple{"total", kTotal, dnnl::algorithm::reduction_sum, memory::dims{1, 1}}}) {
+    const std::string base = std::string("reduce/") + name;
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_Polytile, text, reduce_in, false, reduce_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnReduction, algorithm, dst)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd/polytile", BM_CompileConvForwardAndBackward)
       ->Unit(benchmark::kMillisecond)
       ->Iterations(3)
