@@ -24,6 +24,9 @@ CONVS = {
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
 BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
+# reduce/<name>: a 64 MiB matrix reduced along axis (None: all of it) with sum or max (as cpu_bench.cpp's).
+REDUCE_SHAPE, REDUCE_BYTES = (8192, 2048), 4.0 * 8192 * 2048
+REDUCTIONS = {"rows": ("sum", 1), "columns": ("sum", 0), "columns_max": ("max", 0), "total": ("sum", None)}
 # transpose/<name>: the input's shape and the permutation of its axes (as kTranspose* in cpu_bench.cpp).
 TRANSPOSES = {"2048x2048": ((2048, 2048), (1, 0)), "nhwc_to_nchw": ((8, 56, 56, 64), (0, 3, 1, 2))}
 
@@ -53,6 +56,8 @@ def parse(case):
         return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
     if case == "bias_grad":
         return "bias_grad", (), BIAS_BYTES, "GB/s"
+    if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
+        return "reduce", REDUCTIONS[parts[1]], REDUCE_BYTES, "GB/s"
     if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
         shape, perm = TRANSPOSES[parts[1]]
         elements = 1
@@ -125,6 +130,11 @@ def jax_step(kind, args):
         d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
         f = jax.jit(lambda d: jnp.sum(d, axis=(0, 1, 2)))
         return lambda: f(d)
+    if kind == "reduce":
+        op, axis = args
+        x = jax.random.normal(key, REDUCE_SHAPE, jnp.float32)
+        f = jax.jit(lambda x: (jnp.sum if op == "sum" else jnp.max)(x, axis=axis))
+        return lambda: f(x)
     if kind == "transpose":
         shape, perm = args
         x = jax.random.normal(key, shape, jnp.float32)
@@ -191,6 +201,12 @@ def torch_step_in(kind, args, layout):
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
         return lambda: d.sum(dim=(0, 2, 3))
+    if kind == "reduce":
+        op, axis = args
+        x = torch.randn(*REDUCE_SHAPE, generator=g)
+        if axis is None:
+            return lambda: x.sum()
+        return lambda: x.sum(dim=axis) if op == "sum" else x.amax(dim=axis)
     if kind == "transpose":
         shape, perm = args
         x = torch.randn(*shape, generator=g)
