@@ -247,6 +247,20 @@ TEST(CpuTest, ReductionsWithNoLeadingOutputVariableRunOnTheThreads) {
       EXPECT_FALSE(update(*compile(cols, types_of(y), one)).parallel_outer) << name << " on one thread";
     }
   }
+  // Column tiles of other forms, on three threads (three tiles): a shifted read, a reversed output under a
+  // constraint, a product of two rows, a constant trailing output index.
+  CompileOptions three = two;
+  three.target.threads = 3;
+  three.threads = 3;
+  for (const char* body : {"S[j : C - 1] = +(X[i, j + 1]);", "S[C - 1 - j : C] = >(X[i, j]), i < N - 3;",
+                           "S[j : C] = <(X[2 * i, j] * X[2 * i + 1, j]);", "S[j, 0 : C, 1] = +(X[i, j]);"}) {
+    Program p = parse_program(std::string("function (X[N, C]) -> (S) { ") + body + " }");
+    TensorMap y = inputs_for({{"X", {40, 530}}}, DType::f64, 14);
+    expect_same(p, y, body, three);
+    const sched::Nest& n = update(*compile(p, types_of(y), three));
+    EXPECT_TRUE(n.parallel_outer) << body;
+    EXPECT_EQ(n.outer_hi - n.outer_lo + 1, 3) << body << "\n" << n.tree;
+  }
   Program total = parse_program("function (X[N, C]) -> (S) { S[0 : 1] = +(X[i, j]); }");
   TensorMap z = inputs_for({{"X", {512, 300}}}, DType::f64, 13);
   expect_same(total, z, "total", two);
