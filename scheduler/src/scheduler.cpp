@@ -445,7 +445,8 @@ class ProgramScheduler {
         }
       }
       if (!target_.gpu && parallel) transposition(c, update, band, facts);
-      if (!target_.gpu && !parallel && injective && band.innermost_output) facts.column_tile = column_tile(analysis.summary.bounds, update.variables[band.order.back()], t);
+      if (!target_.gpu && !parallel && injective && band.innermost_output)
+        facts.column_tile = column_tile(analysis.summary.bounds, update.variables[band.order.back()], t);
       if (target_.gpu) {  // for the accumulators and shared-memory promotion
         facts.write = analysis.write.set_domain_tuple(builder_.statements.id(LoopNode::Statement::plain));
         for (size_t k = 0; k < c.inputs.size(); ++k)
