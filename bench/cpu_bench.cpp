@@ -291,22 +291,29 @@ const char* kSoftmax =
 const char* kTranspose2d = "function (I[M, N]) -> (O) {\n  O[i, j : N, M] = =(I[j, i]);\n}\n";
 const char* kTransposeNhwc = "function (I[N, H, W, C]) -> (O) {\n  O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]);\n}\n";
 
+// Times oneDNN primitive `p` from `src` (filled with the bench's random values) to `dst`, after one
+// warm-up run; `bytes` moved per run.
+void time_onednn(benchmark::State& state, const dnnl::primitive& p, memory& src, memory& dst, double bytes) {
+  dnnl::stream s{src.get_engine()};
+  const size_t size = src.get_desc().get_size();
+  Buffer values = random_f32({static_cast<int64_t>(size / 4)}, 8);
+  std::memcpy(src.get_data_handle(), values.data(), size);
+  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+  p.execute(s, args);
+  s.wait();
+  for (auto _ : state) {
+    p.execute(s, args);
+    s.wait();
+  }
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_OneDnnTranspose(benchmark::State& state, memory::dims dims, memory::format_tag from, memory::format_tag to) {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream s{eng};
   memory src({dims, memory::data_type::f32, from}, eng), dst({dims, memory::data_type::f32, to}, eng);
   int64_t elements = 1;
   for (auto d : dims) elements *= d;
-  Buffer values = random_f32({elements}, 8);
-  std::memcpy(src.get_data_handle(), values.data(), static_cast<size_t>(elements) * 4);
-  dnnl::reorder r(src, dst);
-  r.execute(s, src, dst);
-  s.wait();
-  for (auto _ : state) {
-    r.execute(s, src, dst);
-    s.wait();
-  }
-  state.counters["GB/s"] = benchmark::Counter(8.0 * static_cast<double>(elements) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  time_onednn(state, dnnl::reorder(src, dst), src, dst, 8.0 * static_cast<double>(elements));
 }
 
 // Reductions of a 64 MiB matrix (8192 x 2048 f32) along its rows (contiguous), its columns (strided: the
@@ -319,23 +326,11 @@ constexpr int64_t kReduceRows = 8192, kReduceColumns = 2048;
 
 void BM_OneDnnReduction(benchmark::State& state, dnnl::algorithm algorithm, memory::dims dst_dims) {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream s{eng};
-  const memory::dims src_dims{kReduceRows, kReduceColumns};
-  memory::desc src_md(src_dims, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc src_md({kReduceRows, kReduceColumns}, memory::data_type::f32, memory::format_tag::ab);
   memory::desc dst_md(dst_dims, memory::data_type::f32, memory::format_tag::ab);
   dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(algorithm, src_md, dst_md, 0.f, 0.f), eng);
   memory src(src_md, eng), dst(dst_md, eng);
-  Buffer values = random_f32({kReduceRows * kReduceColumns}, 8);
-  std::memcpy(src.get_data_handle(), values.data(), static_cast<size_t>(kReduceRows * kReduceColumns) * 4);
-  dnnl::reduction r(pd);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
-  r.execute(s, args);
-  s.wait();
-  for (auto _ : state) {
-    r.execute(s, args);
-    s.wait();
-  }
-  state.counters["GB/s"] = benchmark::Counter(4.0 * kReduceRows * kReduceColumns * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  time_onednn(state, dnnl::reduction(pd), src, dst, 4.0 * kReduceRows * kReduceColumns);
 }
 
 // ---------------------------------------------------------------------------------------------- compile time

@@ -90,7 +90,7 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
     if (lines) root = insert_band(root, vars, {tile_of(t, lanes)}, {true});
     root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
-  } else if (facts.column_tile > 0 && parallel == 0 && facts.update) {
+  } else if (facts.column_tile > 0) {  // set only for updates with no coincident member
     // Column tiles (a column sum): the tiles of the last member (an output variable: distinct values write
     // distinct elements) outermost, split across the threads; inside, the band as it was.
     const size_t last = perm.size() - 1;
