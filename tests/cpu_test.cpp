@@ -1354,6 +1354,33 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// The broadcast operand read across pages at every reduction step (prepare_layouts): in C = A^T B each
+// step k reads a row of A further, 260 f64 (2080 bytes) on; A is read from a copy with k's dim last, as
+// A B reads A -- also with a batch dim before it. Rows 200 f64 apart (1600 bytes) stay as they are, as
+// does A B's A. Every rewrite proven with isl (expect_same's verify) and run against the interpreter.
+TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
+  CompileOptions o = microkernels_forced(128);
+  auto lowered = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), o)->program()); };
+  Program atb = parse_program("function (A[K, M], B[K, N]) -> (C) { C[i, j : M, N] = +(A[k, i] * B[k, j]); }");
+  TensorMap wide = inputs_for({{"A", {64, 260}}, {"B", {64, 40}}}, DType::f64, 71);
+  const std::string copied = lowered(atb, wide);
+  EXPECT_NE(copied.find("A_T[t1, t0 : 260, 64] = =(A[t0, t1])"), std::string::npos) << copied;
+  EXPECT_NE(copied.find("A_T[i, k]"), std::string::npos) << copied;
+  expect_same(atb, wide, "A^T B, A transposed", o);
+  Program batched = parse_program(
+      "function (A[S, K, M], B[S, K, N]) -> (C) { C[s, i, j : S, M, N] = +(A[s, k, i] * B[s, k, j]); }");
+  TensorMap three = inputs_for({{"A", {3, 40, 300}}, {"B", {3, 40, 24}}}, DType::f64, 72);
+  const std::string batch = lowered(batched, three);
+  EXPECT_NE(batch.find("A_T[t0, t2, t1 : 3, 300, 40] = =(A[t0, t1, t2])"), std::string::npos) << batch;
+  expect_same(batched, three, "batched A^T B, A transposed", o);
+  TensorMap near = inputs_for({{"A", {64, 200}}, {"B", {64, 40}}}, DType::f64, 73);
+  EXPECT_EQ(lowered(atb, near).find("A_T["), std::string::npos) << lowered(atb, near);
+  expect_same(atb, near, "A^T B, rows 1600 bytes apart", o);
+  Program ab = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap plain = inputs_for({{"A", {260, 600}}, {"B", {600, 40}}}, DType::f64, 74);
+  EXPECT_EQ(lowered(ab, plain).find("A_T["), std::string::npos) << lowered(ab, plain);
+}
+
 // The blocks of one column of the vector operand run one after another inside a reduction tile, so the
 // column's part of the tile is read from L1 by all of them. A convolution whose weights are packed into
 // panels has output channels in blocks (co_blk) that only pick columns; its block step's arguments are

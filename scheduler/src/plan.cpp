@@ -409,6 +409,70 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   return plan;
 }
 
+namespace {
+
+// The reduction variable of a micro-kernel's innermost loop: the last one in the contraction's order.
+std::string innermost_reduction(const Contraction& c) {
+  std::string r;
+  for (const auto& v : c.index_variables())
+    if (!uses(c.output_indices, v)) r = v;
+  return r;
+}
+
+// A copy of `access`'s tensor with the dim that holds v (transposable) moved last, one assign contraction,
+// which `access` then reads with its indices permuted alike.
+Contraction transposed_copy(TensorAccess& access, const std::string& v, const ProgramTypes& types, std::set<std::string>& names) {
+  const TensorType& type = types.tensors.at(access.tensor);
+  const std::vector<size_t> order = vector_dim_last(access.indices, v);
+  Contraction copy;
+  copy.output = fresh_name(access.tensor + "_T", names);
+  copy.aggregation = AggregationOp::assign;
+  copy.combination = CombinationOp::none;
+  TensorAccess source{access.tensor, {}};
+  std::vector<Polynomial> permuted;
+  for (size_t k = 0; k < access.indices.size(); ++k) source.indices.push_back(Polynomial::index("t" + std::to_string(k)));
+  for (size_t k : order) {
+    copy.output_indices.push_back(source.indices[k]);
+    copy.output_shape.push_back(DimExpr(type.shape[k]));
+    permuted.push_back(access.indices[k]);
+  }
+  copy.inputs.push_back(source);
+  access.tensor = copy.output;
+  access.indices = permuted;
+  return copy;
+}
+
+// The broadcast operand's steps: a micro-kernel's block reads its rows' broadcast values at every step of
+// the innermost reduction variable r. Where the operand holds r in a dim a page or more from the next
+// step's (A[k, i] of C = A^T B: every step a row of A further), each step touches a new page for every
+// block and the TLB sets the pace (a 1024^3 A^T B ran at half the speed of A B, 2048^3 at 0.45). A copy
+// with r's dim last (A^T) makes the rows stream along r as in A B; it pays where each element of the
+// operand serves 16 points or more, as the vector operand's transposition.
+std::optional<int> far_broadcast_steps(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+                                       const std::vector<poly::VariableBounds>& bounds) {
+  const std::string r = innermost_reduction(c);
+  if (r.empty()) return std::nullopt;
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    const TensorAccess& in = c.inputs[k];
+    if (static_cast<int>(k) == plan.transpose_input || uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
+    if (!transposable(in.indices, r)) continue;
+    const TensorType& type = types.tensors.at(in.tensor);
+    int64_t stride = 1, elements = 1;
+    bool after = false;
+    for (size_t d = 0; d < in.indices.size(); ++d) {
+      elements *= type.shape[d];
+      if (after) stride *= type.shape[d];
+      if (in.indices[d].coefficient(r) != Rational(0)) after = true;
+    }
+    if (stride * static_cast<int64_t>(dtype_bytes(type.dtype)) < 2048) continue;
+    if (elements * 16 > box_points(bounds)) continue;
+    return static_cast<int>(k);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target, bool verify) {
   if (verify) {
     Program out = prepare_layouts(program, types, target, false);
@@ -467,38 +531,21 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
       a = poly::internal::bounds_of(*c, types);
       if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
     }
-    if (plan) {
-      if (std::optional<Program> packed = pack_vector_operand(*c, types, *plan, a.bounds, target, names)) {
-        for (const auto& s : packed->statements) out.statements.push_back(s);
-        continue;
-      }
-    }
-    if (!plan || plan->transpose_input < 0) {
+    if (!plan) {
       out.statements.push_back(st);
       continue;
     }
     Contraction rewritten = *c;
-    TensorAccess& access = rewritten.inputs[static_cast<size_t>(plan->transpose_input)];
-    const TensorType& type = types.tensors.at(access.tensor);
-    // The copy's dims: the source's, with the vector variable's dim moved last.
-    const std::vector<size_t> order = vector_dim_last(access.indices, plan->vector);
-    std::string name = fresh_name(access.tensor + "_T", names);
-    Contraction copy;
-    copy.output = name;
-    copy.aggregation = AggregationOp::assign;
-    copy.combination = CombinationOp::none;
-    TensorAccess source{access.tensor, {}};
-    std::vector<Polynomial> permuted;
-    for (size_t k = 0; k < access.indices.size(); ++k) source.indices.push_back(Polynomial::index("t" + std::to_string(k)));
-    for (size_t k : order) {
-      copy.output_indices.push_back(source.indices[k]);
-      copy.output_shape.push_back(DimExpr(type.shape[k]));
-      permuted.push_back(access.indices[k]);
+    if (std::optional<int> input = far_broadcast_steps(*c, types, *plan, a.bounds)) {
+      const std::string r = innermost_reduction(*c);
+      out.statements.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(*input)], r, types, names));
     }
-    copy.inputs.push_back(source);
-    access.tensor = name;
-    access.indices = permuted;
-    out.statements.push_back(copy);
+    if (std::optional<Program> packed = pack_vector_operand(rewritten, types, *plan, a.bounds, target, names)) {
+      for (const auto& s : packed->statements) out.statements.push_back(s);
+      continue;
+    }
+    if (plan->transpose_input >= 0)
+      out.statements.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(plan->transpose_input)], plan->vector, types, names));
     out.statements.push_back(rewritten);
   }
   return out;
