@@ -216,9 +216,11 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
 
 // ---------------------------------------------------------------------------------------------- sgemm
 
-void BM_PolytileSgemm(benchmark::State& state) {
+// sgemm/N: C = A B; sgemm_tn/N: C = A^T B (the product of every matmul's gradient with respect to B).
+void BM_PolytileSgemm(benchmark::State& state, bool transposed_a) {
   int64_t n = state.range(0);
-  Program p = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  Program p = parse_program(transposed_a ? "function (A[K, M], B[K, N]) -> (C) { C[i, j : M, N] = +(A[k, i] * B[k, j]); }"
+                                         : "function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   TensorMap in{{"A", random_f32({n, n}, 1)}, {"B", random_f32({n, n}, 2)}};
   auto compiled = cpu::compile(p, types_of(in), options());
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
@@ -230,12 +232,12 @@ void BM_PolytileSgemm(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_OpenBlasSgemm(benchmark::State& state) {
+void BM_OpenBlasSgemm(benchmark::State& state, bool transposed_a) {
   int64_t n = state.range(0);
   openblas_set_num_threads(bench_threads());
   Buffer a = random_f32({n, n}, 1), b = random_f32({n, n}, 2), c(DType::f32, {n, n});
   for (auto _ : state)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n), static_cast<int>(n), 1.0f,
+    cblas_sgemm(CblasRowMajor, transposed_a ? CblasTrans : CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n), static_cast<int>(n), 1.0f,
                 static_cast<const float*>(a.data()), static_cast<int>(n), static_cast<const float*>(b.data()),
                 static_cast<int>(n), 0.0f, static_cast<float*>(c.data()), static_cast<int>(n));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -408,8 +410,13 @@ void register_all() {
   // 1000 and 2000: sizes that the micro-kernel's blocks (6 rows, 64 columns) do not divide.
   for (int64_t n : {256, 512, 1000, 1024, 2000, 2048}) {
     std::string base = "sgemm/" + std::to_string(n);
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, false)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm, false)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (int64_t n : {1024, 2048}) {
+    std::string base = "sgemm_tn/" + std::to_string(n);
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
   double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;

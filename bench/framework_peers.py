@@ -4,7 +4,7 @@ outputs, after a warm-up that compiles), so that bench/run_bench.py --frameworks
 the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
 each is used where it imports (build/python-venv/bin/pip install jax).
 
-The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes, max pool 2x2 on 8x112x112x64, softmax on
+The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes (A B, and A^T B as sgemm_tn), max pool 2x2 on 8x112x112x64, softmax on
 4096x1000, the bias gradient of 64x28x28x32 and the transpositions, with the same flop and byte counts); a polytile case with no spec here is reported, never
 silently dropped.
 """
@@ -51,9 +51,9 @@ def parse(case):
         return "compile", (CONVS[parts[1]],), 1e9, "compiles/s"
     if parts[0] == "conv" and len(parts) == 3 and parts[1] in CONVS and parts[2] in ("fwd", "bwd_data", "bwd_weights"):
         return "conv", (CONVS[parts[1]], parts[2]), conv_flops(CONVS[parts[1]]), "GFLOP/s"
-    if parts[0] == "sgemm" and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
+    if parts[0] in ("sgemm", "sgemm_tn") and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
         n = int(parts[1])
-        return "sgemm", (n,), 2.0 * n ** 3, "GFLOP/s"
+        return "sgemm", (n, parts[0] == "sgemm_tn"), 2.0 * n ** 3, "GFLOP/s"
     if case == "bias_grad":
         return "bias_grad", (), BIAS_BYTES, "GB/s"
     if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
@@ -141,10 +141,10 @@ def jax_step(kind, args):
         f = jax.jit(lambda x: jnp.transpose(x, perm))
         return lambda: f(x)
     if kind == "sgemm":
-        (n,) = args
+        n, transposed_a = args
         a = jax.random.normal(key, (n, n), jnp.float32)
         b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-        f = jax.jit(jnp.matmul)
+        f = jax.jit((lambda a, b: jnp.matmul(a.T, b)) if transposed_a else jnp.matmul)
         return lambda: f(a, b)
     (direction,) = args
     if kind == "maxpool":
@@ -212,10 +212,10 @@ def torch_step_in(kind, args, layout):
         x = torch.randn(*shape, generator=g)
         return lambda: x.permute(*perm).contiguous()
     if kind == "sgemm":
-        (n,) = args
+        n, transposed_a = args
         a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
         out = torch.empty(n, n)
-        return lambda: torch.matmul(a, b, out=out)
+        return lambda: torch.matmul(a.t() if transposed_a else a, b, out=out)
     (direction,) = args
     if kind == "maxpool":
         n, h, w, c = POOL_SHAPE
