@@ -419,7 +419,9 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 // Layout: an input that a contraction reads with its vector variable (the output variable contiguous in
 // the output) in a non-contiguous dim, and that is small next to the contraction's work (a convolution's
 // weights in the data gradient), is read from a transposed copy with that dim last -- one assign
-// contraction -- so the update can run as a register-blocked micro-kernel.
+// contraction -- so the update can run as a register-blocked micro-kernel. An input whose rows the
+// micro-kernel broadcasts and that its innermost reduction variable steps through a page or more at a time
+// (A in C = A^T B) is read from a copy with that variable's dim last, as A B reads A.
 // With `verify`, every rewritten contraction is proven equal to the original with poly::verify_rewrite
 // (the packing's change of variables v = VL*vb + vl, the copies looked through); a failed proof is an
 // InternalError naming the pass.
