@@ -1381,6 +1381,40 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   EXPECT_EQ(lowered(ab, plain).find("A_T["), std::string::npos) << lowered(ab, plain);
 }
 
+// Output permutation (prepare_layouts): an NCHW convolution's output is contiguous along x, 7 columns that
+// leave an eighth of the lanes of 4 vectors of 2 f64 empty, while its 8 output channels fill them; the
+// convolution writes O_L[n, y, x, co] (reading its weights transposed, co last) and an assign moves it
+// into O. With zero
+// padding too, and the program's gradients (whose outputs are laid out alike), each proven with isl
+// (expect_same's verify) and run against the interpreter; an NHWC convolution keeps its output.
+TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
+  CompileOptions o = microkernels_forced(128);
+  auto lowered = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), o)->program()); };
+  Program valid = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H - KH + 1, W - KW + 1] = +(I[n, ci, y + j, x + i] * K[co, ci, j, i]); }");
+  TensorMap in = inputs_for({{"I", {2, 6, 9, 9}}, {"K", {8, 6, 3, 3}}}, DType::f64, 81);
+  const std::string laid_out = lowered(valid, in);
+  EXPECT_NE(laid_out.find("O_L[n, y, x, co : N, H - KH + 1, W - KW + 1, CO] = +("), std::string::npos) << laid_out;
+  EXPECT_NE(laid_out.find("O[t0, t1, t2, t3 : N, CO, H - KH + 1, W - KW + 1] = =(O_L[t0, t2, t3, t1])"), std::string::npos)
+      << laid_out;
+  expect_same(valid, in, "NCHW convolution, output permuted", o);
+  Program padded = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  TensorMap odd = inputs_for({{"I", {2, 6, 7, 7}}, {"K", {8, 6, 3, 3}}}, DType::f64, 82);
+  EXPECT_NE(lowered(padded, odd).find("O_L["), std::string::npos) << lowered(padded, odd);
+  expect_same(padded, odd, "padded NCHW convolution, output permuted", o);
+  odd["DO"] = testing::random_buffer({2, 8, 7, 7}, 83);
+  const Program gradient = ad::vjp(padded, {}).program;
+  expect_same(gradient, odd, "the padded NCHW convolution's gradients", o);
+  Program nhwc = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H - KH + 1, W - KW + 1, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
+  TensorMap channels_last = inputs_for({{"I", {2, 9, 9, 6}}, {"K", {3, 3, 6, 8}}}, DType::f64, 84);
+  EXPECT_EQ(lowered(nhwc, channels_last).find("_L["), std::string::npos) << lowered(nhwc, channels_last);
+}
+
 // The blocks of one column of the vector operand run one after another inside a reduction tile, so the
 // column's part of the tile is read from L1 by all of them. A convolution whose weights are packed into
 // panels has output channels in blocks (co_blk) that only pick columns; its block step's arguments are

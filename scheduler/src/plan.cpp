@@ -471,11 +471,134 @@ std::optional<int> far_broadcast_steps(const Contraction& c, const ProgramTypes&
   return std::nullopt;
 }
 
+// An output permuted for its micro-kernel: `inner` computes the output with one dim moved last into a
+// tensor of its own (`types` has it), `copy` writes the output from it; `moved` is that dim's position.
+struct PermutedOutput {
+  Contraction inner, copy;
+  ProgramTypes types;
+  MicroPlan plan;
+  size_t moved = 0;
+};
+
+// Output permutation: where the output's contiguous variable leaves an eighth or more of its vectors'
+// lanes empty (an NCHW convolution's 54 columns x: vectors of 16 at 32 + 22, its image read as the vector
+// operand, 64 channels a page apart at every step) and another output variable u fills two vectors or more
+// exactly (its 64 channels), the
+// contraction writes a copy of the output with u's dim last -- the layout the micro-kernel wants, an NHWC
+// convolution's -- and one assign contraction moves it into place. Only where the output is small next
+// to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted
+// contraction does take u as its vector variable (its inputs read u contiguously, or one small one
+// transposed).
+std::optional<PermutedOutput> permuted_output(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+                                              const std::vector<poly::VariableBounds>& bounds, const Target& target,
+                                              std::set<std::string>& names) {
+  if (c.init) return std::nullopt;
+  std::map<std::string, int64_t> extent;
+  for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
+  // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in vectors of 16).
+  const int64_t v_extent = extent[plan.vector], lanes = plan.lanes;
+  if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7) return std::nullopt;
+  const TensorType& out = types.tensors.at(c.output);
+  int64_t elements = 1;
+  for (int64_t d : out.shape) elements *= d;
+  if (elements * 16 > box_points(bounds)) return std::nullopt;
+  // The candidates, the longest first (the most vectors filled).
+  std::vector<size_t> dims;
+  for (size_t d = 0; d + 1 < c.output_indices.size(); ++d) {
+    const Polynomial& p = c.output_indices[d];
+    const auto terms = p.index_terms();
+    if (terms.size() == 1 && p == Polynomial::index(terms.begin()->first) && extent[terms.begin()->first] % lanes == 0 &&
+        extent[terms.begin()->first] >= 2 * lanes)
+      dims.push_back(d);
+  }
+  auto variable = [&](size_t d) { return c.output_indices[d].index_terms().begin()->first; };
+  std::stable_sort(dims.begin(), dims.end(), [&](size_t a, size_t b) { return extent[variable(a)] > extent[variable(b)]; });
+  for (size_t d : dims) {
+    const std::string u = variable(d);
+    auto moved_last = [d](auto v) {
+      std::rotate(v.begin() + static_cast<std::ptrdiff_t>(d), v.begin() + static_cast<std::ptrdiff_t>(d) + 1, v.end());
+      return v;
+    };
+    PermutedOutput r;
+    r.moved = d;
+    r.inner = c;
+    r.inner.output = c.output + "_L";
+    while (names.count(r.inner.output)) r.inner.output += "_";
+    r.inner.output_indices = moved_last(c.output_indices);
+    r.inner.output_shape = moved_last(c.output_shape);
+    r.types = types;
+    r.types.tensors[r.inner.output] = TensorType{out.dtype, moved_last(out.shape)};
+    std::optional<MicroPlan> inner_plan = plan_microkernel(r.inner, r.types, bounds, target, true);
+    if (!inner_plan || inner_plan->vector != u) continue;
+    r.plan = *inner_plan;
+    names.insert(r.inner.output);
+    r.copy.output = c.output;
+    r.copy.aggregation = AggregationOp::assign;
+    r.copy.combination = CombinationOp::none;
+    TensorAccess source{r.inner.output, {}};
+    for (size_t k = 0; k < c.output_indices.size(); ++k) {
+      r.copy.output_indices.push_back(Polynomial::index("t" + std::to_string(k)));
+      r.copy.output_shape.push_back(c.output_shape[k]);
+    }
+    source.indices = moved_last(r.copy.output_indices);
+    r.copy.inputs.push_back(source);
+    return r;
+  }
+  return std::nullopt;
+}
+
+// The statements that compute `c` with the layouts its micro-kernel `plan` wants: the broadcast operand
+// transposed (far_broadcast_steps), the vector operand packed into panels or transposed, then `c` reading them.
+void lay_out(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan, const std::vector<poly::VariableBounds>& bounds,
+             const Target& target, std::set<std::string>& names, std::vector<Statement>& out) {
+  Contraction rewritten = c;
+  if (std::optional<int> input = far_broadcast_steps(c, types, plan, bounds))
+    out.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(*input)], innermost_reduction(c), types, names));
+  if (std::optional<Program> packed = pack_vector_operand(rewritten, types, plan, bounds, target, names)) {
+    for (const auto& s : packed->statements) out.push_back(s);
+    return;
+  }
+  if (plan.transpose_input >= 0)
+    out.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(plan.transpose_input)], plan.vector, types, names));
+  out.push_back(rewritten);
+}
+
+// prepare_layouts without the proof; `permuted` (when given) gets each permuted output's tensor, with the
+// original output's name and the position of the dim moved last.
+Program lay_out_program(const Program& program, const ProgramTypes& types, const Target& target,
+                        std::map<std::string, std::pair<std::string, size_t>>* permuted) {
+  Program out = program;
+  out.statements.clear();
+  std::set<std::string> names = tensor_names(program);
+  for (const auto& st : program.statements) {
+    const auto* c = std::get_if<Contraction>(&st);
+    std::optional<MicroPlan> plan;
+    poly::ContractionAnalysis a;
+    if (c) {
+      a = poly::internal::bounds_of(*c, types);
+      if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
+    }
+    if (!plan) {
+      out.statements.push_back(st);
+      continue;
+    }
+    if (std::optional<PermutedOutput> p = permuted_output(*c, types, *plan, a.bounds, target, names)) {
+      lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements);
+      out.statements.push_back(p->copy);
+      if (permuted) (*permuted)[p->inner.output] = {c->output, p->moved};
+      continue;
+    }
+    lay_out(*c, types, *plan, a.bounds, target, names, out.statements);
+  }
+  return out;
+}
+
 }  // namespace
 
 Program prepare_layouts(const Program& program, const ProgramTypes& types, const Target& target, bool verify) {
   if (verify) {
-    Program out = prepare_layouts(program, types, target, false);
+    std::map<std::string, std::pair<std::string, size_t>> permuted;
+    Program out = lay_out_program(program, types, target, &permuted);
     ProgramTypes after = infer_types(out, [&] {
       std::map<std::string, TensorType> in;
       for (const auto& param : program.inputs) in[param.name] = types.tensors.at(param.name);
@@ -485,10 +608,28 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
     for (const auto& st : program.statements)
       if (const auto* c = std::get_if<Contraction>(&st)) originals[c->output] = c;
     for (const auto& st : out.statements)
-      if (const auto* c = std::get_if<Contraction>(&st); c && !originals.count(c->output)) copies[c->output] = c;
+      if (const auto* c = std::get_if<Contraction>(&st); c && !originals.count(c->output) && !permuted.count(c->output))
+        copies[c->output] = c;
     for (const auto& st : out.statements) {
       const auto* c = std::get_if<Contraction>(&st);
-      if (!c || !originals.count(c->output)) continue;
+      if (!c) continue;
+      // A permuted output's contraction is proven as it would write the output itself (its dim moved back);
+      // the assign that writes the output from it moves every element back to where it was taken from.
+      Contraction unpermuted;
+      if (auto it = permuted.find(c->output); it != permuted.end()) {
+        const auto [name, moved] = it->second;
+        auto moved_back = [moved = moved](auto v) {
+          std::rotate(v.begin() + static_cast<std::ptrdiff_t>(moved), v.end() - 1, v.end());
+          return v;
+        };
+        unpermuted = *c;
+        unpermuted.output = name;
+        unpermuted.output_indices = moved_back(c->output_indices);
+        unpermuted.output_shape = moved_back(c->output_shape);
+        c = &unpermuted;
+      } else if (!originals.count(c->output) || (c->inputs.size() == 1 && permuted.count(c->inputs[0].tensor))) {
+        continue;
+      }
       const Contraction& before = *originals.at(c->output);
       poly::RewriteContext rc;
       rc.types = &after;
@@ -520,35 +661,7 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
     }
     return out;
   }
-  Program out = program;
-  out.statements.clear();
-  std::set<std::string> names = tensor_names(program);
-  for (const auto& st : program.statements) {
-    const auto* c = std::get_if<Contraction>(&st);
-    std::optional<MicroPlan> plan;
-    poly::ContractionAnalysis a;
-    if (c) {
-      a = poly::internal::bounds_of(*c, types);
-      if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
-    }
-    if (!plan) {
-      out.statements.push_back(st);
-      continue;
-    }
-    Contraction rewritten = *c;
-    if (std::optional<int> input = far_broadcast_steps(*c, types, *plan, a.bounds)) {
-      const std::string r = innermost_reduction(*c);
-      out.statements.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(*input)], r, types, names));
-    }
-    if (std::optional<Program> packed = pack_vector_operand(rewritten, types, *plan, a.bounds, target, names)) {
-      for (const auto& s : packed->statements) out.statements.push_back(s);
-      continue;
-    }
-    if (plan->transpose_input >= 0)
-      out.statements.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(plan->transpose_input)], plan->vector, types, names));
-    out.statements.push_back(rewritten);
-  }
-  return out;
+  return lay_out_program(program, types, target, nullptr);
 }
 
 }  // namespace polytile::sched

@@ -421,7 +421,10 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 // weights in the data gradient), is read from a transposed copy with that dim last -- one assign
 // contraction -- so the update can run as a register-blocked micro-kernel. An input whose rows the
 // micro-kernel broadcasts and that its innermost reduction variable steps through a page or more at a time
-// (A in C = A^T B) is read from a copy with that variable's dim last, as A B reads A.
+// (A in C = A^T B) is read from a copy with that variable's dim last, as A B reads A. An output whose
+// contiguous dim leaves part of every vector empty, where another of its dims fills them (an NCHW
+// convolution's columns and channels), is computed into a copy with that dim last (NAME_L) and moved
+// into place by one assign contraction.
 // With `verify`, every rewritten contraction is proven equal to the original with poly::verify_rewrite
 // (the packing's change of variables v = VL*vb + vl, the copies looked through); a failed proof is an
 // InternalError naming the pass.
