@@ -63,12 +63,20 @@ cpu::CompileOptions options() {
 struct Conv {
   const char* name;
   int64_t n, h, w, ci, co, kh, kw, stride, dilation, pad;
+  bool nchw = false;  // the layouts PyTorch defaults to: I[N, CI, H, W], K[CO, CI, KH, KW], O[N, CO, OH, OW]
   int64_t oh() const { return (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1; }
   int64_t ow() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
   double flops() const { return 2.0 * n * oh() * ow() * co * ci * kh * kw; }
+  std::vector<int64_t> input_shape() const { return nchw ? std::vector<int64_t>{n, ci, h, w} : std::vector<int64_t>{n, h, w, ci}; }
+  std::vector<int64_t> weight_shape() const { return nchw ? std::vector<int64_t>{co, ci, kh, kw} : std::vector<int64_t>{kh, kw, ci, co}; }
+  std::vector<int64_t> output_shape() const { return nchw ? std::vector<int64_t>{n, co, oh(), ow()} : std::vector<int64_t>{n, oh(), ow(), co}; }
   std::string tile() const {
     auto s = [](int64_t v) { return std::to_string(v); };
     std::string pad_text = pad ? " - " + s(pad) : "";
+    if (nchw)
+      return "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {\n  O[n, co, y, x : N, CO, " + s(oh()) + ", " + s(ow()) +
+             "] = +(I[n, ci, " + s(stride) + "*y + " + s(dilation) + "*j" + pad_text + ", " + s(stride) + "*x + " +
+             s(dilation) + "*i" + pad_text + "] * K[co, ci, j, i]);\n}\n";
     return "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {\n  O[n, y, x, co : N, " + s(oh()) + ", " + s(ow()) +
            ", CO] = +(I[n, " + s(stride) + "*y + " + s(dilation) + "*j" + pad_text + ", " + s(stride) + "*x + " +
            s(dilation) + "*i" + pad_text + ", ci] * K[j, i, ci, co]);\n}\n";
@@ -91,14 +99,14 @@ const char* direction_name(Direction d) {
 // defracted when the options are.
 void BM_PolytileConv(benchmark::State& state, Conv c, Direction d, cpu::CompileOptions o) {
   Program fwd = parse_program(c.tile());
-  TensorMap in{{"I", random_f32({c.n, c.h, c.w, c.ci}, 1)}, {"K", random_f32({c.kh, c.kw, c.ci, c.co}, 2)}};
+  TensorMap in{{"I", random_f32(c.input_shape(), 1)}, {"K", random_f32(c.weight_shape(), 2)}};
   Program p = fwd;
   if (d != Direction::forward) {
     ad::Options ao;
     ao.wrt = {d == Direction::backward_data ? "I" : "K"};
     ao.reduce_and_defract = o.reduce_and_defract;
     p = ad::vjp(fwd, ao).program;
-    in["DO"] = random_f32({c.n, c.oh(), c.ow(), c.co}, 3);
+    in["DO"] = random_f32(c.output_shape(), 3);
   }
   auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
@@ -174,8 +182,9 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
   auto fwd_desc = convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, o.any(o.src),
                                             o.any(o.wei), o.any(o.dst), o.strides, o.dil, o.pad_l, o.pad_r);
   auto fwd_pd = convolution_forward::primitive_desc(fwd_desc, o.eng);
-  memory user_src = o.user(o.src, memory::format_tag::nhwc), user_wei = o.user(o.wei, memory::format_tag::hwio),
-         user_dst = o.user(o.dst, memory::format_tag::nhwc);
+  const auto activations = c.nchw ? memory::format_tag::nchw : memory::format_tag::nhwc;
+  memory user_src = o.user(o.src, activations), user_wei = o.user(o.wei, c.nchw ? memory::format_tag::oihw : memory::format_tag::hwio),
+         user_dst = o.user(o.dst, activations);
   OneDnnConv::Reorders in_reorders, out_reorders;
   primitive prim;
   std::unordered_map<int, memory> args;
@@ -389,6 +398,16 @@ void register_all() {
       benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnConv, c, d, false)->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, c, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
     }
+  // The first conv with PyTorch's default layouts (NCHW, OIHW) on both sides: polytile computes it in the
+  // layout its micro-kernel wants and moves the output into place; oneDNN reorders into its blocked
+  // layouts and back (onednn_reorders, the same work for a caller holding NCHW tensors).
+  Conv nchw = kConvs[0];
+  nchw.nchw = true;
+  for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
+    std::string base = std::string("conv_nchw/") + nchw.name + "/" + direction_name(d);
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, nchw, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, nchw, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   for (const Conv& c : {kConvs[5], kConvs[4]}) {
     std::string base = std::string("defract/") + c.name + "/bwd_data";
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, options())->Unit(benchmark::kMillisecond)->UseRealTime();
