@@ -488,7 +488,7 @@ struct PermutedOutput {
 // convolution's -- and one assign contraction moves it into place. Only where the output is small next
 // to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted
 // contraction does take u as its vector variable (its inputs read u contiguously, or one small one
-// transposed).
+// transposed: each element 64 points or more).
 std::optional<PermutedOutput> permuted_output(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
                                               const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                               std::set<std::string>& names) {
@@ -530,6 +530,13 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
     r.types.tensors[r.inner.output] = TensorType{out.dtype, moved_last(out.shape)};
     std::optional<MicroPlan> inner_plan = plan_microkernel(r.inner, r.types, bounds, target, true);
     if (!inner_plan || inner_plan->vector != u) continue;
+    // An input read transposed must be small next to the work: weights, not a skinny matmul's A (whose
+    // copy would cost as much as the product).
+    if (inner_plan->transpose_input >= 0) {
+      int64_t copied = 1;
+      for (int64_t e : types.tensors.at(c.inputs[static_cast<size_t>(inner_plan->transpose_input)].tensor).shape) copied *= e;
+      if (copied * 64 > box_points(bounds)) continue;
+    }
     r.plan = *inner_plan;
     names.insert(r.inner.output);
     r.copy.output = c.output;
