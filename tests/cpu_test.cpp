@@ -1384,9 +1384,9 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
 // Output permutation (prepare_layouts): an NCHW convolution's output is contiguous along x, 7 columns that
 // leave an eighth of the lanes of 4 vectors of 2 f64 empty, while its 8 output channels fill them; the
 // convolution writes O_L[n, y, x, co] (reading its weights transposed, co last) and an assign moves it
-// into O. With zero
-// padding too, and the program's gradients (whose outputs are laid out alike), each proven with isl
-// (expect_same's verify) and run against the interpreter; an NHWC convolution keeps its output.
+// into O. With zero padding too, and the program's gradients (whose outputs are laid out alike), each
+// proven with isl (expect_same's verify) and run against the interpreter; an NHWC convolution keeps its
+// output, and so does a skinny matmul whose A would have to be copied.
 TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
   CompileOptions o = microkernels_forced(128);
   auto lowered = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), o)->program()); };
@@ -1413,6 +1413,15 @@ TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
       "  O[n, y, x, co : N, H - KH + 1, W - KW + 1, CO] = +(I[n, y + j, x + i, ci] * K[j, i, ci, co]); }");
   TensorMap channels_last = inputs_for({{"I", {2, 9, 9, 6}}, {"K", {3, 3, 6, 8}}}, DType::f64, 84);
   EXPECT_EQ(lowered(nhwc, channels_last).find("_L["), std::string::npos) << lowered(nhwc, channels_last);
+  // A skinny matmul's 17 columns leave 3 of 20 lanes empty (vectors of 4 f64) and its 64 rows fill them,
+  // but with the rows last it would read all of A transposed (each element of A serves 17 points, fewer
+  // than 64): it keeps its output.
+  CompileOptions wide = microkernels_forced(256);
+  Program ab = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap skinny = inputs_for({{"A", {64, 40}}, {"B", {40, 17}}}, DType::f64, 85);
+  const std::string kept = print(compile(ab, types_of(skinny), wide)->program());
+  EXPECT_EQ(kept.find("_L["), std::string::npos) << kept;
+  expect_same(ab, skinny, "a skinny matmul", wide);
 }
 
 // The blocks of one column of the vector operand run one after another inside a reduction tile, so the
