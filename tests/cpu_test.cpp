@@ -1384,9 +1384,9 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
 // Output permutation (prepare_layouts): an NCHW convolution's output is contiguous along x, 7 columns that
 // leave an eighth of the lanes of 4 vectors of 2 f64 empty, while its 8 output channels fill them; the
 // convolution writes O_L[n, y, x, co] (reading its weights transposed, co last) and an assign moves it
-// into O. With zero padding too, and the program's gradients (whose outputs are laid out alike), each
-// proven with isl (expect_same's verify) and run against the interpreter; an NHWC convolution keeps its
-// output, and so does a skinny matmul whose A would have to be copied.
+// into O. With zero padding too, and the program's gradients, each proven with isl (expect_same's verify)
+// and run against the interpreter; an NHWC convolution keeps its output, and so does a skinny matmul whose
+// A would have to be copied.
 TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
   CompileOptions o = microkernels_forced(128);
   auto lowered = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), o)->program()); };

@@ -411,6 +411,12 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
 
 namespace {
 
+int64_t elements_of(const TensorType& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return n;
+}
+
 // The reduction variable of a micro-kernel's innermost loop: the last one in the contraction's order.
 std::string innermost_reduction(const Contraction& c) {
   std::string r;
@@ -457,15 +463,8 @@ std::optional<int> far_broadcast_steps(const Contraction& c, const ProgramTypes&
     if (static_cast<int>(k) == plan.transpose_input || uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
     if (!transposable(in.indices, r)) continue;
     const TensorType& type = types.tensors.at(in.tensor);
-    int64_t stride = 1, elements = 1;
-    bool after = false;
-    for (size_t d = 0; d < in.indices.size(); ++d) {
-      elements *= type.shape[d];
-      if (after) stride *= type.shape[d];
-      if (in.indices[d].coefficient(r) != Rational(0)) after = true;
-    }
-    if (stride * static_cast<int64_t>(dtype_bytes(type.dtype)) < 2048) continue;
-    if (elements * 16 > box_points(bounds)) continue;
+    if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < 2048) continue;
+    if (elements_of(type) * 16 > box_points(bounds)) continue;
     return static_cast<int>(k);
   }
   return std::nullopt;
@@ -483,9 +482,8 @@ struct PermutedOutput {
 // Output permutation: where the output's contiguous variable leaves an eighth or more of its vectors'
 // lanes empty (an NCHW convolution's 54 columns x: vectors of 16 at 32 + 22, its image read as the vector
 // operand, 64 channels a page apart at every step) and another output variable u fills two vectors or more
-// exactly (its 64 channels), the
-// contraction writes a copy of the output with u's dim last -- the layout the micro-kernel wants, an NHWC
-// convolution's -- and one assign contraction moves it into place. Only where the output is small next
+// exactly (its 64 channels), the contraction writes a copy of the output with u's dim last -- the layout
+// the micro-kernel wants, an NHWC convolution's -- and one assign contraction moves it into place. Only where the output is small next
 // to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted
 // contraction does take u as its vector variable (its inputs read u contiguously, or one small one
 // transposed: each element 64 points or more).
@@ -499,9 +497,7 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
   const int64_t v_extent = extent[plan.vector], lanes = plan.lanes;
   if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7) return std::nullopt;
   const TensorType& out = types.tensors.at(c.output);
-  int64_t elements = 1;
-  for (int64_t d : out.shape) elements *= d;
-  if (elements * 16 > box_points(bounds)) return std::nullopt;
+  if (elements_of(out) * 16 > box_points(bounds)) return std::nullopt;
   // The candidates, the longest first (the most vectors filled).
   std::vector<size_t> dims;
   for (size_t d = 0; d + 1 < c.output_indices.size(); ++d) {
@@ -513,6 +509,8 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
   }
   auto variable = [&](size_t d) { return c.output_indices[d].index_terms().begin()->first; };
   std::stable_sort(dims.begin(), dims.end(), [&](size_t a, size_t b) { return extent[variable(a)] > extent[variable(b)]; });
+  std::string name = c.output + "_L";  // taken from `names` only when a candidate is kept
+  while (names.count(name)) name += "_";
   for (size_t d : dims) {
     const std::string u = variable(d);
     auto moved_last = [d](auto v) {
@@ -522,8 +520,7 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
     PermutedOutput r;
     r.moved = d;
     r.inner = c;
-    r.inner.output = c.output + "_L";
-    while (names.count(r.inner.output)) r.inner.output += "_";
+    r.inner.output = name;
     r.inner.output_indices = moved_last(c.output_indices);
     r.inner.output_shape = moved_last(c.output_shape);
     r.types = types;
@@ -532,13 +529,11 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
     if (!inner_plan || inner_plan->vector != u) continue;
     // An input read transposed must be small next to the work: weights, not a skinny matmul's A (whose
     // copy would cost as much as the product).
-    if (inner_plan->transpose_input >= 0) {
-      int64_t copied = 1;
-      for (int64_t e : types.tensors.at(c.inputs[static_cast<size_t>(inner_plan->transpose_input)].tensor).shape) copied *= e;
-      if (copied * 64 > box_points(bounds)) continue;
-    }
+    if (inner_plan->transpose_input >= 0 &&
+        elements_of(types.tensors.at(c.inputs[static_cast<size_t>(inner_plan->transpose_input)].tensor)) * 64 > box_points(bounds))
+      continue;
     r.plan = *inner_plan;
-    names.insert(r.inner.output);
+    names.insert(name);
     r.copy.output = c.output;
     r.copy.aggregation = AggregationOp::assign;
     r.copy.combination = CombinationOp::none;
