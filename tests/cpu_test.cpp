@@ -207,6 +207,22 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   Program rows = parse_program("function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }");
   TensorMap x = inputs_for({{"X", {4096, 100}}}, DType::f32, 6);
   EXPECT_EQ(print(compile(rows, types_of(x), two)->program()).find("_slices"), std::string::npos);
+  // A column sum whose threads would each read half of every row (2048 outputs, each thread's 4 KiB of
+  // every 8 KiB row) is split into slices of rows where each column sums at least split_line_min_points
+  // (1024) rows and the two slices' partial sums fit in half of L1 (2 x 2048 x 4 bytes of 48 KiB); not
+  // with fewer rows, nor with 8192 columns (64 KiB of partial sums), nor on one thread.
+  Program cols = parse_program("function (X[M, N]) -> (S) { S[j : N] = +(X[i, j]); }");
+  two.target.cpu.l1_bytes = 48 * 1024;
+  one.target.cpu.l1_bytes = 48 * 1024;
+  TensorMap tall = inputs_for({{"X", {1100, 2048}}}, DType::f32, 7);
+  expect_same(cols, tall, "column sum of 1100 rows", two);
+  EXPECT_NE(print(compile(cols, types_of(tall), two)->program()).find("S_slices[i_slice, j : 2, N] = +(X[550*i_slice + i_step, j]), i_step < 550;"), std::string::npos)
+      << print(compile(cols, types_of(tall), two)->program());
+  EXPECT_EQ(print(compile(cols, types_of(tall), one)->program()).find("_slices"), std::string::npos);
+  TensorMap short_rows = inputs_for({{"X", {1000, 2048}}}, DType::f32, 8);
+  EXPECT_EQ(print(compile(cols, types_of(short_rows), two)->program()).find("_slices"), std::string::npos);
+  TensorMap wide = inputs_for({{"X", {1100, 8192}}}, DType::f32, 9);
+  EXPECT_EQ(print(compile(cols, types_of(wide), two)->program()).find("_slices"), std::string::npos);
 }
 
 // Reductions whose band leads with no output variable still run on the threads: a row sum S[i] (its one

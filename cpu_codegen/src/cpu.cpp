@@ -376,6 +376,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(m.microkernel_chunks) + "/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
+         std::to_string(m.split_line_min_points) + "/" +
          (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
          (m.stream_stores ? std::to_string(m.l3_bytes) + "/" : "nostream/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +

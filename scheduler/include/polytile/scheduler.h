@@ -39,6 +39,10 @@ struct CpuModel {
   // of its longest reduction variable per thread, and the slices' partial sums added.
   int64_t split_max_outputs = 1024;
   int64_t split_min_points = 16384;
+  // ... and a sum whose threads would each read a part of every line of an input (a column sum: its
+  // output's last index is an input's), split along rows, where every output has at least this many
+  // points and the slices' partial sums fit in half of L1.
+  int64_t split_line_min_points = 1024;
   // Row groups (NestGroup): consecutive row-local nests run chunk by chunk together; false runs every
   // nest over its whole range before the next.
   bool row_groups = true;
