@@ -223,6 +223,20 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   EXPECT_EQ(print(compile(cols, types_of(short_rows), two)->program()).find("_slices"), std::string::npos);
   TensorMap wide = inputs_for({{"X", {1100, 8192}}}, DType::f32, 9);
   EXPECT_EQ(print(compile(cols, types_of(wide), two)->program()).find("_slices"), std::string::npos);
+  // Column maxima and minima too, the slices' maximum (minimum) into S, where every slice holds a point
+  // for every column; not under a constraint (its domain need not be a box), nor where the output has
+  // elements that no point writes (they keep 0, which the slices' zeros would not).
+  for (const char* agg : {">", "<"}) {
+    Program extremum = parse_program(std::string("function (X[M, N]) -> (S) { S[j : N] = ") + agg + "(X[i, j]); }");
+    expect_same(extremum, tall, std::string("column ") + agg, two);
+    EXPECT_NE(print(compile(extremum, types_of(tall), two)->program()).find(std::string("S[o0 : N] = ") + agg + "(S_slices[s, o0]);"), std::string::npos)
+        << print(compile(extremum, types_of(tall), two)->program());
+  }
+  for (const char* body : {"S[j : N] = >(X[i, j]), i < M - 3;", "S[j : N + 1] = >(X[i, j]);", "S[j : N] = >(X[i, j] + X[i + 1, j]);"}) {
+    Program p = parse_program(std::string("function (X[M, N]) -> (S) { ") + body + " }");
+    expect_same(p, tall, body, two);
+    EXPECT_EQ(print(compile(p, types_of(tall), two)->program()).find("_slices"), std::string::npos) << body;
+  }
 }
 
 // Reductions whose band leads with no output variable still run on the threads: a row sum S[i] (its one

@@ -6,7 +6,8 @@
 // a scratch tensor, and the sum of the slices (r from its least value m: r = m + L*s + q):
 //   O_slices[s, o... : S, shape...] = +(A[... L*s + q ...] * B[...]), q < L;   O[o...] = +(O_slices[s, o...]) (default D)
 // The slices run as blocks of their own; every slice with no point for an element leaves its partial sum
-// at 0, which the second sum adds exactly.
+// at 0, which the second sum adds exactly. On the CPU a column maximum or minimum is split the same way
+// (the slices' maximum or minimum into O) where every slice holds a point for every output element.
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -36,9 +37,11 @@ struct Candidate {
   std::vector<size_t> reductions;            // the reduction variables, indices into bounds
 };
 
-// A sum with more than `max_outputs` output elements is none: that is decided before the isl analysis.
-std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types, int64_t max_outputs) {
-  if (c.aggregation != AggregationOp::sum) return std::nullopt;
+// A sum (or, with `extrema`, a maximum or minimum) with more than `max_outputs` output elements is none:
+// that is decided before the isl analysis.
+std::optional<Candidate> candidate(const Contraction& c, const ProgramTypes& types, int64_t max_outputs, bool extrema = false) {
+  const bool extremum = c.aggregation == AggregationOp::max || c.aggregation == AggregationOp::min;
+  if (c.aggregation != AggregationOp::sum && !(extrema && extremum)) return std::nullopt;
   // Outputs indexed by plain variables or constants (a weight gradient, a matmul, a total S[0 : 1]): the
   // slices' kernels stay as simple for isl as the original. (A defracted data gradient's lattice of
   // outputs, with the slice linearized in, costs isl seconds; it has many outputs anyway.)
@@ -95,7 +98,7 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   return s;
 }
 
-// Whether a sum's threads, splitting its outputs, would each read a part of every line of an input: a
+// Whether a reduction's threads, splitting its outputs, would each read a part of every line of an input: a
 // column sum S[j] = +(X[i, j]) of a 8192x2048 matrix gives each of two threads 1024 columns, 4 KiB of
 // every 8 KiB row, and the prefetchers, which stop at page boundaries, start cold on every page (on a
 // 2-core Cascade Lake, 23 GB/s in the bench; 59 GB/s split into slices of rows). Such a sum is split when
@@ -123,6 +126,30 @@ bool splits_lines(const Contraction& c, const Candidate& k, int64_t element_byte
   return output_lines;
 }
 
+// Whether every slice of a maximum or minimum holds a point for every output element. A slice with no
+// point for an element leaves its partial result at 0, which the slices' sum adds exactly but their
+// maximum does not ignore; and an element with no point at all must keep its default (or 0), which the
+// maximum of the slices' zeros would not. So: no constraints, every index a plain variable or a constant
+// (the domain is then the box of the variables' ranges, each the intersection of the dims it indexes),
+// and the output's variables range over its whole shape, its constants over dims of 1.
+bool every_slice_covers_the_output(const Contraction& c, const Candidate& k, const ProgramTypes& types) {
+  if (!c.constraints.empty()) return false;
+  for (const auto& a : c.inputs)
+    for (const auto& p : a.indices)
+      if (!p.variable() && !p.is_constant()) return false;
+  const std::vector<int64_t>& shape = types.tensors.at(c.output).shape;
+  for (size_t d = 0; d < c.output_indices.size(); ++d) {
+    const std::optional<std::string> v = c.output_indices[d].variable();
+    if (!v) {
+      if (shape[d] != 1) return false;
+      continue;
+    }
+    auto b = std::find_if(k.bounds.begin(), k.bounds.end(), [&](const poly::VariableBounds& x) { return x.name == *v; });
+    if (b == k.bounds.end() || b->min != 0 || b->max != shape[d] - 1) return false;
+  }
+  return true;
+}
+
 // The split worth making on the CPU, if any: one slice per thread
 // - of a sum with few outputs and long reductions (CpuModel::split_max_outputs, split_min_points);
 // - of a weight gradient that runs as a weight-mode micro-kernel (plan.h's weight_mode) and still would
@@ -130,14 +157,17 @@ bool splits_lines(const Contraction& c, const Candidate& k, int64_t element_byte
 //   of the vector operand, and 11 blocks of 64 channels go 6 + 5. The slices then divide the reduction
 //   variable that the threads share most evenly (the widest of those), each thread reads its part of both
 //   operands, and the blocks of a slice split evenly; or else
-// - of a sum whose threads would otherwise each read a part of every line (splits_lines).
+// - of a sum, maximum or minimum whose threads would otherwise each read a part of every line
+//   (splits_lines; a maximum or minimum where every slice covers the output).
 std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types, const Target& target) {
   if (target.threads < 2) return std::nullopt;
   const DType t = types.tensors.at(c.output).dtype;
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
   const int64_t weight_outputs = target.cpu.l2_bytes / (2 * element_bytes);  // a thread's slice in half its L2
-  std::optional<Candidate> k = candidate(c, types, std::max(target.cpu.split_max_outputs, weight_outputs));
+  std::optional<Candidate> k = candidate(c, types, std::max(target.cpu.split_max_outputs, weight_outputs), true);
   if (!k) return std::nullopt;
+  if (c.aggregation != AggregationOp::sum)
+    return every_slice_covers_the_output(c, *k, types) && splits_lines(c, *k, element_bytes, target) ? sliced(*k, target.threads) : std::nullopt;
   if (k->outputs <= target.cpu.split_max_outputs && k->reduction >= target.cpu.split_min_points) return sliced(*k, target.threads);
   if (!weight_split(k->outputs * element_bytes, k->reduction, target) ||
       box_points(k->bounds) < target.cpu.microkernel_min_points || !plan_microkernel(c, types, k->bounds, target, false))
@@ -183,10 +213,10 @@ SplitContraction split(const Contraction& c, const Split& plan, std::set<std::st
   out.partial.output = fresh_name(c.output + "_slices", tensors);
   out.partial.output_indices.insert(out.partial.output_indices.begin(), Polynomial::index(s));
   out.partial.output_shape.insert(out.partial.output_shape.begin(), DimExpr(plan.slices));
-  // O[o...] = +(O_slices[s, o...]) over the output's own indices.
+  // O[o...] = +(O_slices[s, o...]) over the output's own indices (> or < for a maximum or minimum).
   Contraction& total = out.total;
   total.output = c.output;
-  total.aggregation = AggregationOp::sum;
+  total.aggregation = c.aggregation;
   total.combination = CombinationOp::none;
   total.output_shape = c.output_shape;
   total.init = c.init;

@@ -39,9 +39,9 @@ struct CpuModel {
   // of its longest reduction variable per thread, and the slices' partial sums added.
   int64_t split_max_outputs = 1024;
   int64_t split_min_points = 16384;
-  // ... and a sum whose threads would each read a part of every line of an input (a column sum: its
-  // output's last index is an input's), split along rows, where every output has at least this many
-  // points and the slices' partial sums fit in half of L1.
+  // ... and a sum, maximum or minimum whose threads would each read a part of every line of an input (a
+  // column sum: its output's one variable is an input's last index), split along rows, where every output
+  // has at least this many points and the slices' partial results fit in half of L1.
   int64_t split_line_min_points = 1024;
   // Row groups (NestGroup): consecutive row-local nests run chunk by chunk together; false runs every
   // nest over its whole range before the next.
@@ -441,7 +441,10 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
 // output loops, and these have none worth splitting), is split along its longest reduction variable r
 // into S slices of L consecutive values (r = least + L*s + q, 0 <= q < L; S = the threads on the CPU): a
 // contraction of partial sums O_slices[s, outputs...] and the sum of the slices into O (which keeps its
-// default). Other statements are left as they are. With `verify`,
+// default). On the CPU a sum, maximum or minimum whose threads would each read a part of every row of
+// its input (a column reduction of 1024 rows or more, CpuModel::split_line_min_points) is split the same
+// way, a maximum or minimum only where every slice holds a point for every output element.
+// Other statements are left as they are. With `verify`,
 // isl proves each split contraction's slices hold the original's valid points, each once, reading the
 // same elements (poly::verify_rewrite).
 Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify = false);
