@@ -226,9 +226,17 @@ TEST(CpuTest, SplitReductionsOnTheCpuMatchTheInterpreter) {
   // Column maxima and minima too, the slices' maximum (minimum) into S, where every slice holds a point
   // for every column; not under a constraint (its domain need not be a box), nor where the output has
   // elements that no point writes (they keep 0, which the slices' zeros would not).
+  // A NaN in either slice reaches the column's result, as in the interpreter.
+  std::vector<double> values = tall.at("X").to_doubles();
+  values[700 * 2048 + 5] = std::nan("");
+  values[3 * 2048 + 9] = std::nan("");
+  TensorMap with_nan{{"X", Buffer::from_values(DType::f32, {1100, 2048}, values)}};
   for (const char* agg : {">", "<"}) {
     Program extremum = parse_program(std::string("function (X[M, N]) -> (S) { S[j : N] = ") + agg + "(X[i, j]); }");
     expect_same(extremum, tall, std::string("column ") + agg, two);
+    expect_same(extremum, with_nan, std::string("column ") + agg + " with NaNs", two);
+    const TensorMap got = run(extremum, with_nan, two);
+    EXPECT_TRUE(std::isnan(got.at("S").get(5)) && std::isnan(got.at("S").get(9)) && !std::isnan(got.at("S").get(6)));
     EXPECT_NE(print(compile(extremum, types_of(tall), two)->program()).find(std::string("S[o0 : N] = ") + agg + "(S_slices[s, o0]);"), std::string::npos)
         << print(compile(extremum, types_of(tall), two)->program());
   }
