@@ -1536,11 +1536,11 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
     int64_t least, most;  // of the innermost tile (a copy's are evened out by equal_tiles: 530 is 5 of 106)
   };
   const Case cases[] = {
-      // Transpositions with a stride (plain ones of 4-byte elements move squares instead: see
-      // TranspositionsMoveSquaresTransposedInRegisters).
-      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}, 16, 16},
+      // Transpositions whose input's last index is not a variable (those whose last indices are variables
+      // move squares instead, also with a stride elsewhere: see TranspositionsMoveSquaresTransposedInRegisters).
+      {"function (I[M, N]) -> (O) { O[i, j : N/2, M] = =(I[j, 2*i]); }", {{"I", {1300, 530}}}, 16, 16},
       {"function (I[M, N]) -> (O) { O[i, j : M, N] = =(I[i, j]); }", {{"I", {650, 530}}}, 65, 128},
-      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W/2] = =(I[n, h, 2*w, c]); }", {{"I", {2, 37, 82, 96}}}, 16, 16},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C/2, H, W] = =(I[n, h, w, 2*c]); }", {{"I", {2, 37, 82, 96}}}, 16, 16},
   };
   for (const Case& c : cases) {
     Program p = parse_program(c.program);
@@ -1557,7 +1557,9 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
 // (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For every
 // vector width (squares of 256-bit rows at most, 4 lanes at least: none for 8-byte elements in 128-bit
 // vectors), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the
-// interpreter.
+// interpreter. Also where the other indices are not plain variables: rows read with a stride, and a conv
+// gradient's weights packed in panels (K_P[tb, j, i, co, tl] = K[j, i, 16*tb + tl, co], each row of the
+// square from another row of K).
 TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
   struct Case {
     std::string program;
@@ -1568,6 +1570,9 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
       {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}},
       {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}},
       {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}},
+      {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
+       {{"K", {3, 2, 48, 37}}}},
   };
   int squared = 0;
   for (int bits : {512, 256, 128}) {
@@ -1593,20 +1598,26 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
           ++squared;
         }
         const TensorMap want = interpret(p, in), got = run(p, in, o);
-        const Buffer &w = want.at("O"), &g = got.at("O");
+        const std::string out = p.outputs.at(0);
+        const Buffer &w = want.at(out), &g = got.at(out);
         ASSERT_EQ(g.shape(), w.shape()) << what;
         int64_t differ = 0;
         for (int64_t e = 0; e < w.size(); ++e) differ += g.get(e) != w.get(e);
         EXPECT_EQ(differ, 0) << what;
       }
   }
-  EXPECT_EQ(squared, 4 * (4 + 4 + 2));  // every case: all types at 512 and 256 bits, 4-byte ones at 128
-  // Not a square: a transposition reading every other row.
-  const char* strided = "function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }";
-  Program p = parse_program(strided);
-  TensorMap in = inputs_for({{"I", {64, 48}}}, DType::f32, 5);
-  EXPECT_EQ(sched::print_loops(compile(p, types_of(in))->schedule()).find("squares"), std::string::npos);
-  expect_same(p, in, strided);
+  EXPECT_EQ(squared, 6 * (4 + 4 + 2));  // every case: all types at 512 and 256 bits, 4-byte ones at 128
+  // Not squares: a transposition whose input's last index is not a variable (every other column), one
+  // whose input's contiguous variable is also in another of its indices (the vector of a square's row
+  // would not be a run of the input), one whose output's last variable is in another of its indices.
+  for (const char* text : {"function (I[M, N]) -> (O) { O[i, j : N/2, M] = =(I[j, 2*i]); }",
+                           "function (I[M, N]) -> (O) { O[i, j : N, M - N] = =(I[i + j, i]); }",
+                           "function (I[M, N]) -> (O) { O[i + j, j : M, N] = =(I[j, i]); }"}) {
+    Program p = parse_program(text);
+    TensorMap in = inputs_for({{"I", {64, 48}}}, DType::f32, 5);
+    EXPECT_EQ(sched::print_loops(compile(p, types_of(in))->schedule()).find("squares"), std::string::npos) << text;
+    expect_same(p, in, text);
+  }
 }
 
 // In a small nest (every tensor under 2^18 elements), the loops around a vectorized loop are not unrolled

@@ -641,7 +641,8 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
   const sched::LoopNode& s = inner.body[0];
   if (s.kind != K::statement || s.statement != sched::LoopNode::Statement::plain) return false;
   // The scheduler chose the nest as a transposition (scheduler.cpp `transposition`): a copy of one tensor
-  // of the output's dtype, every index a variable.
+  // of the output's dtype whose last indices are variables, the input's in no other input index and the
+  // output's in no other output index (the other indices any affine form: each row's address is computed).
   const Contraction& c = nest_.contraction;
   const DType t = types_.tensors.at(nest_.tensor).dtype;
   POLYTILE_CHECK(nest_.kind == sched::Nest::Kind::update && c.inputs.size() == 1 && c.combination == CombinationOp::none &&

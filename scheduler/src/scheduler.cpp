@@ -383,11 +383,21 @@ class ProgramScheduler {
     const TensorType& in = types_.tensors.at(c.inputs[0].tensor);
     const int bytes = static_cast<int>(dtype_bytes(out.dtype));
     if (in.dtype != out.dtype || (bytes != 4 && bytes != 8) || in.shape.empty()) return;
-    for (const auto* indices : {&c.output_indices, &c.inputs[0].indices})
-      for (const Polynomial& p : *indices)
-        if (!p.variable()) return;
+    // A square is `lanes` vectors of the input along its last index, one per value of the output's last
+    // variable, and as many of the output along its last index: both last indices are plain variables, the
+    // input's in no other index of the input and the output's in no other index of the output. The other
+    // indices may be any affine form (a conv gradient's packed weights K_P[tb, j, i, co, tl] = K[j, i,
+    // 64*tb + tl, co] read rows of K with the output's last variable): the rows' addresses are computed as
+    // the loops' would be.
+    const std::vector<Polynomial>& out_indices = c.output_indices;
+    const std::vector<Polynomial>& in_indices = c.inputs[0].indices;
+    if (!out_indices.back().variable() || !in_indices.back().variable()) return;
     const std::string last = update.variables[band.order.back()];
-    const std::string contiguous = *c.inputs[0].indices.back().variable();
+    const std::string contiguous = *in_indices.back().variable();
+    auto mentioned = [](const std::vector<Polynomial>& indices, const std::string& v) {
+      return std::any_of(indices.begin(), indices.end() - 1, [&](const Polynomial& p) { return p.index_terms().count(v) > 0; });
+    };
+    if (mentioned(in_indices, contiguous) || mentioned(out_indices, last)) return;
     // Squares of 256-bit rows even with 512-bit vectors (8 f32, 4 f64): on a Zen 4 (AVX-512 in two
     // 256-bit halves) 8 x 8 f32 squares in tiles of a cache line moved a 2048 x 2048 transposition at
     // 29-30 GB/s against 23-25 with 16 x 16 squares, and NHWC -> NCHW of 8x56x56x64 at 120-154 against 70

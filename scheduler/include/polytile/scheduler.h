@@ -350,9 +350,9 @@ struct Nest {
   // the init nest covers only the elements no point writes.
   bool stores = false;
   // CPU transpositions (a copy of 4- or 8-byte elements whose input's contiguous variable is not the
-  // output's): the two innermost loops run over transpose_lanes values of the input's contiguous variable
-  // and, inside, as many of the output's; the code generator moves such a square by vectors, transposed
-  // in registers. 0: none.
+  // output's, each last index a plain variable): the two innermost loops run over transpose_lanes values
+  // of the input's contiguous variable and, inside, as many of the output's; the code generator moves such
+  // a square by vectors, transposed in registers. 0: none.
   int transpose_lanes = 0;
   // CPU nests of plain loops (not transpositions), and micro-kernels without epilogue that store each
   // block's accumulators once, that write a program output no later nest touches, without reading it,
