@@ -391,7 +391,7 @@ class ProgramScheduler {
     // the loops' would be.
     const std::vector<Polynomial>& out_indices = c.output_indices;
     const std::vector<Polynomial>& in_indices = c.inputs[0].indices;
-    if (!out_indices.back().variable() || !in_indices.back().variable()) return;
+    if (out_indices.empty() || !out_indices.back().variable() || !in_indices.back().variable()) return;
     const std::string last = update.variables[band.order.back()];
     const std::string contiguous = *in_indices.back().variable();
     auto mentioned = [](const std::vector<Polynomial>& indices, const std::string& v) {
