@@ -4,10 +4,10 @@
 // random differentiable programs through all three AD modes against central finite differences in f64
 // (ill-conditioned ones, and differences that are not smooth at the inputs, counted, not checked). The
 // default budget (1000 programs on the CPU backend, 2 x 200 under GPU semantics, 400 through autodiff)
-// runs in about a minute; set POLYTILE_FUZZ_PROGRAMS=N
-// for a longer run (the README records some) and POLYTILE_FUZZ_SEED=S for other programs than the
-// suite's. Each failure prints the seed, the iteration and the program; POLYTILE_FUZZ_TRACE=1 prints every
-// program of the backends' tests to stderr before it runs (a crash ends the run: the last one printed).
+// runs in about a minute; set POLYTILE_FUZZ_PROGRAMS=N for a longer run (the README records some) and
+// POLYTILE_FUZZ_SEED=S for other programs than the suite's. Each failure prints the seed, the iteration
+// and the program; POLYTILE_FUZZ_TRACE=1 prints every program of the backends' tests to stderr before it
+// runs (a crash ends the run: the last one printed).
 #include <gtest/gtest.h>
 
 #include <cmath>
