@@ -226,6 +226,11 @@ class MicrokernelNest {
     for (size_t k = reds_.size(); k-- > 0;) {
       const int64_t e = range_[mk_.reductions[k]].second - red_lo_[k] + 1;
       int64_t lo = 1, hi = e;
+      if (e > 1) {  // the whole range first: a conv's channels, a short kernel row often fit at once
+        tile_[k] = e;
+        if (footprint() <= budget) lo = e;
+        else hi = e - 1;
+      }
       while (lo < hi) {
         tile_[k] = (lo + hi + 1) / 2;
         if (footprint() <= budget) lo = tile_[k];
