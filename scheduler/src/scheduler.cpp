@@ -404,7 +404,7 @@ class ProgramScheduler {
     // (56 columns are 7 squares of 8, but three of 16 and an edge); 8 x 8 f64 squares were slower than
     // the strided loops before them.
     const int lanes = std::min(256, target_.cpu.vector_bits) / (8 * bytes);
-    if (contiguous == last || last != *c.output_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
+    if (contiguous == last || last != *out_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
     for (size_t k = 0; k < update.variables.size(); ++k)
       if (update.variables[k] == contiguous) facts.transpose_variable = "d" + std::to_string(k);
