@@ -303,7 +303,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   // Registers: rows x chunks accumulators, `chunks` vector operands and one broadcast.
   const int64_t lanes = plan.lanes;
   // The block variable and the rows per block, by a small throughput model. A reduction step of a block
-  // costs rows x chunks FMAs (two per cycle), rows + chunks loads (two per cycle) and loop overhead; a
+  // costs rows x chunks FMAs (CpuModel::fma_per_cycle), rows + chunks loads (two per cycle) and loop overhead; a
   // predicated block (a border of a variable coupled to the reduction through an index or constraint,
   // or a partial last block) adds a select per FMA and, at borders, a validity test per row. Rows should read distinct broadcast values and share the
   // vector operand; ties go to the later (more contiguous) variable.
@@ -357,6 +357,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     int rows = 1, chunks = 1;
   };
   const int64_t default_chunks = std::min<int64_t>(most_chunks, std::max(1, target.cpu.vector_registers / 8));
+  const double fma_rate = std::max(1, target.cpu.fma_per_cycle);
   auto choose = [&](int64_t nc) {
     Choice best;
     best.chunks = static_cast<int>(nc);
@@ -374,10 +375,10 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
       for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
         int64_t blocks = (e + rows - 1) / rows;
         int64_t predicated = std::min<int64_t>(blocks, (cand.border ? 2 : 0) + (e % rows != 0 && !cand.border ? 1 : 0));
-        double fast = static_cast<double>(rows) * chunks / 2 + 0.5 * (static_cast<double>(rows) + chunks) + 2;
-        double slow = fast + static_cast<double>(rows) * chunks / 2 + (cand.border ? static_cast<double>(rows) : 0.0);
+        double fast = static_cast<double>(rows) * chunks / fma_rate + 0.5 * (static_cast<double>(rows) + chunks) + 2;
+        double slow = fast + static_cast<double>(rows) * chunks / fma_rate + (cand.border ? static_cast<double>(rows) : 0.0);
         double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
-        double efficiency = static_cast<double>(e) * chunks / 2 / cost * used;
+        double efficiency = static_cast<double>(e) * chunks / fma_rate / cost * used;
         // Rows in distant pages: each its own stream for the prefetchers and the TLB, 4% a row (4 rows lose
         // 16%; 2 rows, 8%: on Zen 3 a conv's 2 rows of 4 chunks over the batch beat the same over x by 3-10%).
         if (cand.far) efficiency *= 1 - 0.04 * static_cast<double>(rows);

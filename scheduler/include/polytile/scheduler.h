@@ -27,6 +27,10 @@ struct CpuModel {
   int64_t l2_bytes = 2 * 1024 * 1024;
   int64_t l3_bytes = 32 * 1024 * 1024;  // the last level, shared by the cores
   int vector_registers = 32;    // architectural SIMD registers (accumulators + operands of a micro-kernel)
+  // Full-width vector FMAs a core issues per cycle: 2 on Intel's AVX-512 and on AVX2 cores, 1 where a
+  // 512-bit operation takes both 256-bit pipes (Zen 4). The micro-kernel plan's throughput model weighs a
+  // block's FMAs against its loads and loop overhead with it.
+  int fma_per_cycle = 2;
   // Micro-kernel columns of this many vectors (a last column past the vector variable's range is masked),
   // where they leave registers for two rows and the range has that many (0, or where they do not: the
   // plan's throughput model chooses; CompileOptions::tune tries 2 and 4).
