@@ -1123,6 +1123,23 @@ TEST(CpuTest, WeightGradientsSplitTheirReductionsAcrossThreads) {
   }
 }
 
+// A copy of the output per thread may fill three quarters of its L2 (plan.h weight_share_max_bytes), not
+// only half: the weight gradient above (3x3x8x8 f64, 4608 bytes) is split into two slices with an L2 of
+// 8192 bytes (a copy is 56% of it; half would not have split it) and not with 6136 (three quarters: 4602).
+TEST(CpuTest, WeightGradientCopiesMayFillThreeQuartersOfL2) {
+  Program grad = conv_weight_gradient();
+  TensorMap in = inputs_for({{"I", {6, 34, 34, 8}}, {"K", {3, 3, 8, 8}}, {"DO", {6, 32, 32, 8}}}, DType::f64, 22);
+  for (int64_t l2 : {8192, 6144 - 8}) {
+    CompileOptions o;
+    o.threads = 2;
+    o.target.threads = 2;
+    o.target.cpu.l2_bytes = l2;
+    const std::string lowered = print(compile(grad, types_of(in), o)->program());
+    EXPECT_EQ(lowered.find("DK_slices[") != std::string::npos, l2 == 8192) << l2 << " bytes of L2\n" << lowered;
+    expect_same(grad, in, std::to_string(l2) + " bytes of L2", o);
+  }
+}
+
 // A weight-mode micro-kernel whose output rows hold several column blocks (a 1x1 conv's weight gradient
 // with 128 output channels: two blocks of 64 with AVX-512's registers, eight of 16 with AVX2's) splits its
 // row blocks across the threads, not the column blocks, though they divide evenly: each thread's part of
@@ -1926,9 +1943,9 @@ TEST(CpuTest, LongReductionsOverflowingL2TakeL2SizedTiles) {
   Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   CompileOptions o = microkernels_forced(256);
   o.target.cpu.l1_bytes = 4096;
-  o.target.cpu.l2_bytes = 64 * 1024;  // the 96x96 f64 output (72 KiB) overflows half of two threads' L2
+  o.target.cpu.l2_bytes = 64 * 1024;  // the 112x112 f64 output (98 KiB) overflows three quarters of two threads' L2
   auto tile_of = [&](int64_t k) {  // the micro-kernel's reduction tile: its Fma loop's extent
-    TensorMap in = inputs_for({{"A", {96, k}}, {"B", {k, 96}}}, DType::f64, 61);
+    TensorMap in = inputs_for({{"A", {112, k}}, {"B", {k, 112}}}, DType::f64, 61);
     auto compiled = compile(mm, types_of(in), o);
     const sched::Nest& nest = compiled->schedule().nests.back();
     EXPECT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
@@ -1945,7 +1962,7 @@ TEST(CpuTest, LongReductionsOverflowingL2TakeL2SizedTiles) {
   // thread of a Cascade Lake with L1 tiles than with L2 tiles). l's 48 values in tiles of 16 (17 fit), not 24.
   const Program window = parse_program(
       "function (A[M, K, L], B[K, L, N]) -> (C) { C[i, j : M, N] = +(A[i, k, l] * B[k, l, j]); }");
-  TensorMap in = inputs_for({{"A", {96, 48, 48}}, {"B", {48, 48, 96}}}, DType::f64, 62);
+  TensorMap in = inputs_for({{"A", {112, 48, 48}}, {"B", {48, 48, 112}}}, DType::f64, 62);
   auto compiled = compile(window, types_of(in), o);
   const std::string loops = sched::print_loops(compiled->schedule());
   EXPECT_NE(loops.find("((16 * c"), std::string::npos) << loops;

@@ -195,8 +195,11 @@ bool output_fits_l2(int64_t out_bytes, const Target& target) {
 
 }  // namespace
 
+int64_t weight_share_max_bytes(const Target& target) { return target.cpu.l2_bytes * 3 / 4; }
+
 bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target) {
-  return output_fits_l2(out_bytes, target) && reduction_points >= kLongReduction;
+  const int64_t threads = std::max(1, target.threads);
+  return (out_bytes + threads - 1) / threads <= weight_share_max_bytes(target) && reduction_points >= kLongReduction;
 }
 
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target) {

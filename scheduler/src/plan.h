@@ -28,12 +28,21 @@ double output_stride(const std::vector<Polynomial>& idx, const std::string& v, c
 
 // Whether a micro-kernel with an output of `out_bytes` and `reduction_points` reduction points per output
 // element runs in weight mode (a weight gradient: the reduction tiles outside the blocks, the blocks split
-// across the threads; see block_bands): each thread's share of the output fits in half its L2.
+// across the threads; see block_bands): each thread's share of the output is at most
+// weight_share_max_bytes.
 bool weight_mode(int64_t out_bytes, int64_t reduction_points, const Target& target);
+// Three quarters of a thread's L2: what stays there of a weight gradient's output while the reduction
+// streams its operands past (not half, as for the outputs of other micro-kernels). A 128-channel 3x3
+// weight gradient (590 KB) with 1 MiB L2s is then split into a copy per thread (weight_split), each
+// thread reading different rows of both operands; with half, its 22 row blocks were split across the
+// threads, both reading every panel of the packed output gradient, half of it packed by the other
+// thread: on the 2-core Zen 4 guest 3-4% slower in quiet minutes (8.0-8.2 against 7.8-7.9 ms) and 20%
+// in others (9.7-9.8 against 8.2).
+int64_t weight_share_max_bytes(const Target& target);
 
 // Whether such a micro-kernel's reduction is split into one slice per thread (split_reductions.cpp):
-// with two threads or more, when a whole copy of the output fits half of a thread's L2 and every slice
-// still runs in weight mode.
+// with two threads or more, when every slice (a whole copy of the output per thread) still runs in
+// weight mode.
 bool weight_split(int64_t out_bytes, int64_t reduction_points, const Target& target);
 
 // Whether a micro-kernel sizes its reduction tiles for L2 instead of L1 (see size_reduction_tiles): a

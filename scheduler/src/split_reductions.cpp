@@ -163,7 +163,7 @@ std::optional<Split> plan_split(const Contraction& c, const ProgramTypes& types,
   if (target.threads < 2) return std::nullopt;
   const DType t = types.tensors.at(c.output).dtype;
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
-  const int64_t weight_outputs = target.cpu.l2_bytes / (2 * element_bytes);  // a thread's slice in half its L2
+  const int64_t weight_outputs = weight_share_max_bytes(target) / element_bytes;  // a thread's copy (weight_split)
   std::optional<Candidate> k = candidate(c, types, std::max(target.cpu.split_max_outputs, weight_outputs), true);
   if (!k) return std::nullopt;
   if (c.aggregation != AggregationOp::sum)
