@@ -1092,7 +1092,7 @@ TEST(CpuTest, WeightGradientScheduleMatchesTheInterpreter) {
   }
 }
 
-// A weight gradient whose output fits half a thread's L2 and whose reduction is long (a weight-mode
+// A weight gradient whose output fits three quarters of a thread's L2 and whose reduction is long (a weight-mode
 // micro-kernel) runs as one slice of the reduction per thread, the slices summed after: each thread then
 // reads its part of the data and of the output gradient, and the blocks of 8 channels do not split unevenly.
 // The micro-kernel's threads split the slices. Three threads slice the batch (6 images: the variable they
