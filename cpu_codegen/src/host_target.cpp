@@ -55,8 +55,8 @@ sched::Target host_target() {
   t.cpu.vector_registers = avx512 ? 32 : 16;  // zmm0-31 with AVX-512, else ymm/xmm0-15
   // Zen 4 runs a 512-bit FMA as two halves on its two 256-bit pipes: one per cycle, where Intel's cores
   // (and Zen 5) issue two. The micro-kernel plan then counts a block's FMAs twice as dear against its loads
-  // and loop overhead, which turns a 128-channel conv weight gradient's 6 x 4 blocks (a partial last one
-  // in every 128 rows) into 4 x 4 ones.
+  // and loop overhead, which turns a 128-channel conv weight gradient's 6 x 4 blocks (21 of 6 channels
+  // and a partial one of 2) into 4 x 4 ones (32 of 4).
   t.cpu.fma_per_cycle = avx512 && llvm::sys::getHostCPUName() == "znver4" ? 1 : 2;
   // Stores past the caches (CpuModel::stream_stores) pay on AMD's cores and cost on Intel's: on a 2-core
   // Zen 4 guest max pool's gradient ran 1.15-1.30x and the 1x1 conv's data gradient 1.06-1.09x as fast
