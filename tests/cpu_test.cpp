@@ -1340,14 +1340,16 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
       }
     }
     Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
-    // The last two shapes read B's rows 2 KiB or more apart: B is packed into panels first; 600 columns
-    // into panels whose last one is padded at every vector width.
+    // The last two shapes read B's rows 2 KiB or more apart: with an L2 smaller than B (16 KiB), B is
+    // packed into panels first; 600 columns into panels whose last one is padded at every vector width.
+    CompileOptions small_l2 = o;
+    small_l2.target.cpu.l2_bytes = 16 * 1024;
     for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}, std::tuple{20, 9, 512},
                            std::tuple{20, 9, 600}}) {
       for (DType t : {DType::f32, DType::f64}) {
         TensorMap in = inputs_for({{"A", {m, k}}, {"B", {k, n}}}, t, 40);
-        expect_same(mm, in, "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n), o);
-        count(mm, in, o);
+        expect_same(mm, in, "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n), small_l2);
+        count(mm, in, small_l2);
       }
     }
   }
@@ -1371,6 +1373,22 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   for (int iter = 0; iter < 150; ++iter) {
     testing::generators::Case cs = testing::generators::any_case(rng);
     expect_same(parse_program(cs.text), inputs_for(cs.shapes, DType::f64, 77 + iter), "generated " + std::to_string(iter), o);
+  }
+}
+
+// A matmul's B whose rows are 2 KiB or more apart is packed into panels only where it does not fit in a
+// core's L2 (plan.cpp pack_vector_operand): one that fits is read from L2 after its first pass, its pages
+// within the TLB's reach, and the copy's panels would be read by every thread. 64x32x512 f32 (B: 64 KiB)
+// with an L2 of 128 KiB: unpacked; of 32 KiB: packed. The interpreter's values either way.
+TEST(CpuTest, OperandsThatFitInL2AreNotPacked) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in = inputs_for({{"A", {64, 32}}, {"B", {32, 512}}}, DType::f32, 41);
+  for (int64_t l2 : {128 * 1024, 32 * 1024}) {
+    CompileOptions o = microkernels_forced(512);
+    o.target.cpu.l2_bytes = l2;
+    const std::string lowered = print(compile(mm, types_of(in), o)->program());
+    EXPECT_EQ(lowered.find("B_P[") != std::string::npos, l2 == 32 * 1024) << l2 << " bytes of L2\n" << lowered;
+    expect_same(mm, in, std::to_string(l2) + " bytes of L2", o);
   }
 }
 
