@@ -75,8 +75,8 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
 }
 
 // Packing: when consecutive reduction steps read the vector operand rows a page or more apart (a wide
-// matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace.
-// When they read rows wider than a block column (128 or 256 output channels of a convolution's weights,
+// matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace
+// (unless the whole operand, read as it is, fits in a core's L2: see below). When they read rows wider than a block column (128 or 256 output channels of a convolution's weights,
 // 64 at a time), a reduction tile's columns fall into a fraction of L1's sets -- 512-byte rows of which
 // 256 bytes are read use half of them -- and evict each other before the blocks reuse them. That is
 // worth a copy where each element of the operand serves 1024 points or more (a 256x256 matmul's 256 do
