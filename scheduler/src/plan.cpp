@@ -76,9 +76,10 @@ std::vector<Polynomial> bound(const std::vector<Polynomial>& idx, const std::map
 
 // Packing: when consecutive reduction steps read the vector operand rows a page or more apart (a wide
 // matrix's columns), every step of a block touches a new page and the TLB, not the FMAs, sets the pace
-// (unless the whole operand, read as it is, fits in a core's L2: see below). When they read rows wider than a block column (128 or 256 output channels of a convolution's weights,
-// 64 at a time), a reduction tile's columns fall into a fraction of L1's sets -- 512-byte rows of which
-// 256 bytes are read use half of them -- and evict each other before the blocks reuse them. That is
+// (unless the whole operand, read as it is, fits in a core's L2: see below). When they read rows wider
+// than a block column (128 or 256 output channels of a convolution's weights, 64 at a time), a reduction
+// tile's columns fall into a fraction of L1's sets -- 512-byte rows of which 256 bytes are read use half
+// of them -- and evict each other before the blocks reuse them. That is
 // worth a copy where each element of the operand serves 1024 points or more (a 256x256 matmul's 256 do
 // not pay for it), and not in a weight gradient whose reduction is split across the threads
 // (weight_split): a panel would give its output a split index, and the split needs plain ones.
@@ -133,12 +134,12 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   // unpacked but C = A^T B 3% slower, and at 2000 the copy pays 7%).
   if (nearest >= 2048 && plan.transpose_input < 0 && operand_bytes <= target.cpu.l2_bytes) return std::nullopt;
   if (nearest < 2048) {  // no page per step: only the sets of L1
-    int64_t out_bytes = element_bytes, reduction_points = 1, elements = 1;
+    int64_t out_bytes = element_bytes, reduction_points = 1;
     for (int64_t d : types.tensors.at(c.output).shape) out_bytes *= d;
-    for (int64_t d : type.shape) elements *= d;
     for (const auto& b : bounds)
       if (!uses(out, b.name)) reduction_points *= b.max - b.min + 1;
-    if (weight_split(out_bytes, reduction_points, target) || box_points(bounds) < 1024 * elements) return std::nullopt;
+    if (weight_split(out_bytes, reduction_points, target) || box_points(bounds) < 1024 * (operand_bytes / element_bytes))
+      return std::nullopt;
   }
 
   std::set<std::string> taken(vars.begin(), vars.end());
