@@ -2341,6 +2341,27 @@ TEST(CpuTest, MicrokernelRowsFollowTheCoresFmaRate) {
   }
 }
 
+// A core of one FMA a cycle takes reduction tiles within an eighth of L2 (reduction_tile_budget): a 3x3
+// conv's 128 input channels, about 272 bytes of inputs each (a row of 64 filter values, a row of pixels'),
+// in three tiles of 43 within three quarters of a 16 KiB L1 at two FMAs a cycle, in one at one.
+TEST(CpuTest, OneFmaACycleTakesReductionTilesWithinAnEighthOfL2) {
+  Program conv = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+  TensorMap in = inputs_for({{"I", {2, 6, 6, 128}}, {"K", {3, 3, 128, 64}}}, DType::f32, 72);
+  for (int rate : {2, 1}) {
+    CompileOptions o = microkernels_forced(512);
+    o.target.cpu.fma_per_cycle = rate;
+    o.target.cpu.l1_bytes = 16 * 1024;
+    o.target.cpu.l2_bytes = 512 * 1024;
+    auto compiled = compile(conv, types_of(in), o);
+    const std::string loops = sched::print_loops(compiled->schedule());
+    EXPECT_EQ(loops.find("((43 * c") != std::string::npos, rate == 2) << rate << " FMAs per cycle\n" << loops;
+    EXPECT_EQ(loops.find("while (c4 <= 127)") != std::string::npos, rate == 1) << rate << " FMAs per cycle\n" << loops;
+    expect_same(conv, in, std::to_string(rate) + " FMAs per cycle", o);
+  }
+}
+
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   Program p = parse_program("function (A[N]) -> (O) { O = A * 2; }");
   auto compiled = compile(p, {{"A", {DType::f32, {4}}}});

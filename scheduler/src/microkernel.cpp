@@ -190,9 +190,9 @@ class MicrokernelNest {
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
   // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
   // bounding box of the image of the tile's points under each access function -- must fit in three
-  // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles (plan.h),
-  // in an eighth of L2. Filled innermost reduction variable first, each as large as fits (binary search),
-  // then balanced.
+  // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles, and on
+  // a core of one FMA a cycle, in an eighth of L2 (plan.h, reduction_tile_budget). Filled innermost
+  // reduction variable first, each as large as fits (binary search), then balanced.
   void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode, bool long_tiles) {
     tile_.assign(reds_.size(), 1);
     red_lo_.assign(reds_.size(), 0);
@@ -222,7 +222,7 @@ class MicrokernelNest {
       return bytes;
     };
     for (size_t k = 0; k < reds_.size(); ++k) red_lo_[k] = range_[mk_.reductions[k]].first;
-    const int64_t budget = long_tiles ? nb_.target.cpu.l2_bytes / 8 : nb_.target.cpu.l1_bytes * 3 / 4;
+    const int64_t budget = reduction_tile_budget(long_tiles, nb_.target);
     for (size_t k = reds_.size(); k-- > 0;) {
       const int64_t e = range_[mk_.reductions[k]].second - red_lo_[k] + 1;
       int64_t lo = 1, hi = e;

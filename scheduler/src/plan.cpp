@@ -220,6 +220,10 @@ bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target) {
   return !output_fits_l2(out_bytes, target) && longest >= kLongTiles;
 }
 
+int64_t reduction_tile_budget(bool long_tiles, const Target& target) {
+  return long_tiles || target.cpu.fma_per_cycle < 2 ? target.cpu.l2_bytes / 8 : target.cpu.l1_bytes * 3 / 4;
+}
+
 bool broadcast_per_row(const TensorAccess& a, const MicroPlan& plan) {
   return !uses(a.indices, plan.vector) && uses(a.indices, plan.block);
 }
