@@ -2260,7 +2260,7 @@ TEST(CpuTest, TuningKeepsTheFastestCandidate) {
   o.tune = true;
   auto tuned = compile(conv, types, o);
   const auto& report = tuned->tuning().candidates;
-  ASSERT_EQ(report.size(), 8u);
+  ASSERT_EQ(report.size(), 10u);
   // The program kept is the fastest candidate's: micro-kernels unless "loop nests only" won.
   bool microkernel = false;
   for (const auto& nest : tuned->schedule().nests) microkernel |= nest.microkernel.has_value();
@@ -2360,6 +2360,16 @@ TEST(CpuTest, OneFmaACycleTakesReductionTilesWithinAnEighthOfL2) {
     EXPECT_EQ(loops.find("while (c4 <= 127)") != std::string::npos, rate == 1) << rate << " FMAs per cycle\n" << loops;
     expect_same(conv, in, std::to_string(rate) + " FMAs per cycle", o);
   }
+  // CpuModel::reduction_tile_percent scales the budget (tuning tries half and double): half of 64 KiB
+  // takes the channels in two tiles of 64.
+  CompileOptions o = microkernels_forced(512);
+  o.target.cpu.fma_per_cycle = 1;
+  o.target.cpu.l1_bytes = 16 * 1024;
+  o.target.cpu.l2_bytes = 512 * 1024;
+  o.target.cpu.reduction_tile_percent = 50;
+  const std::string loops = sched::print_loops(compile(conv, types_of(in), o)->schedule());
+  EXPECT_NE(loops.find("((64 * c"), std::string::npos) << loops;
+  expect_same(conv, in, "half the tile budget", o);
 }
 
 TEST(CpuTest, RunTimeErrorsAreUserErrors) {

@@ -375,6 +375,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
          std::to_string(m.fma_per_cycle) + "fma/" + std::to_string(m.microkernel_chunks) + "/" +
+         std::to_string(m.reduction_tile_percent) + "%tiles/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
          std::to_string(m.split_line_min_points) + "/" +
          (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
@@ -652,6 +653,11 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   t = base;
   t.cpu.l1_bytes = base.cpu.l1_bytes * 2;
   variants.emplace_back("double L1 budget", t);
+  for (int percent : {50, 200}) {  // the micro-kernels' reduction tiles (on a Zen 4 not sized by L1)
+    t = base;
+    t.cpu.reduction_tile_percent = base.cpu.reduction_tile_percent * percent / 100;
+    variants.emplace_back(percent == 50 ? "half tile budget" : "double tile budget", t);
+  }
   t = base;
   t.cpu.vector_registers = base.cpu.vector_registers * 3 / 4;
   variants.emplace_back("fewer accumulators", t);

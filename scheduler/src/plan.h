@@ -68,6 +68,7 @@ bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target);
 // (interleaved, 2026-11-29) the 3x3 convs' forward and data gradients ran 1.5-3% faster with it (128
 // channels 8.10 -> 7.89 and 8.01 -> 7.79 ms, 256 channels 7.59 -> 7.48 and 7.74 -> 7.52), the 64- and
 // 1x1 weight gradients 3% faster, the 128- and 256-channel ones 1% slower, sgemm 256-2048 the same.
+// Scaled by CpuModel::reduction_tile_percent.
 int64_t reduction_tile_budget(bool long_tiles, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the

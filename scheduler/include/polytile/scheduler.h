@@ -35,6 +35,10 @@ struct CpuModel {
   // where they leave registers for two rows and the range has that many (0, or where they do not: the
   // plan's throughput model chooses; CompileOptions::tune tries 2 and 4).
   int microkernel_chunks = 0;
+  // Micro-kernel reduction tiles may read this percentage of the bytes the plan's rule gives them (three
+  // quarters of L1, or an eighth of L2 for long reductions and on a core of one FMA a cycle;
+  // CompileOptions::tune tries 50 and 200).
+  int reduction_tile_percent = 100;
   // Update nests with at least this many points use register-blocked micro-kernels when eligible.
   int64_t microkernel_min_points = int64_t{1} << 15;
   // Split reductions (split_reductions): a sum with at most split_max_outputs output elements and at least
