@@ -2349,11 +2349,16 @@ TEST(CpuTest, OneFmaACycleTakesReductionTilesWithinAnEighthOfL2) {
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
   TensorMap in = inputs_for({{"I", {2, 6, 6, 128}}, {"K", {3, 3, 128, 64}}}, DType::f32, 72);
-  for (int rate : {2, 1}) {
+  auto options = [](int rate, int percent) {
     CompileOptions o = microkernels_forced(512);
     o.target.cpu.fma_per_cycle = rate;
     o.target.cpu.l1_bytes = 16 * 1024;
     o.target.cpu.l2_bytes = 512 * 1024;
+    o.target.cpu.reduction_tile_percent = percent;
+    return o;
+  };
+  for (int rate : {2, 1}) {
+    const CompileOptions o = options(rate, 100);
     auto compiled = compile(conv, types_of(in), o);
     const std::string loops = sched::print_loops(compiled->schedule());
     EXPECT_EQ(loops.find("((43 * c") != std::string::npos, rate == 2) << rate << " FMAs per cycle\n" << loops;
@@ -2362,11 +2367,7 @@ TEST(CpuTest, OneFmaACycleTakesReductionTilesWithinAnEighthOfL2) {
   }
   // CpuModel::reduction_tile_percent scales the budget (tuning tries half and double): half of 64 KiB
   // takes the channels in two tiles of 64.
-  CompileOptions o = microkernels_forced(512);
-  o.target.cpu.fma_per_cycle = 1;
-  o.target.cpu.l1_bytes = 16 * 1024;
-  o.target.cpu.l2_bytes = 512 * 1024;
-  o.target.cpu.reduction_tile_percent = 50;
+  const CompileOptions o = options(1, 50);
   const std::string loops = sched::print_loops(compile(conv, types_of(in), o)->schedule());
   EXPECT_NE(loops.find("((64 * c"), std::string::npos) << loops;
   expect_same(conv, in, "half the tile budget", o);

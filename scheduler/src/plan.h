@@ -65,10 +65,10 @@ bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target);
 // that issues one full-width FMA a cycle (CpuModel::fma_per_cycle; Zen 4): a step of R rows x C chunks
 // then takes R x C cycles, twice two FMAs a cycle's, and its C vector loads stream from L2 at half the
 // rate, while longer tiles load and store the accumulators fewer times. On a 2-core Zen 4 guest
-// (interleaved, 2026-11-29) the 3x3 convs' forward and data gradients ran 1.5-3% faster with it (128
-// channels 8.10 -> 7.89 and 8.01 -> 7.79 ms, 256 channels 7.59 -> 7.48 and 7.74 -> 7.52), the 64- and
-// 1x1 weight gradients 3% faster, the 128- and 256-channel ones 1% slower, sgemm 256-2048 the same.
-// Scaled by CpuModel::reduction_tile_percent.
+// (interleaved, 2026-11-29) the 3x3 convs' forward and data gradients ran 2-3% faster with it (128
+// channels 8.08 -> 7.87 and 8.07 -> 7.88 ms, 256 channels 8.08 -> 7.91 and 7.99 -> 7.80), the 64- and
+// 128-channel and 1x1 weight gradients 3-12% faster, the 256-channel one 1% slower, sgemm 256-2048 the
+// same. Scaled by CpuModel::reduction_tile_percent.
 int64_t reduction_tile_budget(bool long_tiles, const Target& target);
 
 // Whether input access `a` of a micro-kernel of `plan` is broadcast with rows that differ: it reads the
