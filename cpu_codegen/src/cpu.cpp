@@ -653,10 +653,10 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   t = base;
   t.cpu.l1_bytes = base.cpu.l1_bytes * 2;
   variants.emplace_back("double L1 budget", t);
-  for (int percent : {50, 200}) {  // the micro-kernels' reduction tiles (on a Zen 4 not sized by L1)
-    t = base;
+  for (auto [percent, name] : {std::pair{50, "half tile budget"}, std::pair{200, "double tile budget"}}) {
+    t = base;  // the micro-kernels' reduction tiles (on a Zen 4 not sized by L1)
     t.cpu.reduction_tile_percent = base.cpu.reduction_tile_percent * percent / 100;
-    variants.emplace_back(percent == 50 ? "half tile budget" : "double tile budget", t);
+    variants.emplace_back(name, t);
   }
   t = base;
   t.cpu.vector_registers = base.cpu.vector_registers * 3 / 4;

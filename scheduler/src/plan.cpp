@@ -17,6 +17,11 @@ bool uses(const std::vector<Polynomial>& idx, const std::string& v) {
   return std::any_of(idx.begin(), idx.end(), [&v](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
 }
 
+// Rows of an operand this many bytes apart or more, read one after another by a reduction: each step
+// touches a new page for the TLB and the prefetchers (the page path of pack_vector_operand and
+// far_broadcast_steps).
+constexpr int64_t kPagePathBytes = 2048;
+
 double output_stride(const std::vector<Polynomial>& idx, const std::string& v, const std::vector<int64_t>& shape) {
   double at = 0, inner = 1;
   for (size_t d = idx.size(); d-- > 0;) {
@@ -132,8 +137,9 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   // reads, half of them written by the other core (sgemm 512 on a 2-core Zen 4 guest: 1.28 -> 1.21 ms
   // unpacked in quiet minutes, 1.46 -> 1.20 in slow ones; at 1024, 4 MiB of B, C = A B ran 6% faster
   // unpacked but C = A^T B 3% slower, and at 2000 the copy pays 7%).
-  if (nearest >= 2048 && plan.transpose_input < 0 && operand_bytes <= target.cpu.l2_bytes) return std::nullopt;
-  if (nearest < 2048) {  // no page per step: only the sets of L1
+  const bool page_path = nearest >= kPagePathBytes;
+  if (page_path && plan.transpose_input < 0 && operand_bytes <= target.cpu.l2_bytes) return std::nullopt;
+  if (!page_path) {  // no page per step: only the sets of L1
     int64_t out_bytes = element_bytes, reduction_points = 1;
     for (int64_t d : types.tensors.at(c.output).shape) out_bytes *= d;
     for (const auto& b : bounds)
@@ -482,7 +488,7 @@ std::optional<int> far_broadcast_steps(const Contraction& c, const ProgramTypes&
     if (static_cast<int>(k) == plan.transpose_input || uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
     if (!transposable(in.indices, r)) continue;
     const TensorType& type = types.tensors.at(in.tensor);
-    if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < 2048) continue;
+    if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes) continue;
     if (elements_of(type) * 16 > box_points(bounds)) continue;
     return static_cast<int>(k);
   }
