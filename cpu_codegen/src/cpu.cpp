@@ -15,6 +15,7 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
+#include <llvm/IR/PatternMatch.h>
 #include <llvm/MC/MCContext.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Transforms/InstCombine/InstCombine.h>
@@ -29,6 +30,7 @@
 #include <llvm/Transforms/Scalar/SROA.h>
 #include <llvm/Transforms/Scalar/SimplifyCFG.h>
 #include <llvm/Transforms/Utils/InjectTLIMappings.h>
+#include <llvm/Transforms/Utils/Local.h>
 #include <llvm/Transforms/Utils/LoopUtils.h>
 #include <llvm/Transforms/Vectorize/LoopVectorize.h>
 #include <llvm/Support/DynamicLibrary.h>
@@ -152,6 +154,80 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
   }
 };
 
+// e^x's last step in vector code, for AVX-512 (AVX512VL for 8 and 4 lanes): llvm_ir's f32 exp ends in
+// p x 2^k1 x 2^k2, its two powers of two made from the bits of t = x log2 e + 1.5 x 2^23 (0x4B400000 + k)
+// with integer shifts and adds, eight vector instructions; vscalefps makes p x 2^k in one, with
+// k = t - 1.5 x 2^23, which the range reduction has computed already. The same single rounding of the
+// same exact product (p x 2^k1 is exact, the second product rounds once, into the subnormals too), so
+// the same bits. Matched after the vectorizers (llvm_ir emits e^x on scalars that they widen); a scalar
+// rest keeps the integer powers.
+struct ScaleByPowersOfTwo : llvm::PassInfoMixin<ScaleByPowersOfTwo> {
+  bool vl = false;  // AVX512VL: 256- and 128-bit vscalefps
+  llvm::PreservedAnalyses run(llvm::Function& f, llvm::FunctionAnalysisManager&) {
+    using namespace llvm::PatternMatch;
+    std::vector<llvm::Instruction*> matched;
+    std::vector<llvm::Value*> scaled, powers;
+    for (llvm::BasicBlock& block : f)
+      for (llvm::Instruction& i : block) {
+        auto* type = llvm::dyn_cast<llvm::FixedVectorType>(i.getType());
+        if (!type || !type->getElementType()->isFloatTy() || intrinsic_for(type->getNumElements()) == llvm::Intrinsic::not_intrinsic) continue;
+        llvm::Value *p = nullptr, *a = nullptr, *b = nullptr;
+        if (!match(&i, m_FMul(m_FMul(m_Value(p), m_Value(a)), m_Value(b)))) continue;
+        llvm::Value *half = power_of(a), *rest = power_of(b);
+        llvm::Value* bits = nullptr;
+        if (!half || !rest || !match(half, m_AShr(m_Value(bits), m_SpecificInt(1))) || !match(rest, m_Sub(m_Specific(bits), m_Specific(half))))
+          continue;
+        llvm::Value* t = nullptr;
+        if (!match(bits, m_BitCast(m_Value(t))) || t->getType() != type) continue;
+        llvm::Value* k = nullptr;  // t - 1.5 x 2^23 (t + -1.5 x 2^23 once combined), before i in its block
+        for (llvm::User* u : t->users()) {
+          auto* sub = llvm::dyn_cast<llvm::Instruction>(u);
+          if (sub && sub->getParent() == &block && sub->comesBefore(&i) &&
+              (match(sub, m_FSub(m_Specific(t), m_SpecificFP(0x1.8p23))) || match(sub, m_FAdd(m_Specific(t), m_SpecificFP(-0x1.8p23)))))
+            k = sub;
+        }
+        if (!k) continue;
+        matched.push_back(&i);
+        scaled.push_back(p);
+        powers.push_back(k);
+      }
+    if (matched.empty()) return llvm::PreservedAnalyses::all();
+    llvm::SmallVector<llvm::WeakTrackingVH> dead;
+    for (size_t m = 0; m < matched.size(); ++m) {
+      llvm::Instruction* i = matched[m];
+      auto* type = llvm::cast<llvm::FixedVectorType>(i->getType());
+      const unsigned lanes = type->getNumElements();
+      llvm::IRBuilder<> b(i);
+      std::vector<llvm::Value*> args{scaled[m], powers[m], llvm::Constant::getNullValue(type),
+                                     lanes == 16 ? b.getInt16(0xFFFF) : b.getInt8(lanes == 8 ? 0xFF : 0x0F)};
+      if (lanes == 16) args.push_back(b.getInt32(4));  // the current rounding mode (_MM_FROUND_CUR_DIRECTION)
+      llvm::Value* call = b.CreateIntrinsic(intrinsic_for(lanes), {}, args);
+      i->replaceAllUsesWith(call);
+      dead.push_back(i);
+    }
+    llvm::RecursivelyDeleteTriviallyDeadInstructionsPermissive(dead);  // the integer powers
+    return llvm::PreservedAnalyses::none();
+  }
+
+ private:
+  llvm::Intrinsic::ID intrinsic_for(unsigned lanes) const {
+    if (lanes == 16) return llvm::Intrinsic::x86_avx512_mask_scalef_ps_512;
+    if (lanes == 8 && vl) return llvm::Intrinsic::x86_avx512_mask_scalef_ps_256;
+    if (lanes == 4 && vl) return llvm::Intrinsic::x86_avx512_mask_scalef_ps_128;
+    return llvm::Intrinsic::not_intrinsic;
+  }
+  // e where v is exp_f32's power 2^(e - 0x25A00000): bitcast((e + 127 - 0x25A00000) << 23), or as
+  // instruction combining leaves it, bitcast((e << 23) + (127 << 23)).
+  static llvm::Value* power_of(llvm::Value* v) {
+    using namespace llvm::PatternMatch;
+    llvm::Value *bits = nullptr, *e = nullptr;
+    if (!match(v, m_BitCast(m_Value(bits)))) return nullptr;
+    if (match(bits, m_Add(m_Shl(m_Value(e), m_SpecificInt(23)), m_SpecificInt(127u << 23)))) return e;
+    if (match(bits, m_Shl(m_Add(m_Value(e), m_SpecificInt(static_cast<uint32_t>(127 - 0x25A00000))), m_SpecificInt(23)))) return e;
+    return nullptr;
+  }
+};
+
 // How much of the optimizer a nest's module gets (pipeline_for).
 enum class Pipeline {
   microkernel,  // register blocks, vector code already: promoted, cleaned up, invariants hoisted
@@ -264,9 +340,13 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   pto.SLPVectorization = true;
   pto.LoopUnrolling = false;  // unrolled after vectorization, below
   llvm::PassBuilder pb(&tm, pto);
-  pb.registerOptimizerLastEPCallback([small](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
+  const bool avx512 = tm.getTargetFeatureString().contains("+avx512f");
+  ScaleByPowersOfTwo scale;  // after the vectorizers, on AVX-512
+  scale.vl = tm.getTargetFeatureString().contains("+avx512vl");
+  pb.registerOptimizerLastEPCallback([small, avx512, scale](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
     llvm::FunctionPassManager late;
     if (small) late.addPass(KeepLoopsAroundVectorLoops());
+    if (avx512) late.addPass(ScaleByPowersOfTwo(scale));
     late.addPass(llvm::LoopUnrollPass(llvm::LoopUnrollOptions(/*OptLevel=*/3).setPartial(true).setRuntime(true)));
     late.addPass(llvm::InstCombinePass());
     late.addPass(llvm::SimplifyCFGPass());
@@ -283,9 +363,8 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   // LLVM 16's libmvec table stops at AVX2 widths; glibc (since 2.22) has AVX-512 variants of these too.
   // On an AVX-512 machine a module that calls one of them prefers 512-bit vectors, so the vectorizer
   // takes 16 lanes of f32 (8 of f64) and calls the variant: exp on 16 lanes is 1.4x exp on 8 here. So
-  // does a module with the emitter's inline f32 exp (llvm_ir::kVectorMathAttribute), whose 20
+  // does a module with the emitter's inline f32 exp (llvm_ir::kVectorMathAttribute), whose 13-20
   // instructions are the loop's cost: softmax forward took 1.34 ms with 8 lanes and 1.12 with 16.
-  const bool avx512 = tm.getTargetFeatureString().contains("+avx512f");
   bool wide = avx512 && !vector_already && std::any_of(m.begin(), m.end(), [](const llvm::Function& f) {
                 return f.hasFnAttribute(llvm_ir::kVectorMathAttribute);
               });
@@ -345,6 +424,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
     fpm.addPass(llvm::InstCombinePass(kCombineOnce));
     fpm.addPass(llvm::SimplifyCFGPass());
   }
+  if (avx512) fpm.addPass(ScaleByPowersOfTwo(scale));
   fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
   fpm.addPass(StreamStores());
   llvm::ModulePassManager mpm;
