@@ -437,11 +437,15 @@ void register_all() {
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  // GB/s of the least memory a case moves: its inputs read once and its outputs written once. Max pool
+  // forward: I and O (a quarter of I); backward: I and DO read, DI written (2.25 I). Softmax forward: X
+  // and O; backward: X and DO read, DX written (1.5 times the forward's). Before 2026-11-29 both backward
+  // cases counted twice their forward's bytes, a tenth and a third more than they move.
   TensorMap pool_in{{"I", random_f32({8, 112, 112, 64}, 5)}};
-  double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25;
+  const double pool_bytes = 4.0 * 8 * 112 * 112 * 64 * 1.25, pool_grad_bytes = 4.0 * 8 * 112 * 112 * 64 * 2.25;
   benchmark::RegisterBenchmark("maxpool/fwd/polytile", BM_Polytile, kMaxPool, pool_in, false, pool_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"cached", Variant::cached}})
-    benchmark::RegisterBenchmark((std::string("maxpool/bwd/") + peer).c_str(), BM_Polytile, kMaxPool, pool_in, true, pool_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("maxpool/bwd/") + peer).c_str(), BM_Polytile, kMaxPool, pool_in, true, pool_grad_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap bias_in{{"D", random_f32({64, 28, 28, 32}, 7)}};
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
   benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -453,15 +457,15 @@ void register_all() {
   // oneDNN's dims are N, C, H, W whatever the layout: acdb is NHWC, abcd NCHW.
   benchmark::RegisterBenchmark("transpose/nhwc_to_nchw/onednn", BM_OneDnnTranspose, memory::dims{8, 64, 56, 56}, memory::format_tag::acdb, memory::format_tag::abcd)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap sm_in{{"X", random_f32({4096, 1000}, 6)}};
-  double sm_bytes = 4.0 * 4096 * 1000 * 2;
+  const double sm_bytes = 4.0 * 4096 * 1000 * 2, sm_grad_bytes = 4.0 * 4096 * 1000 * 3;
   for (auto [peer, variant] : {std::pair{"polytile", Variant::as_is}, std::pair{"alone", Variant::alone}, std::pair{"cached", Variant::cached}}) {
     benchmark::RegisterBenchmark((std::string("softmax/fwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, false, sm_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_bytes * 2, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_grad_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   // The gradient with the row maxima held constant, as jax.nn.softmax's custom JVP and PyTorch's softmax
   // backward compute it (the maxima's adjoint is zero up to rounding: softmax does not change when a row
   // is shifted). softmax/bwd above differentiates the program as written, through the maxima too.
-  benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_PolytileStopping, kSoftmax, sm_in, true, sm_bytes * 2,
+  benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_PolytileStopping, kSoftmax, sm_in, true, sm_grad_bytes,
                                Variant::as_is, std::set<std::string>{"M"})->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap reduce_in{{"X", random_f32({kReduceRows, kReduceColumns}, 8)}};
   const double reduce_bytes = 4.0 * kReduceRows * kReduceColumns;

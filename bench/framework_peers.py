@@ -22,8 +22,10 @@ CONVS = {
     "conv3x3_96_28": (8, 28, 28, 96, 96, 3, 3, 1, 1, 1),
 }
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
+POOL_GRAD_BYTES = 4.0 * 8 * 112 * 112 * 64 * 2.25  # I and DO read, DI written (as cpu_bench.cpp counts)
 BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
+SOFTMAX_GRAD_BYTES = 4.0 * 4096 * 1000 * 3  # X and DO read, DX written
 # reduce/<name>: a 64 MiB matrix reduced along axis (None: all of it) with sum or max (as cpu_bench.cpp's).
 REDUCE_SHAPE, REDUCE_BYTES = (8192, 2048), 4.0 * 8192 * 2048
 REDUCTIONS = {"rows": ("sum", 1), "columns": ("sum", 0), "columns_max": ("max", 0), "total": ("sum", None)}
@@ -68,8 +70,9 @@ def parse(case):
     # softmax gradients are computed that way, so their step is the same as for softmax/bwd.
     directions = ("fwd", "bwd") if parts[0] == "maxpool" else ("fwd", "bwd", "bwd_stop_max")
     if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in directions:
-        base = POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES
-        return parts[0], (parts[1],), base * (1 if parts[1] == "fwd" else 2), "GB/s"
+        if parts[1] == "fwd":
+            return parts[0], (parts[1],), POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES, "GB/s"
+        return parts[0], (parts[1],), POOL_GRAD_BYTES if parts[0] == "maxpool" else SOFTMAX_GRAD_BYTES, "GB/s"
     return None
 
 
