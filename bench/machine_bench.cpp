@@ -9,10 +9,12 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
 #include "bench_threads.h"
+#include "polytile/buffer.h"
 
 namespace {
 
@@ -84,11 +86,15 @@ void BM_FmaPeak(benchmark::State& state) {
 
 void BM_Triad(benchmark::State& state) {
   const int64_t n = int64_t{32} << 20;  // 128 MiB of f32 per array
-  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f), c(static_cast<size_t>(n), 2.0f);
+  // On the memory polytile's tensors get (Buffer: huge pages where the kernel gives them), so that the
+  // limit is the one they can reach.
+  polytile::Buffer a(polytile::DType::f32, {n}), b(polytile::DType::f32, {n}), c(polytile::DType::f32, {n});
+  std::fill_n(static_cast<float*>(b.data()), n, 1.0f);
+  std::fill_n(static_cast<float*>(c.data()), n, 2.0f);
   const int threads = bench_threads();
   auto part = [&](int t) {
     const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
-    float *pa = a.data(), *pb = b.data(), *pc = c.data();
+    float *pa = static_cast<float*>(a.data()), *pb = static_cast<float*>(b.data()), *pc = static_cast<float*>(c.data());
     for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
   };
   for (auto _ : state) {

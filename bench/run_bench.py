@@ -11,6 +11,9 @@ the ratio is polytile's rate over the peer's (above 1: polytile is faster). With
 PyTorch (bench/framework_peers.py, where they import: run with build/python-venv/bin/python) time the same
 cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them).
 The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bundles KIT/bundles
+Every library in the run gets its large allocations on transparent huge pages where the kernel gives them,
+as polytile's buffers do (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for malloc, THP_MEM_ALLOC_ENABLE=1 for
+PyTorch; the script sets both and runs itself again).
 """
 import argparse
 import json
@@ -39,6 +42,15 @@ def main():
     ap.add_argument("--frameworks", action="store_true", help="also time JAX and PyTorch on the same cases")
     ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
+    # Every peer's large allocations on transparent huge pages, as polytile's buffers are (Buffer): glibc's
+    # malloc advises its mmap'ed memory (the frameworks', oneDNN's own), PyTorch's CPU allocator its own
+    # (THP_MEM_ALLOC_ENABLE); both are read at start, so the script runs itself again with them set.
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb=" not in tunables or os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+        env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1")
+        if "glibc.malloc.hugetlb=" not in tunables:
+            env["GLIBC_TUNABLES"] = (tunables + ":" if tunables else "") + "glibc.malloc.hugetlb=1"
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, "results.json")
     r = subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,

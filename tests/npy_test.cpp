@@ -3,6 +3,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
 #include <limits>
 
 #include <unistd.h>
@@ -98,6 +101,43 @@ TEST(BufferTest, DataIsCacheLineAligned) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % 64, 0u) << copy.type_str();
       EXPECT_EQ(copy.get(n - 1), 1.0) << copy.type_str();
     }
+}
+
+// A buffer of 2 MiB or more starts on a 2 MiB boundary and, where the kernel's transparent huge pages
+// are on ("always" or "madvise" in /sys/kernel/mm/transparent_hugepage/enabled), its memory is eligible
+// for them (/proc/self/smaps says THPeligible: 1 for its mapping: in "madvise" mode only memory advised
+// with MADV_HUGEPAGE is); smaller buffers keep 64-byte alignment only. Whether the kernel then backs the
+// memory with huge pages is its choice (free contiguous memory), so the test does not ask.
+TEST(BufferTest, LargeBuffersAreAdvisedForHugePages) {
+  for (int64_t n : {int64_t{1} << 19, (int64_t{3} << 20) + 5}) {  // 2 MiB and 12 MiB + 20 bytes of f32
+    Buffer b(DType::f32, {n});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (uintptr_t{2} << 20), 0u) << b.type_str();
+    Buffer copy = b;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % (uintptr_t{2} << 20), 0u) << copy.type_str();
+    std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode((std::istreambuf_iterator<char>(mode_file)), std::istreambuf_iterator<char>());
+    if (mode.find("[never]") != std::string::npos || mode.empty()) {
+      std::cout << "transparent huge pages are off here: only the alignment is checked\n";
+      continue;
+    }
+    // The mapping that holds the buffer's first byte, and its THPeligible line.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(b.data());
+    std::ifstream smaps("/proc/self/smaps");
+    std::string line;
+    bool inside = false;
+    int eligible = -1;
+    while (std::getline(smaps, line)) {
+      uintptr_t lo = 0, hi = 0;
+      if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line: its address range
+        inside = lo <= at && at < hi;
+        continue;
+      }
+      if (inside && line.rfind("THPeligible:", 0) == 0) eligible = std::atoi(line.c_str() + 12);
+    }
+    EXPECT_EQ(eligible, 1) << b.type_str() << " at " << b.data();
+  }
+  Buffer small(DType::f32, {1000});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
 }
 
 // difference(): how far a result is from what was expected, as polytile-run-bundle --expect and the GPU

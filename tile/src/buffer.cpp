@@ -6,11 +6,29 @@
 #include <limits>
 #include <new>
 
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "polytile/error.h"
 
 namespace polytile {
+
+void* allocate_buffer_memory(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  void* p = nullptr;
+  if (bytes >= kHuge) {
+    if (posix_memalign(&p, kHuge, bytes) != 0) return nullptr;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: where the kernel has none, small pages
+#endif
+    return p;
+  }
+  if (posix_memalign(&p, 64, std::max<size_t>(bytes, 1)) != 0) return nullptr;
+  return p;
+}
+
+void free_buffer_memory(void* memory) { free(memory); }
 
 uint16_t half_from_double(double v) {
   const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
