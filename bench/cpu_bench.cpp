@@ -141,7 +141,7 @@ void BM_PolytileConvBiasRelu(benchmark::State& state, Conv c, bool fused) {
 
 // oneDNN memory of `md` on storage the bench allocates as polytile allocates its buffers (Buffer: from 2 MiB
 // on, 2 MiB-aligned and advised for transparent huge pages), kept in `keep`, so that both libraries stream
-// through the same kind of pages (a row sum of 64 MiB ran 1.4-1.5x faster on huge pages on a Zen 4 guest).
+// through the same kind of pages (a row sum of 64 MiB ran 1.2-1.5x faster on huge pages on a Zen 4 guest).
 memory on_buffer(const memory::desc& md, const dnnl::engine& eng, std::vector<Buffer>& keep) {
   keep.emplace_back(DType::f32, std::vector<int64_t>{static_cast<int64_t>((md.get_size() + 3) / 4)});
   return memory(md, eng, keep.back().data());
