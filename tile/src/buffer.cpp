@@ -14,7 +14,7 @@
 
 namespace polytile {
 
-void* allocate_buffer_memory(size_t bytes) {
+void* detail::allocate_buffer_memory(size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
   void* p = nullptr;
   if (bytes >= kHuge) {
@@ -28,7 +28,7 @@ void* allocate_buffer_memory(size_t bytes) {
   return p;
 }
 
-void free_buffer_memory(void* memory) { free(memory); }
+void detail::free_buffer_memory(void* memory) { free(memory); }
 
 uint16_t half_from_double(double v) {
   const uint16_t sign = std::signbit(v) ? 0x8000 : 0;

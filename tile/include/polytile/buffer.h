@@ -11,6 +11,8 @@
 
 namespace polytile {
 
+namespace detail {
+
 // Memory for `bytes` of a buffer's storage, 64-byte aligned; from 2 MiB on, aligned to 2 MiB and, on Linux,
 // advised to be backed by transparent huge pages (madvise MADV_HUGEPAGE, which a kernel in the "madvise"
 // THP mode needs): a stream through a tensor then crosses no 4 KiB page boundary, where a core's
@@ -34,6 +36,8 @@ struct LineAllocator {
   template <class U>
   bool operator==(const LineAllocator<U>&) const { return true; }
 };
+
+}  // namespace detail
 
 class Buffer {
  public:
@@ -75,7 +79,7 @@ class Buffer {
   struct alignas(64) Line {
     uint64_t words[8];
   };
-  std::vector<Line, LineAllocator<Line>> lines_;
+  std::vector<Line, detail::LineAllocator<Line>> lines_;
 };
 
 // Converts a double to the value a dtype holds (f16 and f32 rounding, i32 and i64 wrap-around, bool != 0).
