@@ -70,9 +70,8 @@ def parse(case):
     # softmax gradients are computed that way, so their step is the same as for softmax/bwd.
     directions = ("fwd", "bwd") if parts[0] == "maxpool" else ("fwd", "bwd", "bwd_stop_max")
     if parts[0] in ("maxpool", "softmax") and len(parts) == 2 and parts[1] in directions:
-        if parts[1] == "fwd":
-            return parts[0], (parts[1],), POOL_BYTES if parts[0] == "maxpool" else SOFTMAX_BYTES, "GB/s"
-        return parts[0], (parts[1],), POOL_GRAD_BYTES if parts[0] == "maxpool" else SOFTMAX_GRAD_BYTES, "GB/s"
+        forward, backward = (POOL_BYTES, POOL_GRAD_BYTES) if parts[0] == "maxpool" else (SOFTMAX_BYTES, SOFTMAX_GRAD_BYTES)
+        return parts[0], (parts[1],), forward if parts[1] == "fwd" else backward, "GB/s"
     return None
 
 

@@ -571,9 +571,9 @@ float exp_f32_formula(float x) {
 
 // The vector code's e^x is the scalar formula's, bit for bit: with AVX-512 its last step is one vscalefps
 // (the CPU backend's ScaleByPowersOfTwo rewrites the two integer-made powers of two; 16 lanes, and 8 in
-// the vectorizer's epilogue with AVX512VL), which rounds the same exact product once. 16 x 4096 + 8 + 3
-// values over the whole range (the subnormal results, overflow, underflow, inf, NaN): the main vector
-// loop, its 8-lane epilogue and the scalar rest all run. The rewrite is in the module on AVX-512 hosts.
+// the vectorizer's epilogue with AVX512VL), which rounds the same exact product once. 16 x 4096 + 11 and
+// 16 x 8192 + 11 values over the whole range (the subnormal results, overflow, underflow, inf, NaN): the
+// main vector loop, its 8-lane epilogue and the scalar rest all run. The rewrite is in the module on AVX-512 hosts.
 TEST(CpuTest, VectorExpIsTheScalarFormulaBitForBit) {
   // 16 x 4096 + 11 points take the brief pipeline of small nests, 16 x 8192 + 11 (above 2^17) O3.
   for (int64_t n : {16 * 4096 + 11, 16 * 8192 + 11}) {

@@ -109,17 +109,16 @@ TEST(BufferTest, DataIsCacheLineAligned) {
 // with MADV_HUGEPAGE is); smaller buffers keep 64-byte alignment only. Whether the kernel then backs the
 // memory with huge pages is its choice (free contiguous memory), so the test does not ask.
 TEST(BufferTest, LargeBuffersAreAdvisedForHugePages) {
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string mode((std::istreambuf_iterator<char>(mode_file)), std::istreambuf_iterator<char>());
+  const bool thp = !mode.empty() && mode.find("[never]") == std::string::npos;
+  if (!thp) std::cout << "transparent huge pages are off here: only the alignment is checked\n";
   for (int64_t n : {int64_t{1} << 19, (int64_t{3} << 20) + 5}) {  // 2 MiB and 12 MiB + 20 bytes of f32
     Buffer b(DType::f32, {n});
     EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (uintptr_t{2} << 20), 0u) << b.type_str();
     Buffer copy = b;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % (uintptr_t{2} << 20), 0u) << copy.type_str();
-    std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string mode((std::istreambuf_iterator<char>(mode_file)), std::istreambuf_iterator<char>());
-    if (mode.find("[never]") != std::string::npos || mode.empty()) {
-      std::cout << "transparent huge pages are off here: only the alignment is checked\n";
-      continue;
-    }
+    if (!thp) continue;
     // The mapping that holds the buffer's first byte, and its THPeligible line.
     const uintptr_t at = reinterpret_cast<uintptr_t>(b.data());
     std::ifstream smaps("/proc/self/smaps");

@@ -162,11 +162,14 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
 // the same bits. Matched after the vectorizers (llvm_ir emits e^x on scalars that they widen); a scalar
 // rest keeps the integer powers.
 struct ScaleByPowersOfTwo : llvm::PassInfoMixin<ScaleByPowersOfTwo> {
-  bool vl = false;  // AVX512VL: 256- and 128-bit vscalefps
+  explicit ScaleByPowersOfTwo(bool vl) : vl(vl) {}
   llvm::PreservedAnalyses run(llvm::Function& f, llvm::FunctionAnalysisManager&) {
     using namespace llvm::PatternMatch;
-    std::vector<llvm::Instruction*> matched;
-    std::vector<llvm::Value*> scaled, powers;
+    struct Match {
+      llvm::Instruction* product;  // p x 2^k1 x 2^k2
+      llvm::Value *p, *k;
+    };
+    std::vector<Match> matched;
     for (llvm::BasicBlock& block : f)
       for (llvm::Instruction& i : block) {
         auto* type = llvm::dyn_cast<llvm::FixedVectorType>(i.getType());
@@ -186,19 +189,16 @@ struct ScaleByPowersOfTwo : llvm::PassInfoMixin<ScaleByPowersOfTwo> {
               (match(sub, m_FSub(m_Specific(t), m_SpecificFP(0x1.8p23))) || match(sub, m_FAdd(m_Specific(t), m_SpecificFP(-0x1.8p23)))))
             k = sub;
         }
-        if (!k) continue;
-        matched.push_back(&i);
-        scaled.push_back(p);
-        powers.push_back(k);
+        if (k) matched.push_back({&i, p, k});
       }
     if (matched.empty()) return llvm::PreservedAnalyses::all();
     llvm::SmallVector<llvm::WeakTrackingVH> dead;
-    for (size_t m = 0; m < matched.size(); ++m) {
-      llvm::Instruction* i = matched[m];
+    for (const Match& m : matched) {
+      llvm::Instruction* i = m.product;
       auto* type = llvm::cast<llvm::FixedVectorType>(i->getType());
       const unsigned lanes = type->getNumElements();
       llvm::IRBuilder<> b(i);
-      std::vector<llvm::Value*> args{scaled[m], powers[m], llvm::Constant::getNullValue(type),
+      std::vector<llvm::Value*> args{m.p, m.k, llvm::Constant::getNullValue(type),
                                      lanes == 16 ? b.getInt16(0xFFFF) : b.getInt8(lanes == 8 ? 0xFF : 0x0F)};
       if (lanes == 16) args.push_back(b.getInt32(4));  // the current rounding mode (_MM_FROUND_CUR_DIRECTION)
       llvm::Value* call = b.CreateIntrinsic(intrinsic_for(lanes), {}, args);
@@ -210,6 +210,7 @@ struct ScaleByPowersOfTwo : llvm::PassInfoMixin<ScaleByPowersOfTwo> {
   }
 
  private:
+  bool vl;  // AVX512VL: 256- and 128-bit vscalefps
   llvm::Intrinsic::ID intrinsic_for(unsigned lanes) const {
     if (lanes == 16) return llvm::Intrinsic::x86_avx512_mask_scalef_ps_512;
     if (lanes == 8 && vl) return llvm::Intrinsic::x86_avx512_mask_scalef_ps_256;
@@ -341,12 +342,11 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   pto.LoopUnrolling = false;  // unrolled after vectorization, below
   llvm::PassBuilder pb(&tm, pto);
   const bool avx512 = tm.getTargetFeatureString().contains("+avx512f");
-  ScaleByPowersOfTwo scale;  // after the vectorizers, on AVX-512
-  scale.vl = tm.getTargetFeatureString().contains("+avx512vl");
-  pb.registerOptimizerLastEPCallback([small, avx512, scale](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
+  const bool avx512vl = tm.getTargetFeatureString().contains("+avx512vl");  // ScaleByPowersOfTwo's widths
+  pb.registerOptimizerLastEPCallback([small, avx512, avx512vl](llvm::ModulePassManager& mpm, llvm::OptimizationLevel) {
     llvm::FunctionPassManager late;
     if (small) late.addPass(KeepLoopsAroundVectorLoops());
-    if (avx512) late.addPass(ScaleByPowersOfTwo(scale));
+    if (avx512) late.addPass(ScaleByPowersOfTwo(avx512vl));  // after the vectorizers
     late.addPass(llvm::LoopUnrollPass(llvm::LoopUnrollOptions(/*OptLevel=*/3).setPartial(true).setRuntime(true)));
     late.addPass(llvm::InstCombinePass());
     late.addPass(llvm::SimplifyCFGPass());
@@ -424,7 +424,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
     fpm.addPass(llvm::InstCombinePass(kCombineOnce));
     fpm.addPass(llvm::SimplifyCFGPass());
   }
-  if (avx512) fpm.addPass(ScaleByPowersOfTwo(scale));
+  if (avx512) fpm.addPass(ScaleByPowersOfTwo(avx512vl));
   fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
   fpm.addPass(StreamStores());
   llvm::ModulePassManager mpm;

@@ -16,15 +16,12 @@ namespace polytile {
 
 void* detail::allocate_buffer_memory(size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
+  const bool huge = bytes >= kHuge;
   void* p = nullptr;
-  if (bytes >= kHuge) {
-    if (posix_memalign(&p, kHuge, bytes) != 0) return nullptr;
+  if (posix_memalign(&p, huge ? kHuge : 64, std::max<size_t>(bytes, 1)) != 0) return nullptr;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: where the kernel has none, small pages
+  if (huge) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: where the kernel has none, small pages
 #endif
-    return p;
-  }
-  if (posix_memalign(&p, 64, std::max<size_t>(bytes, 1)) != 0) return nullptr;
   return p;
 }
 
