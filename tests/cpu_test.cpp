@@ -1348,6 +1348,41 @@ TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
   expect_same(conv, in, "the conv with its border blocks outlined", o);
 }
 
+// A micro-kernel nest whose parallel dimension the threads cannot share evenly takes the next dimension's
+// values in where both are plain variables: the seed conv's data gradient's 19 rows (10 + 9 on two threads,
+// 7 + 6 + 6 on three) with their residues mod 3 (0 and 2: 57 values, a third of them empty). The forward's
+// 19 rows stay alone: its next dimension is a tile of its columns (a floor division). One thread merges
+// nothing (its data gradient leads with the residues, 0..2). Each computes what the interpreter does.
+TEST(CpuTest, MicrokernelThreadsShareRowsThatDoNotDivideEvenly) {
+  Program fwd = parse_program(
+      "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+      "  O[n, y, x, co : N, H/3, W/3, CO] = +(I[n, 3*y + 2*j, 3*x + 2*i, ci] * K[j, i, ci, co]); }");
+  TensorMap in = inputs_for({{"I", {8, 57, 57, 5}}, {"K", {2, 2, 5, 19}}}, DType::f64, 41);
+  ad::Options ao;
+  ao.wrt = {"I"};
+  Program grad = ad::vjp(fwd, ao).program;
+  TensorMap grad_in = in;
+  grad_in["DO"] = testing::random_buffer({8, 19, 19, 19}, 42);
+  auto parallel_values = [](const CompiledProgram& c, const std::string& name) -> int64_t {
+    for (const auto& n : c.schedule().nests)
+      if (n.name == name && n.microkernel) return n.parallel_outer ? n.outer_hi - n.outer_lo + 1 : 1;
+    ADD_FAILURE() << "no micro-kernel nest " << name << "\n" << sched::print_loops(c.schedule());
+    return 0;
+  };
+  for (int threads : {1, 2, 3}) {
+    CompileOptions o = microkernels_forced(512);
+    o.threads = threads;
+    o.target.threads = threads;
+    const std::string what = std::to_string(threads) + " threads";
+    auto f = compile(fwd, types_of(in), o);
+    auto g = compile(grad, types_of(grad_in), o);
+    EXPECT_EQ(parallel_values(*f, "O.update"), 19) << what << "\n" << sched::print_loops(f->schedule());
+    EXPECT_EQ(parallel_values(*g, "DI.update"), threads == 1 ? 3 : 57) << what << "\n" << sched::print_loops(g->schedule());
+    expect_same(fwd, in, "forward, " + what, o);
+    expect_same(grad, grad_in, "data gradient, " + what, o);
+  }
+}
+
 // Register-blocked micro-kernels, forced on every eligible update (no size threshold) and for three vector
 // widths, so that blocks are partial, borders are predicated and chunks are masked: convolutions forward
 // and both gradients (strided, dilated, padded, transposed weights in the data gradient), matmuls of odd

@@ -436,10 +436,43 @@ class MicrokernelNest {
     outer_.push_back(L.var("bv"));
     outer_.push_back(floor_div(L.var("bb"), 0, tb));
     std::rotate(outer_.begin(), outer_.begin() + static_cast<long>(lead), outer_.begin() + static_cast<long>(lead) + 1);
+    share_evenly();
     for (size_t k = 0; k < others_.size(); ++k)
       if (other_tile[k] > 1) inner_.push_back(L.var(others_[k]));
     inner_.push_back(L.var("bb"));
   }
+
+  // A parallel member whose values the threads cannot share evenly (a seed conv's data gradient's 19 rows
+  // on 2 threads: 10 and 9, one thread idle for a twentieth of the nest) takes in the next member that
+  // orders anything, as lead x its values + next: the threads then share (row, residue) pairs, each a
+  // smaller part of the work, where that leaves fewer idle. The loop order stays the same. Both must be
+  // plain variables: with a tile's floor division in either, isl recovers the tile from the merged value
+  // with a loop over all of its points and a modulo guard. (That data gradient on a 2-core Zen 4: 0.52-0.53
+  // -> 0.49 ms. The forward's rows merged with its 2 tiles of columns: 0.45 -> 0.44, not worth those loops.)
+  void share_evenly() {
+    const int64_t threads = std::max(1, nb_.target.threads);
+    if (threads == 1 || outer_.size() < 2) return;
+    const Tuple L = step_tuple();
+    auto range = [&](const isl::aff& a) {
+      const isl::set v = steps_.apply(L.to(unnamed("", 1), {a}));
+      return std::pair{v.dim_min_val(0).get_num_si(), v.dim_max_val(0).get_num_si()};
+    };
+    const auto [lead_lo, lead_hi] = range(outer_[0]);
+    const int64_t a = lead_hi - lead_lo + 1;
+    if (idle_values(a, threads) == 0) return;
+    for (size_t next = 1; next < outer_.size(); ++next) {
+      const auto [lo, hi] = range(outer_[next]);
+      if (lo == hi) continue;  // one value: it orders nothing
+      if (!plain(outer_[0]) || !plain(outer_[next])) return;
+      const int64_t b = hi - lo + 1;
+      if (idle_values(a * b, threads) >= idle_values(a, threads) * b) return;
+      outer_[0] = times(outer_[0], b).add(plus(outer_[next], -lo));
+      outer_.erase(outer_.begin() + static_cast<long>(next));
+      return;
+    }
+  }
+
+  static bool plain(const isl::aff& a) { return isl_aff_dim(a.get(), isl_dim_div) == 0; }
 
   // The marked tree over the steps: parallel outer band, reduction tiles, block band, the vector mark.
   isl::schedule tree(bool weight_mode) {
