@@ -2663,6 +2663,45 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
   expect_same(matmul, long_in, "a matmul of a long reduction", tiles);
 }
 
+// A copy into panels that a micro-kernel reads (plan.h pack_vector_operand) of a core's L2 or more is
+// stored past the caches too (scheduler.cpp panel_copy): every thread reads all of it, so the next run's
+// stores would each wait for the other cores' copies of the line to be dropped. B of a 20x9x600 matmul
+// (21 KiB, against an L2 of 16 KiB), a copy of few points that the loop vectorizer makes vector stores
+// (its last panel's rows shorter, their tail zeroed by a nest of its own, through the caches); B of
+// 20x9x16384, whose copy O3 makes one memcpy per panel row, which the streaming body moves by
+// non-temporal vector stores. Not with streaming off.
+TEST(CpuTest, PackedPanelsAreStoredPastTheCaches) {
+  const Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  for (int64_t n : {600, 16384}) {
+    for (bool on : {true, false}) {
+      const std::string what = std::to_string(n) + " columns, streaming " + (on ? "on" : "off");
+      CompileOptions o = microkernels_forced(512);
+      o.target.cpu.l2_bytes = 16 * 1024;
+      o.target.cpu.stream_stores = on;
+      const TensorMap in = inputs_for({{"A", {20, 9}}, {"B", {9, n}}}, DType::f32, 5);
+      auto compiled = compile(mm, types_of(in), o);
+      const auto& nests = compiled->schedule().nests;
+      int copy = -1;  // C is below a quarter of the last-level cache; B_P's zero tail (600 columns) is no copy
+      for (size_t k = 0; k < nests.size(); ++k) {
+        EXPECT_EQ(nests[k].stream, on && nests[k].name == "B_P.update") << what << ": " << nests[k].name;
+        if (nests[k].name == "B_P.update") copy = static_cast<int>(k);
+      }
+      ASSERT_GE(copy, 0) << what << "\n" << sched::print_loops(compiled->schedule());
+#if defined(__x86_64__)
+      const std::string module = module_of(compiled->llvm_ir(), "nest_" + std::to_string(copy));
+      EXPECT_EQ(module.find("!nontemporal") != std::string::npos, on) << what << "\n" << module;
+      EXPECT_EQ(module.find("call void @llvm.x86.sse.sfence()") != std::string::npos, on) << what;
+      // The streaming body (the other one runs where a caller's memory is not aligned) has no memcpy left.
+      const size_t stream = module.find(".stream(");
+      EXPECT_EQ(stream != std::string::npos, on) << what << "\n" << module;
+      const std::string body = stream == std::string::npos ? module : module.substr(stream, module.find("\n}\n", stream) - stream);
+      EXPECT_EQ(body.find("@llvm.memcpy") != std::string::npos, n == 16384 && !on) << what << "\n" << body;
+#endif
+      expect_same(mm, in, what, o);
+    }
+  }
+}
+
 TEST(CpuTest, TheProgramCacheIsBoundedAndCanBeCleared) {
   auto program = [](int k) { return parse_program("function (A[N]) -> (B) { B = A * " + std::to_string(k) + "; }"); };
   const std::map<std::string, TensorType> types{{"A", {DType::f32, {8}}}};

@@ -119,10 +119,11 @@ struct KeepLoopsAroundVectorLoops : llvm::PassInfoMixin<KeepLoopsAroundVectorLoo
 
 // Non-temporal stores in a streaming nest's body (llvm_ir::kStreamAttribute) for an x86 target: its
 // vector stores into the marked tensor (the vectorized loops' stores; a scalar rest of a loop stays as it
-// is), where every one is aligned to at least half its size, write whole lines to memory without reading
-// them first, and an sfence before each return orders them before whatever the caller does next (another
-// thread reading the output after the parallel loop). Runs after the vectorizer and unroller, when
-// LLVM's alignment from the body's assumption has reached the stores.
+// is; a memcpy of a constant length becomes vector loads and stores), where every one is aligned to at
+// least half its size, write whole lines to memory without reading them first, and an sfence before each
+// return orders them before whatever the caller does next (another thread reading the output after the
+// parallel loop). Runs after the vectorizer and unroller, when LLVM's alignment from the body's
+// assumption has reached the stores.
 struct StreamStores : llvm::PassInfoMixin<StreamStores> {
   llvm::PreservedAnalyses run(llvm::Function& f, llvm::FunctionAnalysisManager&) {
     const llvm::Argument* streamed = nullptr;
@@ -134,9 +135,20 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
     llvm::MDNode* nontemporal = llvm::MDNode::get(ctx, {llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(llvm::Type::getInt32Ty(ctx), 1))});
     std::vector<llvm::ReturnInst*> returns;
     std::vector<llvm::StoreInst*> stores;
+    std::vector<llvm::MemCpyInst*> copies;
     for (llvm::BasicBlock& block : f)
       for (llvm::Instruction& i : block) {
         if (auto* ret = llvm::dyn_cast<llvm::ReturnInst>(&i)) returns.push_back(ret);
+        if (auto* copy = llvm::dyn_cast<llvm::MemCpyInst>(&i)) {
+          if (llvm::getUnderlyingObject(copy->getDest(), /*MaxLookup=*/0) != streamed) continue;
+          // A copy loop that LLVM made a memcpy of whole rows (a packed operand's panel rows): moved by
+          // vectors as wide as the destination's alignment, up to 32 bytes, where that divides the length.
+          const auto* length = llvm::dyn_cast<llvm::ConstantInt>(copy->getLength());
+          const uint64_t align = std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value());
+          if (!length || align < 16 || length->getZExtValue() % align != 0) return llvm::PreservedAnalyses::all();
+          copies.push_back(copy);
+          continue;
+        }
         auto* store = llvm::dyn_cast<llvm::StoreInst>(&i);
         if (!store || !store->getValueOperand()->getType()->isVectorTy()) continue;
         if (llvm::getUnderlyingObject(store->getPointerOperand(), /*MaxLookup=*/0) != streamed) continue;
@@ -147,6 +159,20 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
         if (bytes < 16 || align < 16 || align * 2 < bytes) return llvm::PreservedAnalyses::all();
         stores.push_back(store);
       }
+    for (llvm::MemCpyInst* copy : copies) {
+      llvm::IRBuilder<> b(copy);
+      const uint64_t align = std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value());
+      const uint64_t bytes = llvm::cast<llvm::ConstantInt>(copy->getLength())->getZExtValue();
+      llvm::Type* vector = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(align));
+      const llvm::Align source_align = llvm::commonAlignment(copy->getSourceAlign().valueOrOne(), align);
+      for (uint64_t at = 0; at < bytes; at += align) {
+        llvm::Value* from = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getSource(), at);
+        llvm::Value* to = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getDest(), at);
+        llvm::Value* v = b.CreateAlignedLoad(vector, from, llvm::commonAlignment(source_align, at));
+        stores.push_back(b.CreateAlignedStore(v, to, llvm::Align(align)));
+      }
+      copy->eraseFromParent();
+    }
     if (stores.empty()) return llvm::PreservedAnalyses::all();
     for (llvm::StoreInst* store : stores) store->setMetadata(llvm::LLVMContext::MD_nontemporal, nontemporal);
     for (llvm::ReturnInst* ret : returns) llvm::IRBuilder<>(ret).CreateIntrinsic(llvm::Intrinsic::x86_sse_sfence, {}, {});
