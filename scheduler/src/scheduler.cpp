@@ -182,8 +182,8 @@ class ProgramScheduler {
   // nest of plain loops, or a micro-kernel without epilogue whose blocks store their accumulators once
   // (no reduction tile loads them back), writing a program output without reading it, where no later nest
   // of the statement and no later statement touches the output, and the output is at least a quarter of
-  // the last-level cache. Not a transposition: its squares store half lines (256-bit rows), which past
-  // the caches took the 2048 x 2048 one from 1.6 to 3.2 ms.
+  // the last-level cache; or a copy into panels (panel_copy). Not a transposition: its squares store half
+  // lines (256-bit rows), which past the caches took the 2048 x 2048 one from 1.6 to 3.2 ms.
   bool streams(size_t k, size_t statement) const {
     const Nest& n = out_.nests[k];
     if (target_.gpu || !target_.cpu.stream_stores || n.reduction || n.kernel || n.accumulators || n.transpose_lanes) return false;
@@ -212,8 +212,9 @@ class ProgramScheduler {
   // caches, and each store waits for the other core's copy to be dropped. On a 2-core Zen 4 guest whose
   // vCPUs sat far apart (some hours: the host moves them), a C model of that wrote 1.2 MiB per thread in
   // 0.48 ms (2.5 GB/s) and in 0.046 ms past the caches, read back by both threads in 0.085 ms against
-  // 0.077; there a 3x3 256->256 conv's packing of its weights took 0.47 ms of 7.7. Where they sat near:
-  // the packing 0.11 ms either way, the conv 7.47 / 7.53 ms, sgemm 2000 73.7 -> 73.3 ms.
+  // 0.077; there a 3x3 256->256 conv's packing of its weights took 0.47 ms of 7.7, and the conv ran in
+  // 7.62-7.66 ms with its panels past the caches against 7.96-8.00. Where they sat near: 7.82 against
+  // 7.94, the packing 0.11 ms either way; sgemm 2000 (16 MiB of panels) 73.7 -> 73.3 ms.
   bool panel_copy(const Nest& n, size_t statement) const {
     if (n.microkernel || n.kind != Nest::Kind::update || n.contraction.aggregation != AggregationOp::assign ||
         n.contraction.inputs.size() != 1 || types_.tensors.at(n.tensor).bytes() < target_.cpu.l2_bytes)

@@ -366,7 +366,9 @@ struct Nest {
   // block's accumulators once, that write a program output no later nest touches, without reading it,
   // and large enough that the caller will not find it in the caches anyway (CpuModel::stream_stores): the
   // code generator may store it past the caches (non-temporal stores, where its vector stores are
-  // aligned), which saves reading each line before writing it.
+  // aligned), which saves reading each line before writing it. Also copies into a micro-kernel's packed
+  // panels of a core's L2 or more: every thread reads them, so through the caches the next run's stores
+  // would each wait for the other cores' copies of the line to be dropped.
   bool stream = false;
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
