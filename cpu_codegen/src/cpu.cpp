@@ -136,16 +136,16 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
     std::vector<llvm::ReturnInst*> returns;
     std::vector<llvm::StoreInst*> stores;
     std::vector<llvm::MemCpyInst*> copies;
+    // A copy loop that LLVM made a memcpy (a packed operand's panel rows) is moved by vectors as wide as
+    // the destination's alignment, up to 32 bytes, where that divides its length.
+    auto width = [](const llvm::MemCpyInst* copy) { return std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value()); };
     for (llvm::BasicBlock& block : f)
       for (llvm::Instruction& i : block) {
         if (auto* ret = llvm::dyn_cast<llvm::ReturnInst>(&i)) returns.push_back(ret);
         if (auto* copy = llvm::dyn_cast<llvm::MemCpyInst>(&i)) {
           if (llvm::getUnderlyingObject(copy->getDest(), /*MaxLookup=*/0) != streamed) continue;
-          // A copy loop that LLVM made a memcpy of whole rows (a packed operand's panel rows): moved by
-          // vectors as wide as the destination's alignment, up to 32 bytes, where that divides the length.
           const auto* length = llvm::dyn_cast<llvm::ConstantInt>(copy->getLength());
-          const uint64_t align = std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value());
-          if (!length || align < 16 || length->getZExtValue() % align != 0) return llvm::PreservedAnalyses::all();
+          if (!length || width(copy) < 16 || length->getZExtValue() % width(copy) != 0) return llvm::PreservedAnalyses::all();
           copies.push_back(copy);
           continue;
         }
@@ -161,7 +161,7 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
       }
     for (llvm::MemCpyInst* copy : copies) {
       llvm::IRBuilder<> b(copy);
-      const uint64_t align = std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value());
+      const uint64_t align = width(copy);
       const uint64_t bytes = llvm::cast<llvm::ConstantInt>(copy->getLength())->getZExtValue();
       llvm::Type* vector = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(align));
       const llvm::Align source_align = llvm::commonAlignment(copy->getSourceAlign().valueOrOne(), align);

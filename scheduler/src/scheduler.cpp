@@ -219,8 +219,6 @@ class ProgramScheduler {
     if (n.microkernel || n.kind != Nest::Kind::update || n.contraction.aggregation != AggregationOp::assign ||
         n.contraction.inputs.size() != 1 || types_.tensors.at(n.tensor).bytes() < target_.cpu.l2_bytes)
       return false;
-    for (const auto& in : program_.inputs)
-      if (in.name == n.tensor) return false;
     for (size_t j = statement + 1; j < program_.statements.size(); ++j)
       if (std::visit([](const auto& st) { return st.output; }, program_.statements[j]) == n.tensor) return false;
     return true;
