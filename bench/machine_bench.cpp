@@ -5,11 +5,18 @@
 // arrays of 128 MiB (STREAM's rule: each array at least 4x the last-level cache, 32 MiB on the machines
 // measured here; with 16 MiB arrays, the size of the softmax and max pool tensors, part of the 48 MiB stayed
 // in the L3 and a repetition measured anything from 35 to 78 GB/s), split across the bench threads,
-// counted as STREAM counts it (two reads and one write per element).
+// counted as STREAM counts it (two reads and one write per element). And "peak/shared_writes": how fast
+// the threads write lines that every one of them has just read, the case of a micro-kernel's packed
+// panels, which every thread reads and the next run copies again. It tells a run's hours apart on a guest
+// whose host moves its vCPUs: on the 2-core Zen 4 guest of 2026-11-29, 1.2 MiB per thread took 0.05-0.10
+// ms where the two sat near each other and 0.48 ms where they sat far apart (docs/benchmarks.md).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -108,7 +115,41 @@ void BM_Triad(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(3.0 * 4.0 * static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Each bench thread reads all of a 2.4 MiB buffer, then, after a barrier, writes its own part of it
+// through the caches (a[i] = b[i] + 1 from a buffer of its own: no memset or memcpy, whose string
+// instructions may skip reading the lines); the time is from that barrier to the last writer's end.
+void BM_SharedWrites(benchmark::State& state) {
+  const int64_t n = int64_t{600} << 10;  // 2.4 MiB of f32
+  const int threads = bench_threads();
+  polytile::Buffer shared(polytile::DType::f32, {n}), source(polytile::DType::f32, {n});
+  float *a = static_cast<float*>(shared.data()), *b = static_cast<float*>(source.data());
+  std::fill_n(a, n, 0.0f);
+  std::fill_n(b, n, 1.0f);
+  for (auto _ : state) {
+    std::barrier sync(threads);
+    std::chrono::steady_clock::time_point start;
+    auto part = [&](int t) {
+      uint32_t bits = 0;  // every element, as integers: a reduction the compiler vectorizes
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(a);
+      for (int64_t i = 0; i < n; ++i) bits |= words[i];
+      benchmark::DoNotOptimize(bits);
+      sync.arrive_and_wait();
+      if (t == 0) start = std::chrono::steady_clock::now();
+      for (int64_t i = n * t / threads, hi = n * (t + 1) / threads; i < hi; ++i) a[i] = b[i] + 1.0f;
+      sync.arrive_and_wait();
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(part, t);
+    part(0);
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (auto& th : pool) th.join();
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(4.0 * static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 BENCHMARK(BM_FmaPeak)->Name("peak/fma")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Triad)->Name("peak/triad")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_SharedWrites)->Name("peak/shared_writes")->Unit(benchmark::kMillisecond)->UseManualTime();
 
 }  // namespace

@@ -118,6 +118,13 @@ def main():
     if limits:
         print("machine limits in this run: " + ", ".join(f"{v:.1f} {k}" for k, v in sorted(limits.items())) +
               " (GFLOP/s: f32 FMA peak on the bench threads; GB/s: STREAM triad on 128 MiB arrays; each the best of its repetitions)\n")
+    # Not a limit: which hours the run had. On a guest whose host moves its vCPUs, writing lines that every
+    # thread has just read ran at 20-26 GB/s where they sat near each other and 4-9 where they sat far apart
+    # (a micro-kernel's packed panels are that case; docs/benchmarks.md). Each repetition, in run order.
+    if "peak/shared_writes" in repetitions:
+        print("writes to lines every bench thread holds (peak/shared_writes): " +
+              ", ".join(f"{b['GB/s']:.1f}" for b in repetitions["peak/shared_writes"]) +
+              " GB/s\n")
 
     def of_limit(rate_, unit):
         return f"{rate_ / limits[unit]:.2f}" if unit in limits else "-"
