@@ -116,7 +116,7 @@ void BM_Triad(benchmark::State& state) {
 }
 
 // Each bench thread reads all of a 2.4 MiB buffer, then, after a barrier, writes its own part of it
-// through the caches (a[i] = b[i] + 1 from a buffer of its own: no memset or memcpy, whose string
+// through the caches (a[i] = b[i] + 1 from a second buffer: no memset or memcpy, whose string
 // instructions may skip reading the lines); the time is from that barrier to the last writer's end.
 void BM_SharedWrites(benchmark::State& state) {
   const int64_t n = int64_t{600} << 10;  // 2.4 MiB of f32
