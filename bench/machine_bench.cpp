@@ -35,6 +35,15 @@ struct Shape {
   int lanes, chains;  // of one FMA; of the kernel
 };
 
+// part(t) on each of the bench threads, part(0) on the caller's; returns when all are done.
+template <class Part>
+void on_bench_threads(int threads, const Part& part) {
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(part, t);
+  part(0);
+  for (auto& th : pool) th.join();
+}
+
 // Each returns the lanes of one FMA and its chains; `sink` keeps the results alive.
 __attribute__((target("avx512f"))) Shape fma_chains_avx512(float* sink) {
   __m512 acc[kChains];
@@ -80,10 +89,10 @@ void BM_FmaPeak(benchmark::State& state) {
   std::vector<std::vector<float>> sinks(static_cast<size_t>(threads), std::vector<float>(16));
   Shape shape{1, kChains};
   for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back([&, t] { kernel(sinks[static_cast<size_t>(t)].data()); });
-    shape = kernel(sinks[0].data());
-    for (auto& th : pool) th.join();
+    on_bench_threads(threads, [&](int t) {
+      const Shape s = kernel(sinks[static_cast<size_t>(t)].data());
+      if (t == 0) shape = s;
+    });
     benchmark::DoNotOptimize(sinks);
   }
   const double flops = 2.0 * shape.lanes * shape.chains * static_cast<double>(kSteps) * threads;
@@ -105,10 +114,7 @@ void BM_Triad(benchmark::State& state) {
     for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
   };
   for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(part, t);
-    part(0);
-    for (auto& th : pool) th.join();
+    on_bench_threads(threads, part);
     benchmark::DoNotOptimize(a.data());
     benchmark::ClobberMemory();
   }
@@ -127,8 +133,8 @@ void BM_SharedWrites(benchmark::State& state) {
   std::fill_n(b, n, 1.0f);
   for (auto _ : state) {
     std::barrier sync(threads);
-    std::chrono::steady_clock::time_point start;
-    auto part = [&](int t) {
+    std::chrono::steady_clock::time_point start, end;
+    on_bench_threads(threads, [&](int t) {
       uint32_t bits = 0;  // every element, as integers: a reduction the compiler vectorizes
       const uint32_t* words = reinterpret_cast<const uint32_t*>(a);
       for (int64_t i = 0; i < n; ++i) bits |= words[i];
@@ -137,12 +143,9 @@ void BM_SharedWrites(benchmark::State& state) {
       if (t == 0) start = std::chrono::steady_clock::now();
       for (int64_t i = n * t / threads, hi = n * (t + 1) / threads; i < hi; ++i) a[i] = b[i] + 1.0f;
       sync.arrive_and_wait();
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(part, t);
-    part(0);
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    for (auto& th : pool) th.join();
+      if (t == 0) end = std::chrono::steady_clock::now();
+    });
+    state.SetIterationTime(std::chrono::duration<double>(end - start).count());
     benchmark::ClobberMemory();
   }
   state.counters["GB/s"] = benchmark::Counter(4.0 * static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
