@@ -2672,7 +2672,10 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
 // non-temporal vector stores. Not with streaming off.
 TEST(CpuTest, PackedPanelsAreStoredPastTheCaches) {
   const Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
-  for (int64_t n : {600, 16384}) {
+  // 16360 and 16361 columns: the last panel is partial, so the panel rows' memcpy has a length that
+  // varies, moved by a loop of vector stores; 16361: a length of any multiple of 4 bytes, its last bytes
+  // (less than a vector) copied through the caches by a memcpy of their own.
+  for (int64_t n : {600, 16384, 16360, 16361}) {
     for (bool on : {true, false}) {
       const std::string what = std::to_string(n) + " columns, streaming " + (on ? "on" : "off");
       CompileOptions o = microkernels_forced(512);
@@ -2695,7 +2698,12 @@ TEST(CpuTest, PackedPanelsAreStoredPastTheCaches) {
       const size_t stream = module.find(".stream(");
       EXPECT_EQ(stream != std::string::npos, on) << what << "\n" << module;
       const std::string body = stream == std::string::npos ? module : module.substr(stream, module.find("\n}\n", stream) - stream);
-      EXPECT_EQ(body.find("@llvm.memcpy") != std::string::npos, n == 16384 && !on) << what << "\n" << body;
+      const bool varies = n == 16360 || n == 16361;
+      if (on && varies) {  // a memcpy of the rest of a row (none at run time for 16360) may stay
+        EXPECT_NE(body.find("stream.copy"), std::string::npos) << what << "\n" << body;
+      } else {
+        EXPECT_EQ(body.find("@llvm.memcpy") != std::string::npos, n > 600 && !on) << what << "\n" << body;
+      }
 #endif
       expect_same(mm, in, what, o);
     }

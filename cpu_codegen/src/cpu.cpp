@@ -29,11 +29,13 @@
 #include <llvm/Transforms/Scalar/LoopUnrollPass.h>
 #include <llvm/Transforms/Scalar/SROA.h>
 #include <llvm/Transforms/Scalar/SimplifyCFG.h>
+#include <llvm/Transforms/Utils/BasicBlockUtils.h>
 #include <llvm/Transforms/Utils/InjectTLIMappings.h>
 #include <llvm/Transforms/Utils/Local.h>
 #include <llvm/Transforms/Utils/LoopUtils.h>
 #include <llvm/Transforms/Vectorize/LoopVectorize.h>
 #include <llvm/Support/DynamicLibrary.h>
+#include <llvm/Support/KnownBits.h>
 #include <llvm/Support/SmallVectorMemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -137,7 +139,10 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
     std::vector<llvm::StoreInst*> stores;
     std::vector<llvm::MemCpyInst*> copies;
     // A copy loop that LLVM made a memcpy (a packed operand's panel rows) is moved by vectors as wide as
-    // the destination's alignment, up to 32 bytes, where that divides its length.
+    // the destination's alignment, up to 32 bytes: where that divides its constant length, vector after
+    // vector; otherwise by a loop over its whole vectors, the rest (less than a vector; none where the
+    // length's low bits are known to be zero) copied through the caches after it. A panel rows' length
+    // varies where the last panel is partial: 4 x min(48, 1000 - 48 j) bytes in a 1000-column matmul.
     auto width = [](const llvm::MemCpyInst* copy) { return std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value()); };
     for (llvm::BasicBlock& block : f)
       for (llvm::Instruction& i : block) {
@@ -145,7 +150,7 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
         if (auto* copy = llvm::dyn_cast<llvm::MemCpyInst>(&i)) {
           if (llvm::getUnderlyingObject(copy->getDest(), /*MaxLookup=*/0) != streamed) continue;
           const auto* length = llvm::dyn_cast<llvm::ConstantInt>(copy->getLength());
-          if (!length || width(copy) < 16 || length->getZExtValue() % width(copy) != 0) return llvm::PreservedAnalyses::all();
+          if (width(copy) < 16 || (length && length->getZExtValue() % width(copy) != 0)) return llvm::PreservedAnalyses::all();
           copies.push_back(copy);
           continue;
         }
@@ -162,9 +167,38 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
     for (llvm::MemCpyInst* copy : copies) {
       llvm::IRBuilder<> b(copy);
       const uint64_t align = width(copy);
-      const uint64_t bytes = llvm::cast<llvm::ConstantInt>(copy->getLength())->getZExtValue();
       llvm::Type* vector = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(align));
       const llvm::Align source_align = llvm::commonAlignment(copy->getSourceAlign().valueOrOne(), align);
+      if (!llvm::isa<llvm::ConstantInt>(copy->getLength())) {
+        // for (at = 0; at < whole; at += align), whole = length rounded down to a multiple of align.
+        llvm::Value* length = copy->getLength();
+        llvm::Type* type = length->getType();
+        llvm::Value* whole = b.CreateAnd(length, llvm::ConstantInt::get(type, ~(align - 1)));
+        llvm::BasicBlock* before = copy->getParent();
+        llvm::BasicBlock* after = before->splitBasicBlock(copy, "stream.copied");
+        auto* loop = llvm::BasicBlock::Create(ctx, "stream.copy", &f, after);
+        before->getTerminator()->eraseFromParent();
+        b.SetInsertPoint(before);
+        b.CreateCondBr(b.CreateICmpEQ(whole, llvm::ConstantInt::get(type, 0)), after, loop);
+        b.SetInsertPoint(loop);
+        llvm::PHINode* at = b.CreatePHI(type, 2);
+        at->addIncoming(llvm::ConstantInt::get(type, 0), before);
+        llvm::Value* v = b.CreateAlignedLoad(vector, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getSource(), at), source_align);
+        stores.push_back(b.CreateAlignedStore(v, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getDest(), at), llvm::Align(align)));
+        llvm::Value* next = b.CreateNUWAdd(at, llvm::ConstantInt::get(type, align));
+        at->addIncoming(next, loop);
+        b.CreateCondBr(b.CreateICmpULT(next, whole), loop, after);
+        if (llvm::computeKnownBits(length, layout).countMinTrailingZeros() < llvm::Log2_64(align)) {
+          b.SetInsertPoint(copy);
+          llvm::Value* rest = b.CreateICmpNE(whole, length);
+          b.SetInsertPoint(llvm::SplitBlockAndInsertIfThen(rest, copy, /*Unreachable=*/false));
+          b.CreateMemCpy(b.CreateInBoundsGEP(b.getInt8Ty(), copy->getDest(), whole), llvm::Align(align),
+                         b.CreateInBoundsGEP(b.getInt8Ty(), copy->getSource(), whole), source_align, b.CreateSub(length, whole));
+        }
+        copy->eraseFromParent();
+        continue;
+      }
+      const uint64_t bytes = llvm::cast<llvm::ConstantInt>(copy->getLength())->getZExtValue();
       for (uint64_t at = 0; at < bytes; at += align) {
         llvm::Value* from = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getSource(), at);
         llvm::Value* to = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getDest(), at);
