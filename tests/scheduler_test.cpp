@@ -822,6 +822,46 @@ TEST(SchedulerTest, MicrokernelStepsCoverEveryValidPointOnceAndOpenAndCloseEvery
   EXPECT_GT(epilogues, 0);    // the relu fused into the conv
 }
 
+// A matmul's packed panels are read by tiles of row blocks that the threads split between them, as many
+// tiles each, in order: the busiest thread gets no more than an even share of the row blocks (a 1000-row
+// sgemm in blocks of 8 rows, 125 of them: 63 and 62 on 2 threads; 4 tiles of 32 gave 64 and 61).
+TEST(SchedulerTest, PackedMatmulRowBlocksAreSharedEvenlyByTheThreads) {
+  const Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  int checked = 0;
+  for (int64_t m : {1000, 1016, 600}) {
+    for (int threads : {2, 3}) {
+      LowerOptions options;
+      options.target.threads = threads;
+      options.target.cpu.microkernel_min_points = 1;
+      options.target.cpu.vector_bits = 512;
+      options.target.cpu.l2_bytes = 1 << 20;  // B (2 MB) is packed
+      const std::string what = std::to_string(m) + " rows, " + std::to_string(threads) + " threads";
+      Lowered lowered = lower(mm, {{"A", {DType::f32, {m, 512}}}, {"B", {DType::f32, {512, 1000}}}}, options);
+      for (const Nest& nest : lowered.schedule.nests) {
+        if (!nest.microkernel || !nest.parallel_outer) continue;
+        const LoopNode* outer = &nest.root;  // the parallel loop
+        while (outer->kind != LoopNode::Kind::loop) outer = &outer->body.at(0);
+        ASSERT_TRUE(outer->parallel) << what << "\n" << print_loops(lowered.schedule);
+        const int64_t values = nest.outer_hi - nest.outer_lo + 1;
+        ASSERT_EQ(values % threads, 0) << what << "\n" << print_loops(lowered.schedule);
+        std::vector<std::set<int64_t>> rows(static_cast<size_t>(threads));  // each thread's row blocks
+        const size_t nb = nest.microkernel->others.size() + 2;
+        std::vector<int64_t> it(static_cast<size_t>(nest.iterators));
+        run_loops(nest.root, it, [&](const LoopNode& s, const std::vector<int64_t>& args, const std::vector<int64_t>&) {
+          if (s.statement != LoopNode::Statement::zero) return;
+          const int64_t thread = (it.at(static_cast<size_t>(outer->iterator)) - nest.outer_lo) / (values / threads);
+          rows.at(static_cast<size_t>(thread)).insert(args.at(nb - 2));
+        });
+        size_t blocks = 0, most = 0;
+        for (const auto& r : rows) blocks += r.size(), most = std::max(most, r.size());
+        EXPECT_LE(most, (blocks + threads - 1) / threads) << what << "\n" << print_loops(lowered.schedule);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6);
+}
+
 // The nest sink (NestSink) sees every nest once, in index order, as soon as it is final: what it was handed
 // is what the finished schedule holds at that index, for a gradient whose contractions add init nests
 // before their updates and fuse a consumer into a micro-kernel.

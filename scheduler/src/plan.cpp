@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -256,7 +257,15 @@ int64_t equal_tiles(int64_t extent, int64_t most, int64_t multiple) {
   multiple = std::max<int64_t>(1, multiple);
   int64_t tiles = (extent + most - 1) / most;
   tiles = (tiles + multiple - 1) / multiple * multiple;
-  return (extent + tiles - 1) / tiles;
+  // Each of `multiple` threads takes tiles / multiple of them, the last one the short tile: of up to
+  // twice as many tiles, the count that leaves the busiest thread the fewest values (125 row blocks of a
+  // 1000-row matmul on 2 threads: 6 tiles of 21, 63 and 62 blocks a thread, not 4 of 32, 64 and 61).
+  int64_t best = tiles;
+  for (int64_t busiest = INT64_MAX, t = tiles; multiple > 1 && t <= 2 * tiles && t <= extent; t += multiple) {
+    const int64_t load = t / multiple * ((extent + t - 1) / t);
+    if (load < busiest) best = t, busiest = load;
+  }
+  return (extent + best - 1) / best;
 }
 
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {

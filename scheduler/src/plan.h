@@ -86,7 +86,7 @@ int64_t idle_values(int64_t count, int64_t threads);
 
 // The size of equal tiles over `extent` values: as few tiles of at most `most` values as cover it, their
 // count rounded up to a multiple of `multiple` (threads taking equal shares), then spread evenly, so that
-// no tile is a sliver.
+// no tile is a sliver. With threads, up to twice as many tiles where that evens out their shares.
 int64_t equal_tiles(int64_t extent, int64_t most, int64_t multiple = 1);
 
 // The number of points of the variables' bounding box (saturating at 2^50).
