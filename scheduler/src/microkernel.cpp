@@ -397,46 +397,58 @@ class MicrokernelNest {
     // tile of the vector operand from L1; those that pick columns stay outside, like Bv (a 3x3 128->128
     // conv's two column blocks inside its tiles of blocks ran 5% slower forward and backward-data). The
     // parallel dimension is the first with enough values.
-    int64_t row_bytes = std::max<int64_t>(1, R_ * tile_points * eb_);
-    int64_t tb = std::clamp<int64_t>(nb_.target.cpu.l2_bytes / 2 / row_bytes, 1, n_bb_);
+    const int64_t row_bytes = std::max<int64_t>(1, R_ * tile_points * eb_);
+    const int64_t l2_tb = std::clamp<int64_t>(nb_.target.cpu.l2_bytes / 2 / row_bytes, 1, n_bb_);
     const int64_t want = 2 * nb_.target.threads;
-    std::vector<int64_t> counts;
-    for (size_t k : mk_.others) counts.push_back(range_[k].second - range_[k].first + 1);
-    counts.push_back(n_bv_);
-    counts.push_back((n_bb_ + tb - 1) / tb);
-    size_t lead = 0;
-    std::vector<int64_t> other_tile(others_.size(), 1);
     const bool columns_only = std::all_of(picks_columns.begin(), picks_columns.end(), [](bool b) { return b; });
-    if (columns_only && !others_.empty() && n_bb_ >= want) {
-      // The other output variables only pick columns of the vector operand (a packed matrix's panels):
-      // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
-      // Equal tiles, as many as a multiple of the threads: each thread gets the same rows.
-      tb = equal_tiles(n_bb_, std::min(tb, (n_bb_ + want - 1) / want), nb_.target.threads);
-      lead = counts.size() - 1;
-      for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
-    } else {
-      while (lead < counts.size() && counts[lead] < want) ++lead;
-      if (lead == counts.size()) {
-        // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
-        tb = std::max<int64_t>(1, std::min(tb, n_bb_ / want));
-        counts.back() = (n_bb_ + tb - 1) / tb;
-        lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+    const bool panels = columns_only && !others_.empty() && n_bb_ >= want;
+    // The outer band for tiles of tb blocks; whether the threads share its parallel dimension evenly.
+    std::vector<int64_t> other_tile;
+    auto band = [&](int64_t tb) {
+      outer_.clear();
+      std::vector<int64_t> counts;
+      for (size_t k : mk_.others) counts.push_back(range_[k].second - range_[k].first + 1);
+      counts.push_back(n_bv_);
+      counts.push_back((n_bb_ + tb - 1) / tb);
+      size_t lead = 0;
+      other_tile.assign(others_.size(), 1);
+      if (panels) {
+        // The other output variables only pick columns of the vector operand (a packed matrix's panels):
+        // a tile of block rows, split across the threads, stays in L2 while every column reuses it.
+        // Equal tiles, as many as a multiple of the threads: each thread gets the same rows.
+        tb = equal_tiles(n_bb_, std::min(tb, (n_bb_ + want - 1) / want), nb_.target.threads);
+        lead = counts.size() - 1;
+        for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
+      } else {
+        while (lead < counts.size() && counts[lead] < want) ++lead;
+        if (lead == counts.size()) {
+          // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
+          tb = std::max<int64_t>(1, std::min(tb, n_bb_ / want));
+          counts.back() = (n_bb_ + tb - 1) / tb;
+          lead = static_cast<size_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+        }
+        int64_t per_tile = tb;
+        for (size_t k = others_.size(); k-- > 0 && per_tile < 16;) {
+          if (k == lead) continue;  // the parallel dimension keeps its values
+          if (picks_columns[k]) continue;  // a tile of blocks shares one column (as Bv)
+          other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
+          per_tile *= other_tile[k];
+        }
       }
-      int64_t per_tile = tb;
-      for (size_t k = others_.size(); k-- > 0 && per_tile < 16;) {
-        if (k == lead) continue;  // the parallel dimension keeps its values
-        if (picks_columns[k]) continue;  // a tile of blocks shares one column (as Bv)
-        other_tile[k] = std::min<int64_t>(counts[k], (32 + per_tile - 1) / per_tile);
-        per_tile *= other_tile[k];
-      }
-    }
+      const Tuple L = step_tuple();
+      for (size_t k = 0; k < others_.size(); ++k)
+        outer_.push_back(other_tile[k] == 1 ? L.var(others_[k]) : floor_div(L.var(others_[k]), range_[mk_.others[k]].first, other_tile[k]));
+      outer_.push_back(L.var("bv"));
+      outer_.push_back(floor_div(L.var("bb"), 0, tb));
+      std::rotate(outer_.begin(), outer_.begin() + static_cast<long>(lead), outer_.begin() + static_cast<long>(lead) + 1);
+      return share_evenly();
+    };
+    // Tiles of one block where the L2's tiles leave threads idle and those share evenly: the seed conv
+    // forward's 19 rows, 10 + 9 on two threads, go with its two blocks of 4 images (38 values, 19 + 19),
+    // its columns, all 19 of them, then reuse each reduction tile of the weights instead of two blocks
+    // times 16 columns (0.438 -> 0.417-0.421 ms on a 2-core Zen 4).
+    if (!band(l2_tb) && !panels && l2_tb > 1 && !band(1)) band(l2_tb);
     const Tuple L = step_tuple();
-    for (size_t k = 0; k < others_.size(); ++k)
-      outer_.push_back(other_tile[k] == 1 ? L.var(others_[k]) : floor_div(L.var(others_[k]), range_[mk_.others[k]].first, other_tile[k]));
-    outer_.push_back(L.var("bv"));
-    outer_.push_back(floor_div(L.var("bb"), 0, tb));
-    std::rotate(outer_.begin(), outer_.begin() + static_cast<long>(lead), outer_.begin() + static_cast<long>(lead) + 1);
-    share_evenly();
     for (size_t k = 0; k < others_.size(); ++k)
       if (other_tile[k] > 1) inner_.push_back(L.var(others_[k]));
     inner_.push_back(L.var("bb"));
@@ -449,9 +461,10 @@ class MicrokernelNest {
   // plain variables: with a tile's floor division in either, isl recovers the tile from the merged value
   // with a loop over all of its points and a modulo guard. (That data gradient on a 2-core Zen 4: 0.52-0.53
   // -> 0.49 ms. The forward's rows merged with its 2 tiles of columns: 0.45 -> 0.44, not worth those loops.)
-  void share_evenly() {
+  // Returns whether the threads then share the parallel member evenly.
+  bool share_evenly() {
     const int64_t threads = std::max(1, nb_.target.threads);
-    if (threads == 1 || outer_.size() < 2 || !plain(outer_[0])) return;
+    if (threads == 1 || outer_.empty()) return true;
     const Tuple L = step_tuple();
     auto range = [&](const isl::aff& a) {
       const isl::set v = steps_.apply(L.to(unnamed("", 1), {a}));
@@ -459,17 +472,19 @@ class MicrokernelNest {
     };
     const auto [lead_lo, lead_hi] = range(outer_[0]);
     const int64_t a = lead_hi - lead_lo + 1;
-    if (idle_values(a, threads) == 0) return;
+    if (idle_values(a, threads) == 0) return true;
+    if (!plain(outer_[0])) return false;
     for (size_t next = 1; next < outer_.size(); ++next) {
       const auto [lo, hi] = range(outer_[next]);
       if (lo == hi) continue;  // one value: it orders nothing
-      if (!plain(outer_[next])) return;
+      if (!plain(outer_[next])) return false;
       const int64_t b = hi - lo + 1;
-      if (idle_values(a * b, threads) >= idle_values(a, threads) * b) return;
+      if (idle_values(a * b, threads) >= idle_values(a, threads) * b) return false;
       outer_[0] = times(outer_[0], b).add(plus(outer_[next], -lo));
       outer_.erase(outer_.begin() + static_cast<long>(next));
-      return;
+      return idle_values(a * b, threads) == 0;
     }
+    return false;
   }
 
   static bool plain(const isl::aff& a) { return isl_aff_dim(a.get(), isl_dim_div) == 0; }
