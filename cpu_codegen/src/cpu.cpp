@@ -141,7 +141,7 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
     // A copy loop that LLVM made a memcpy (a packed operand's panel rows) is moved by vectors as wide as
     // the destination's alignment, up to 32 bytes: where that divides its constant length, vector after
     // vector; otherwise by a loop over its whole vectors, the rest (less than a vector; none where the
-    // length's low bits are known to be zero) copied through the caches after it. A panel rows' length
+    // length's low bits are known to be zero) copied through the caches after it. A panel row's length
     // varies where the last panel is partial: 4 x min(48, 1000 - 48 j) bytes in a 1000-column matmul.
     auto width = [](const llvm::MemCpyInst* copy) { return std::min<uint64_t>(32, copy->getDestAlign().valueOrOne().value()); };
     for (llvm::BasicBlock& block : f)
@@ -169,10 +169,16 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
       const uint64_t align = width(copy);
       llvm::Type* vector = llvm::FixedVectorType::get(b.getInt8Ty(), static_cast<unsigned>(align));
       const llvm::Align source_align = llvm::commonAlignment(copy->getSourceAlign().valueOrOne(), align);
-      if (!llvm::isa<llvm::ConstantInt>(copy->getLength())) {
+      auto move = [&](llvm::Value* at) {  // the vector `at` bytes in, a multiple of align
+        llvm::Value* v = b.CreateAlignedLoad(vector, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getSource(), at), source_align);
+        stores.push_back(b.CreateAlignedStore(v, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getDest(), at), llvm::Align(align)));
+      };
+      llvm::Value* length = copy->getLength();
+      llvm::Type* type = length->getType();
+      if (const auto* bytes = llvm::dyn_cast<llvm::ConstantInt>(length)) {
+        for (uint64_t at = 0; at < bytes->getZExtValue(); at += align) move(llvm::ConstantInt::get(type, at));
+      } else {
         // for (at = 0; at < whole; at += align), whole = length rounded down to a multiple of align.
-        llvm::Value* length = copy->getLength();
-        llvm::Type* type = length->getType();
         llvm::Value* whole = b.CreateAnd(length, llvm::ConstantInt::get(type, ~(align - 1)));
         llvm::BasicBlock* before = copy->getParent();
         llvm::BasicBlock* after = before->splitBasicBlock(copy, "stream.copied");
@@ -183,8 +189,7 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
         b.SetInsertPoint(loop);
         llvm::PHINode* at = b.CreatePHI(type, 2);
         at->addIncoming(llvm::ConstantInt::get(type, 0), before);
-        llvm::Value* v = b.CreateAlignedLoad(vector, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getSource(), at), source_align);
-        stores.push_back(b.CreateAlignedStore(v, b.CreateInBoundsGEP(b.getInt8Ty(), copy->getDest(), at), llvm::Align(align)));
+        move(at);
         llvm::Value* next = b.CreateNUWAdd(at, llvm::ConstantInt::get(type, align));
         at->addIncoming(next, loop);
         b.CreateCondBr(b.CreateICmpULT(next, whole), loop, after);
@@ -195,15 +200,6 @@ struct StreamStores : llvm::PassInfoMixin<StreamStores> {
           b.CreateMemCpy(b.CreateInBoundsGEP(b.getInt8Ty(), copy->getDest(), whole), llvm::Align(align),
                          b.CreateInBoundsGEP(b.getInt8Ty(), copy->getSource(), whole), source_align, b.CreateSub(length, whole));
         }
-        copy->eraseFromParent();
-        continue;
-      }
-      const uint64_t bytes = llvm::cast<llvm::ConstantInt>(copy->getLength())->getZExtValue();
-      for (uint64_t at = 0; at < bytes; at += align) {
-        llvm::Value* from = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getSource(), at);
-        llvm::Value* to = b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), copy->getDest(), at);
-        llvm::Value* v = b.CreateAlignedLoad(vector, from, llvm::commonAlignment(source_align, at));
-        stores.push_back(b.CreateAlignedStore(v, to, llvm::Align(align)));
       }
       copy->eraseFromParent();
     }

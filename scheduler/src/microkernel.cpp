@@ -5,6 +5,7 @@
 // whose one statement isl's AST leaves as a call, expanded by the translator into what a step does.
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "affine.h"
@@ -447,7 +448,10 @@ class MicrokernelNest {
     // forward's 19 rows, 10 + 9 on two threads, go with its two blocks of 4 images (38 values, 19 + 19),
     // its columns, all 19 of them, then reuse each reduction tile of the weights instead of two blocks
     // times 16 columns (0.438 -> 0.417-0.421 ms on a 2-core Zen 4).
-    if (!band(l2_tb) && !panels && l2_tb > 1 && !band(1)) band(l2_tb);
+    if (!band(l2_tb) && !panels && l2_tb > 1) {
+      const auto kept = std::pair{outer_, other_tile};
+      if (!band(1)) std::tie(outer_, other_tile) = kept;
+    }
     const Tuple L = step_tuple();
     for (size_t k = 0; k < others_.size(); ++k)
       if (other_tile[k] > 1) inner_.push_back(L.var(others_[k]));
