@@ -267,14 +267,16 @@ void BM_OpenBlasSgemm(benchmark::State& state, bool transposed_a) {
 // groups, or with every store through the caches (no non-temporal stores, CpuModel::stream_stores).
 enum class Variant { as_is, unsplit, alone, cached };
 
-// `stop_gradient`: tensors the gradient treats as constants (ad::Options::stop_gradient).
+// `stop_gradient`: tensors the gradient treats as constants (ad::Options::stop_gradient); `prove_zero`:
+// ad::Options::prove_zero_adjoints (false: every adjoint as the rules write it).
 void BM_PolytileStopping(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes,
-                         Variant variant, std::set<std::string> stop_gradient) {
+                         Variant variant, std::set<std::string> stop_gradient, bool prove_zero = true) {
   Program p = parse_program(text);
   if (gradient) {
     ProgramTypes t = infer_types(p, types_of(in));
     ad::Options ao;
     ao.stop_gradient = std::move(stop_gradient);
+    ao.prove_zero_adjoints = prove_zero;
     Program g = ad::vjp(p, ao).program;
     for (const auto& o : p.outputs) in["D" + o] = random_f32(t.tensors.at(o).shape, 9);
     p = g;
@@ -474,10 +476,14 @@ void register_all() {
     benchmark::RegisterBenchmark((std::string("softmax/bwd/") + peer).c_str(), BM_Polytile, kSoftmax, sm_in, true, sm_grad_bytes, variant)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   // The gradient with the row maxima held constant, as jax.nn.softmax's custom JVP and PyTorch's softmax
-  // backward compute it (the maxima's adjoint is zero up to rounding: softmax does not change when a row
-  // is shifted). softmax/bwd above differentiates the program as written, through the maxima too.
+  // backward compute it (the maxima's adjoint is zero in exact arithmetic: softmax does not change when a
+  // row is shifted). Since 2026-12-01 autodiff proves that itself (ad::Options::prove_zero_adjoints), so
+  // softmax/bwd above is the same program; softmax/bwd/through_max is the gradient as the rules write it,
+  // through the maxima too (their adjoint computed as rounding noise and scattered to their arguments).
   benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_PolytileStopping, kSoftmax, sm_in, true, sm_grad_bytes,
-                               Variant::as_is, std::set<std::string>{"M"})->Unit(benchmark::kMillisecond)->UseRealTime();
+                               Variant::as_is, std::set<std::string>{"M"}, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("softmax/bwd/through_max", BM_PolytileStopping, kSoftmax, sm_in, true, sm_grad_bytes,
+                               Variant::as_is, std::set<std::string>{}, false)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap reduce_in{{"X", random_f32({kReduceRows, kReduceColumns}, 8)}};
   const double reduce_bytes = 4.0 * kReduceRows * kReduceColumns;
   for (auto [name, text, algorithm, dst] :

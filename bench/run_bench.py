@@ -6,7 +6,7 @@ the absolute rates with those limits as lines to bench/ratios.png (matplotlib, f
 Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [--frameworks]
                           [-- BENCH ARGS]
 A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
-no_prefetch, unfused, unsplit, alone, cached; on a GPU cublas, cudnn, cudnn_tf32);
+no_prefetch, unfused, unsplit, alone, cached, through_max; on a GPU cublas, cudnn, cudnn_tf32);
 the ratio is polytile's rate over the peer's (above 1: polytile is faster). With --frameworks, JAX and
 PyTorch (bench/framework_peers.py, where they import: run with build/python-venv/bin/python) time the same
 cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them).
@@ -84,7 +84,7 @@ def main():
         i = parts.index("polytile")
         case = "/".join(parts[:i] + parts[i + 1:])
         mine, unit = rate(b)
-        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "no_prefetch", "unfused", "unsplit", "alone", "cached",
+        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "no_prefetch", "unfused", "unsplit", "alone", "cached", "through_max",
                      "cublas", "cudnn", "cudnn_tf32"):
             other = by_name.get("/".join(parts[:i] + [peer] + parts[i + 1:]))
             if other:

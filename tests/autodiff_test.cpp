@@ -560,6 +560,206 @@ TEST(AutodiffTest, GradientsComputeNothingTwice) {
   EXPECT_EQ(ln.find("DD2 * D + DD2 * D"), std::string::npos) << ln;
 }
 
+// ------------------------------------------------------------------------------------ adjoints proven zero
+
+// The largest magnitude in a buffer.
+double largest(const Buffer& b) {
+  double m = 0;
+  for (int64_t e = 0; e < b.size(); ++e) m = std::max(m, std::fabs(b.get(e)));
+  return m;
+}
+
+// What the proof of zero adjoints (Options::prove_zero_adjoints) is checked against: the gradient as the
+// rules write it, every adjoint an output, at random inputs. Each tensor proven zero must have an adjoint
+// there that is zero up to rounding, and the gradients with and without the proof must agree.
+struct ZeroAdjointCheck {
+  std::vector<std::string> proven;     // what the proof found
+  std::map<std::string, double> size;  // as written: the largest magnitude of each tensor's adjoint
+  double scale = 1;                    // 1 + the largest magnitude of any adjoint as written
+};
+
+ZeroAdjointCheck check_zero_adjoints(const std::string& text, const Shapes& shapes, uint64_t seed, Options o = {}) {
+  Program p = parse_program(text, "zero.tile");
+  TensorMap in = random_inputs(shapes, seed);
+  ProgramTypes types = types_of(p, in);
+  Result pruned = vjp(p, o);
+  Options written_options = o;
+  written_options.prove_zero_adjoints = false;
+  written_options.all_adjoints = true;
+  Result written = vjp(p, written_options);
+  TensorMap gin = in;
+  for (size_t i = 0; i < p.outputs.size(); ++i)
+    gin[pruned.program.inputs[p.inputs.size() + i].name] = testing::random_buffer(types.tensors.at(p.outputs[i]).shape, seed + 31 + i);
+  TensorMap a = interpret(pruned.program, gin), b = interpret(written.program, gin);
+  ZeroAdjointCheck r;
+  r.proven = pruned.zero_adjoints;
+  for (const auto& [tensor, adjoint] : written.adjoints) {
+    r.size[tensor] = largest(b.count(adjoint) ? b.at(adjoint) : gin.at(adjoint));  // a head is an input
+    r.scale = std::max(r.scale, 1 + r.size[tensor]);
+  }
+  for (const auto& z : r.proven) {
+    EXPECT_TRUE(r.size.count(z)) << z << "\n" << text;
+    EXPECT_LE(r.size[z], 1e-12 * r.scale) << "the adjoint of " << z << " is proven zero but computes to " << r.size[z] << "\n"
+                                          << text;
+  }
+  for (size_t w = 0; w < pruned.gradients.size(); ++w) {
+    const Buffer &x = a.at(pruned.gradients[w]), &y = b.at(written.gradients[w]);
+    for (int64_t e = 0; e < x.size(); ++e)
+      EXPECT_NEAR(x.get(e), y.get(e), 1e-12 * r.scale) << pruned.gradients[w] << " at " << e << "\n" << text;
+  }
+  return r;
+}
+
+const char* kRowMax = "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n";
+
+// Softmax's row maxima are subtracted and cancel: the outputs do not depend on them, and their adjoint
+// (a reduction, a comparison per element and a scatter to the maxima's arguments) is left out.
+TEST(AutodiffTest, AdjointsProvenZeroAreLeftOut) {
+  const Shapes x = {{"X", {3, 5}}};
+  const std::string softmax_tail = "  E = exp(X - M);\n  S[i, 0 : N, 1] = +(E[i, j]);\n";
+  const std::vector<std::pair<std::string, std::string>> proven = {
+      {"softmax", kSoftmax},
+      {"log-softmax", std::string(kRowMax) + softmax_tail + "  O = X - M - log(S);\n}\n"},
+      {"logsumexp", std::string(kRowMax) + softmax_tail + "  O = M + log(S);\n}\n"},
+      // Literal factors, a square root, abs, relu, max, select on an unmoved condition, and sign and
+      // comparisons (derivative zero): each keeps the factor exp(-M / 2) that the normalization divides out.
+      {"scaled", std::string(kRowMax) +
+                     "  E = sqrt(exp(2 * (X - M) / 2));\n  S[i, 0 : N, 1] = +(E[i, j]);\n  R = relu(E - 0.5 * E) / S;\n"
+                     "  O = select(X > 0, R, abs(-E) / S) + sign(E) + (E > 0) + max(E, R * S) / S;\n}\n"},
+  };
+  for (const auto& [name, text] : proven) {
+    SCOPED_TRACE(name);
+    ZeroAdjointCheck c = check_zero_adjoints(text, x, 3);
+    EXPECT_EQ(c.proven, std::vector<std::string>{"M"});
+    std::string g = print(vjp(parse_program(text)).program);
+    EXPECT_EQ(g.find("== M["), std::string::npos) << g;  // the maxima's scatter is gone
+    Options written;
+    written.prove_zero_adjoints = false;
+    EXPECT_NE(print(vjp(parse_program(text), written).program).find("== M["), std::string::npos);
+    check_vjp(text, x);  // and against finite differences
+  }
+  // The MLP's cross-entropy, through gradient(); all_adjoints gives the proven ones as zeros.
+  Options all;
+  all.all_adjoints = true;
+  Result mlp = gradient(parse_program(kMlp), all);
+  EXPECT_EQ(mlp.zero_adjoints, std::vector<std::string>{"M"});
+  TensorMap out = interpret(mlp.program, random_inputs(kMlpShapes, 4));
+  ASSERT_TRUE(mlp.adjoints.count("M"));
+  EXPECT_EQ(largest(out.at(mlp.adjoints.at("M"))), 0.0);
+  EXPECT_EQ(check_zero_adjoints(kMlp, kMlpShapes, 5).proven, std::vector<std::string>{"M"});
+
+  // Where the outputs do depend on the maxima, nothing is left out (their adjoint as written is far from
+  // zero), and where the proof cannot follow a perturbation (a shift through a sum), it leaves it in.
+  const std::vector<std::pair<std::string, std::string>> kept = {
+      {"unnormalized", std::string(kRowMax) + "  O = exp(X - M);\n}\n"},
+      {"shift over scale", std::string(kRowMax) + softmax_tail + "  O = (X - M) / S;\n}\n"},
+      {"normalized over the other axis", std::string(kRowMax) + "  E = exp(X - M);\n  S[0, j : 1, C] = +(E[i, j]);\n  O = E / S;\n}\n"},
+      {"shift and scale added", std::string(kRowMax) + softmax_tail + "  O = E / S + M;\n}\n"},
+      {"shift through relu", std::string(kRowMax) + "  O = relu(X - M) + M;\n}\n"},
+      {"shift through a sum", std::string(kRowMax) + "  D = X - M;\n  S[i, 0 : N, 1] = +(D[i, j]);\n  O = D - S;\n}\n"},
+      {"power of the factor", std::string(kRowMax) + softmax_tail + "  O = E / sqrt(S);\n}\n"},
+      {"sum with a default", "function (X[N, C], D[N, 1]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n" + softmax_tail +
+                                 "  T[i, 0 : N, 1] = +(E[i, j]) default D;\n  O = E / T;\n}\n"},
+  };
+  for (const auto& [name, text] : kept) {
+    SCOPED_TRACE(name);
+    const Shapes shapes = name == "sum with a default" ? Shapes{{"X", {3, 5}}, {"D", {3, 1}}} : x;
+    ZeroAdjointCheck c = check_zero_adjoints(text, shapes, 7);
+    EXPECT_TRUE(c.proven.empty());
+    EXPECT_GT(c.size["M"], 1e-3) << "not a case whose maxima matter";
+  }
+  // Centering by the row mean is shift-invariant too, but the proof does not follow shifts through sums.
+  ZeroAdjointCheck centered = check_zero_adjoints(
+      std::string(kRowMax) + "  D = X - M;\n  S[i, 0 : N, 1] = +(D[i, j]);\n  O = D - S / 5;\n}\n", x, 7);
+  EXPECT_TRUE(centered.proven.empty());
+
+  // The user's derivatives win: with the maxima (or the normalizer) a constant, an override reading them,
+  // or a hook, nothing is proven.
+  Options stop;
+  stop.stop_gradient = {"S"};
+  EXPECT_TRUE(check_zero_adjoints(kSoftmax, x, 8, stop).proven.empty());
+  Options ov;
+  ov.overrides["E"] = Override{{"X", "M"}, [](DerivativeContext& ctx) {
+                                 std::string dx = ctx.fresh("DEX"), dm = ctx.fresh("DEM");
+                                 ctx.emit(dx + " = " + ctx.head() + " * E;\n" + dm + "[i, 0 : N, 1] = +(" + ctx.head() + "[i, j]);");
+                                 return std::vector<std::string>{dx, dm};
+                               }};
+  EXPECT_TRUE(vjp(parse_program(kSoftmax), ov).zero_adjoints.empty());
+  Options hook;
+  hook.hook = [](const Statement&, DerivativeContext&) -> std::optional<std::map<std::string, std::string>> { return std::nullopt; };
+  EXPECT_TRUE(vjp(parse_program(kSoftmax), hook).zero_adjoints.empty());
+  Options mixed;
+  mixed.mixed_mode = true;
+  EXPECT_EQ(check_zero_adjoints(kSoftmax, x, 9, mixed).proven, std::vector<std::string>{"M"});
+}
+
+// Random programs built from softmax's pieces (rows, their maxima, exponentials, row sums and maxima,
+// logarithms and square roots of positive values, products, quotients, relu, abs, select): every adjoint
+// the proof calls zero computes to zero up to rounding in the gradient as written, and the gradients with
+// and without the proof agree. Both outcomes must occur often.
+TEST(AutodiffTest, RandomProgramsAdjointsProvenZeroAreZero) {
+  const uint64_t seed = 12012026;
+  std::mt19937_64 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  int proven = 0, kept = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    struct Value {
+      std::string name;
+      bool row, positive, small;  // shape [N, 1]; > 0; |v| <= 4 on inputs in [-1, 1]
+    };
+    std::vector<Value> pool = {{"X", false, false, true}, {"Y", false, false, true}, {"M", true, false, true},
+                               {"E", false, true, false}, {"S", true, true, false},  {"P", false, true, false},
+                               {"L", false, false, false}, {"D", false, false, true},
+                               {"R", true, false, false}};
+    std::string body = std::string(
+        "  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n  S[i, 0 : N, 1] = +(E[i, j]);\n  P = E / S;\n"
+        "  L = X - M - log(S);\n  D = X - M;\n  R[i, 0 : N, 1] = +(D[i, j]);\n");
+    const int statements = 2 + static_cast<int>(pick(5));
+    for (int s = 0; s < statements; ++s) {
+      const std::string name = "T" + std::to_string(s);
+      const Value a = pool[pick(pool.size())], b = pool[pick(pool.size())];
+      Value v{name, a.row && b.row, false, false};
+      std::string expr;
+      switch (pick(9)) {
+        case 0: expr = a.name + " - " + b.name, v.small = a.small && b.small && s < 2; break;
+        case 1: expr = a.name + " + " + b.name, v.small = a.small && b.small && s < 2, v.positive = a.positive && b.positive; break;
+        case 2: expr = a.name + " * " + b.name, v.positive = a.positive && b.positive; break;
+        case 3:
+          if (!b.positive) continue;
+          expr = a.name + " / " + b.name, v.positive = a.positive;
+          break;
+        case 4:
+          if (!a.small) continue;
+          expr = "exp(" + a.name + ")", v.positive = true;
+          break;
+        case 5:
+          if (!a.positive) continue;
+          expr = pick(2) ? "log(" + a.name + ")" : "sqrt(" + a.name + ")", v.positive = expr[0] == 's', v.row = a.row;
+          break;
+        case 6: expr = (pick(2) ? "relu(" : "abs(") + a.name + ")", v.small = a.small, v.row = a.row; break;
+        case 7: expr = "select(Y > 0, " + a.name + ", " + b.name + ")", v.row = false, v.positive = a.positive && b.positive; break;
+        default:
+          if (a.row) continue;
+          body += "  " + name + "[i, 0 : N, 1] = " + (pick(2) ? "+" : ">") + "(" + a.name + "[i, j]);\n";
+          pool.push_back({name, true, a.positive, false});
+          continue;
+      }
+      body += "  " + name + " = " + expr + ";\n";
+      pool.push_back(v);
+    }
+    const std::string text = "function (X[N, C], Y[N, C]) -> (" + pool.back().name + ") {\n" + body + "}\n";
+    SCOPED_TRACE("seed " + std::to_string(seed) + " iteration " + std::to_string(iter));
+    ZeroAdjointCheck c = check_zero_adjoints(text, {{"X", {3, 4}}, {"Y", {3, 4}}}, seed + iter);
+    if (::testing::Test::HasFailure()) return;
+    const bool m_proven = std::count(c.proven.begin(), c.proven.end(), "M") != 0;
+    if (m_proven) ++proven;
+    if (!m_proven && c.size.count("M") && c.size["M"] > 1e-6 * c.scale) ++kept;
+  }
+  std::cout << "maxima proven zero in " << proven << " programs, kept (and non-zero) in " << kept << "\n";
+  EXPECT_GE(proven, 30);
+  EXPECT_GE(kept, 30);
+}
+
 TEST(AutodiffTest, DeterministicText) {
   Program p = parse_program(kMlp);
   EXPECT_EQ(print(vjp(p).program), print(vjp(p).program));

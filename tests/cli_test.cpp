@@ -171,6 +171,21 @@ TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
   EXPECT_NE(limited.out.find(", ... (2 more)]"), std::string::npos) << limited.out;
 }
 
+// grad leaves out the softmax maxima's adjoint (proven zero) unless asked to keep it; both run and agree.
+TEST(CliTest, GradLeavesOutAdjointsProvenZero) {
+  const std::string softmax = kExamples + "softmax.tile";
+  Result pruned = cli({"grad", softmax}), kept = cli({"grad", softmax, "--keep-zero-adjoints"});
+  ASSERT_EQ(pruned.code, 0) << pruned.err;
+  ASSERT_EQ(kept.code, 0) << kept.err;
+  EXPECT_EQ(pruned.out.find("== M["), std::string::npos) << pruned.out;
+  EXPECT_NE(kept.out.find("X[i, j] == M[i, 0] ? GM[i, 0]"), std::string::npos) << kept.out;
+  std::ofstream(temp("pruned.tile")) << pruned.out;
+  std::ofstream(temp("kept.tile")) << kept.out;
+  TensorMap in{{"X", testing::random_buffer({3, 6}, 5)}, {"DO", testing::random_buffer({3, 6}, 6)}};
+  Buffer a = interpret(parse_file(temp("pruned.tile")), in).at("DX"), b = interpret(parse_file(temp("kept.tile")), in).at("DX");
+  for (int64_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a.get(e), b.get(e), 1e-12);
+}
+
 TEST(CliTest, LowerPrintsEveryStage) {
   std::string grad = kExamples + "conv2d_strided_dilated_grad_input.tile";
   std::vector<std::string> shapes = {"--shape", "DO=2x3x3x7", "--shape", "K=2x2x5x7"};

@@ -192,6 +192,7 @@ no LLVM, isl, NTL or polytile library.
 )";
 
 const char* kGradHelp = R"(usage: polytile grad FILE.tile [--wrt A,B] [--emit tile|defracted] [--mode reverse|mixed|forward] [--verify]
+                    [--keep-zero-adjoints]
 
 Prints the derivative of FILE.tile as a Tile program that `polytile run` runs. For
   function (I, K) -> (O)
@@ -203,6 +204,10 @@ products), forward mode prints  function (I, K, TI, TK) -> (TO)  (Jacobian-vecto
                  output element written once, integer coefficients only
   --mode MODE    reverse (default), mixed (dual-number partials for elementwise statements) or forward
   --verify       prove reduce and defract of every gradient contraction with isl, for all sizes
+  --keep-zero-adjoints
+                 also compute the adjoints of tensors the outputs provably do not depend on (softmax's
+                 row maxima: zero in exact arithmetic, rounding noise as computed), as the rules write
+                 them; by default they are left out (reverse and mixed modes)
 )";
 
 struct Args {
@@ -444,6 +449,8 @@ int cmd_grad(const Args& a, std::ostream& out) {
       request.mode = value;
     } else if (opt == "--verify") {
       request.verify = true;
+    } else if (opt == "--keep-zero-adjoints") {
+      request.prove_zero_adjoints = false;
     } else {
       user_error("grad: unknown option ", opt);
     }
@@ -754,7 +761,8 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time" || s == "--no-cache") {
+    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time" || s == "--no-cache" ||
+               s == "--keep-zero-adjoints") {
       a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0 || s == "-o") {
       std::string opt = s, value;

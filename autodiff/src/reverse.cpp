@@ -8,6 +8,7 @@
 
 #include "builder.h"
 #include "derivatives.h"
+#include "invariance.h"
 #include "polytile/autodiff.h"
 #include "polytile/cse.h"
 #include "polytile/error.h"
@@ -52,7 +53,9 @@ class ReverseMode {
     }
     std::map<std::string, std::string> reserved;  // wrt input -> D<input>
     for (const auto& w : wrt) reserved[w] = b_.fresh("D" + w);
-    mark_requirements(wrt);
+    std::set<std::string> observed;
+    for (const auto& [tensor, head] : seeds) observed.insert(tensor);
+    mark_requirements(wrt, observed);
     if (options_.mixed_mode) insert_partials();
     for (const auto& [tensor, head] : seeds) contributions_[tensor].push_back(head);
 
@@ -82,7 +85,9 @@ class ReverseMode {
       adjoints_[w] = name;
     }
     b_.program.outputs = r.gradients;
+    r.zero_adjoints.assign(zero_.begin(), zero_.end());
     if (options_.all_adjoints) {
+      for (const auto& z : zero_) adjoints_[z] = b_.zeros(z, prefix_, "D" + z);
       for (const auto& [tensor, adjoint] : adjoints_) {
         if (std::find(b_.program.outputs.begin(), b_.program.outputs.end(), adjoint) != b_.program.outputs.end()) continue;
         bool is_input = false;
@@ -105,11 +110,46 @@ class ReverseMode {
   Builder& builder() { return b_; }
 
  private:
-  // Which tensors carry adjoint: those depending on a wrt input (through overrides' dependencies too).
-  void mark_requirements(const std::vector<std::string>& wrt) {
+  // Which tensors carry adjoint: those depending on a wrt input (through overrides' dependencies too), less
+  // those whose adjoint is proven zero (invariance.h): no statement computes it, and what depends on a wrt
+  // input only through them carries none either.
+  void mark_requirements(const std::vector<std::string>& wrt, const std::set<std::string>& observed) {
+    mark_dependents(wrt);
+    if (!options_.prove_zero_adjoints || options_.hook) return;  // a hook's derivatives are unknown here
+    InvarianceQuery query;
+    query.program = &forward_;
+    query.shapes = &b_.shapes;
+    query.observed = observed;
+    query.constant = options_.stop_gradient;
+    for (const auto& [name, ov] : options_.overrides) {
+      query.opaque.insert(name);
+      query.dependencies[name] = ov.dependencies;
+    }
+    // Candidates: tensors between a wrt input and an observed output (an adjoint would reach them).
+    std::set<std::string> reaching = observed;
+    for (auto it = forward_.statements.rbegin(); it != forward_.statements.rend(); ++it) {
+      const std::string& out = statement_output(*it);
+      if (!reaching.count(out)) continue;
+      for (const auto& d : statement_operands(*it)) reaching.insert(d);
+      auto ov = options_.overrides.find(out);
+      if (ov != options_.overrides.end()) reaching.insert(ov->second.dependencies.begin(), ov->second.dependencies.end());
+    }
+    for (const auto& st : forward_.statements) {
+      const std::string& out = statement_output(st);
+      if (requires_.count(out) && reaching.count(out) && !options_.stop_gradient.count(out) &&
+          observed_outputs_ignore(query, out))
+        zero_.insert(out);
+    }
+    if (zero_.empty()) return;
+    requires_.clear();
+    mark_dependents(wrt);
+  }
+
+  void mark_dependents(const std::vector<std::string>& wrt) {
     requires_.insert(wrt.begin(), wrt.end());
     for (const auto& st : forward_.statements) {
       const std::string& out = statement_output(st);
+      if (zero_.count(out)) continue;
       std::vector<std::string> deps = statement_operands(st);
       auto ov = options_.overrides.find(out);
       if (ov != options_.overrides.end()) deps = ov->second.dependencies;
@@ -386,6 +426,7 @@ class ReverseMode {
   Builder b_;
   std::vector<DimExpr> prefix_;
   std::set<std::string> requires_;
+  std::set<std::string> zero_;  // tensors whose adjoint is proven zero
   std::map<std::string, std::vector<std::string>> contributions_;
   std::set<std::string> contributions_made_;
   std::map<std::string, std::string> adjoints_;

@@ -76,6 +76,7 @@ Program gradient(const Program& program, const GradRequest& request) {
   options.wrt = request.wrt;
   options.verify = request.verify;
   options.reduce_and_defract = request.reduce_and_defract;
+  options.prove_zero_adjoints = request.prove_zero_adjoints;
   if (request.mode == "forward") {
     if (!request.reduce_and_defract) user_error("forward mode gives the defracted form only");
     return ad::jvp(program, request.wrt, request.verify).program;

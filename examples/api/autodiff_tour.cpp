@@ -1,5 +1,5 @@
 // Differentiating Tile programs from C++: a vjp, the gradient of a scalar loss, a full Jacobian, an
-// override written in Tile text, and forward mode.
+// override written in Tile text, forward mode, and an adjoint proven zero.
 #include <polytile/autodiff.h>
 #include <polytile/interpreter.h>
 #include <polytile/parser.h>
@@ -38,5 +38,15 @@ int main() {
 
   // 5. Forward mode: function (X, TX) -> (TL).
   std::cout << print(ad::jvp(loss).program);
-  return dx.get(0) == 1.0 && custom.get(1) == 2.0 ? 0 : 1;
+
+  // 6. Log-softmax: its output does not depend on the row maxima M (shift a row's maximum and the log of
+  // the sum moves by as much), so M's adjoint is zero and the gradient has no statement for it.
+  Program log_softmax = parse_program(
+      "function (X[N, C]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M);"
+      "  S[i, 0 : N, 1] = +(E[i, j]); O = X - M - log(S); }");
+  ad::Result ls = ad::vjp(log_softmax);
+  std::cout << print(ls.program) << "adjoints proven zero:";
+  for (const auto& t : ls.zero_adjoints) std::cout << " " << t;
+  std::cout << "\n";
+  return dx.get(0) == 1.0 && custom.get(1) == 2.0 && ls.zero_adjoints == std::vector<std::string>{"M"} ? 0 : 1;
 }

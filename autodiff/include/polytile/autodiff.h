@@ -14,6 +14,8 @@
 // Elementwise statements are differentiated node by node; broadcast operands get their adjoint summed
 // over the broadcast dimensions. Comparisons, floor, ceil, round, sign and casts to integers have
 // derivative zero. Anything else is refused with a UserError naming the statement, never silently zero.
+// A tensor whose adjoint is proven zero (the outputs do not change when it moves: softmax's row maxima;
+// Options::prove_zero_adjoints) gets no adjoint statements at all.
 //
 // Forward mode (jvp) propagates tangents through the same rules. Mixed mode (Options::mixed_mode, after
 // seed 003): for each elementwise statement T = f(X1..XN) the N partials df/dXi are computed as dual
@@ -70,7 +72,14 @@ struct Options {
   DerivativeHook hook;
   std::set<std::string> stop_gradient;           // tensors whose adjoint is not propagated further
   bool all_adjoints = false;                     // also output the adjoint of every intermediate tensor
+                                                 // (zeros for those proven zero)
   bool mixed_mode = false;                       // dual-number partials for elementwise statements
+  // Tensors that the differentiated outputs provably do not depend on (the outputs are unchanged by any
+  // shift of them, followed exactly through the forward statements: softmax's and log-softmax's row
+  // maxima) get no adjoint statements: their adjoint is zero in exact arithmetic, and the rules would spend
+  // a reduction, a comparison per element and a scatter computing it as rounding noise. Off: every
+  // adjoint as the rules write it. Not with a hook (its derivatives are unknown to the proof).
+  bool prove_zero_adjoints = true;
   bool reduce_and_defract = true;                // clean up the gradient contractions
   bool verify = false;                           // prove that clean-up with isl for all sizes (passes.h)
 };
@@ -79,6 +88,7 @@ struct Result {
   Program program;
   std::vector<std::string> gradients;          // program outputs holding d/d(wrt[i]), in order
   std::map<std::string, std::string> adjoints;  // tensor -> program output holding its adjoint
+  std::vector<std::string> zero_adjoints;       // tensors whose adjoint was proven zero (prove_zero_adjoints)
 };
 
 // function (inputs..., D<outputs>...) -> (D<wrt>...): vector-Jacobian products of all outputs.

@@ -45,6 +45,7 @@ struct GradRequest {
   std::string mode = "reverse";  // reverse (vjp), mixed (reverse with dual-number partials), forward (jvp)
   bool reduce_and_defract = true;  // false: the gradient as generated (reverse and mixed modes only)
   bool verify = false;
+  bool prove_zero_adjoints = true;  // false: also the adjoints proven zero, as the rules write them
 };
 
 // The gradient program of `program` (autodiff.h: vjp, or jvp in forward mode). UserError for an unknown
