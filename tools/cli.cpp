@@ -207,7 +207,7 @@ products), forward mode prints  function (I, K, TI, TK) -> (TO)  (Jacobian-vecto
   --keep-zero-adjoints
                  also compute the adjoints of tensors the outputs provably do not depend on (softmax's
                  row maxima: zero in exact arithmetic, rounding noise as computed), as the rules write
-                 them; by default they are left out (reverse and mixed modes)
+                 them (in forward mode: their tangents); by default they are left out
 )";
 
 struct Args {

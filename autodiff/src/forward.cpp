@@ -7,6 +7,7 @@
 
 #include "builder.h"
 #include "derivatives.h"
+#include "invariance.h"
 #include "polytile/autodiff.h"
 #include "polytile/cse.h"
 #include "polytile/error.h"
@@ -19,6 +20,18 @@ namespace {
 class ForwardMode {
  public:
   ForwardMode(const Program& p, bool verify) : forward_(p), b_(p), verify_(verify) { b_.program.statements.clear(); }
+
+  // Tensors no output depends on (invariance.h) get no tangent: what they would pass on cancels exactly.
+  void prove_zero_tangents() {
+    InvarianceQuery query;
+    query.program = &forward_;
+    query.shapes = &b_.shapes;
+    query.observed.insert(forward_.outputs.begin(), forward_.outputs.end());
+    for (const auto& st : forward_.statements) {
+      const std::string& out = statement_output(st);
+      if (!query.observed.count(out) && observed_outputs_ignore(query, out)) zero_.insert(out);
+    }
+  }
 
   Result run(const std::vector<std::string>& inputs) {
     std::vector<std::string> names;  // T<output>, reserved first
@@ -35,6 +48,12 @@ class ForwardMode {
     }
     for (const auto& st : forward_.statements) {
       b_.add(st);
+      if (zero_.count(statement_output(st))) {
+        std::vector<std::string> operands = statement_operands(st);
+        if (std::any_of(operands.begin(), operands.end(), [&](const std::string& o) { return has(o); }))
+          proven_.push_back(statement_output(st));
+        continue;
+      }
       if (const auto* e = std::get_if<Elementwise>(&st)) {
         elementwise(*e);
       } else {
@@ -69,6 +88,7 @@ class ForwardMode {
     validate(b_.program);
     r.program = b_.program;
     r.adjoints = tangent_;
+    r.zero_adjoints = proven_;
     return r;
   }
 
@@ -234,17 +254,21 @@ class ForwardMode {
   Builder b_;
   std::map<std::string, std::string> tangent_;
   std::set<std::string> made_;  // tangent tensors this pass created (free to rename)
+  std::set<std::string> zero_;        // tensors whose tangent is proven not to reach the outputs
+  std::vector<std::string> proven_;   // those of them a tangent would have reached
   bool verify_;
 };
 
 }  // namespace
 
-Result jvp(const Program& program, const std::vector<std::string>& tangents, bool verify) {
+Result jvp(const Program& program, const std::vector<std::string>& tangents, bool verify, bool prove_zero_tangents) {
   validate(program);
   std::vector<std::string> inputs = tangents;
   if (inputs.empty())
     for (const auto& p : program.inputs) inputs.push_back(p.name);
-  return ForwardMode(program, verify).run(inputs);
+  ForwardMode mode(program, verify);
+  if (prove_zero_tangents) mode.prove_zero_tangents();
+  return mode.run(inputs);
 }
 
 }  // namespace polytile::ad

@@ -79,7 +79,7 @@ Program gradient(const Program& program, const GradRequest& request) {
   options.prove_zero_adjoints = request.prove_zero_adjoints;
   if (request.mode == "forward") {
     if (!request.reduce_and_defract) user_error("forward mode gives the defracted form only");
-    return ad::jvp(program, request.wrt, request.verify).program;
+    return ad::jvp(program, request.wrt, request.verify, request.prove_zero_adjoints).program;
   }
   if (request.mode != "reverse" && request.mode != "mixed")
     user_error("unknown gradient mode '", request.mode, "' (reverse, mixed, forward)");

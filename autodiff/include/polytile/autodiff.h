@@ -88,7 +88,7 @@ struct Result {
   Program program;
   std::vector<std::string> gradients;          // program outputs holding d/d(wrt[i]), in order
   std::map<std::string, std::string> adjoints;  // tensor -> program output holding its adjoint
-  std::vector<std::string> zero_adjoints;       // tensors whose adjoint was proven zero (prove_zero_adjoints)
+  std::vector<std::string> zero_adjoints;       // tensors whose adjoint (jvp: tangent) was proven zero
 };
 
 // function (inputs..., D<outputs>...) -> (D<wrt>...): vector-Jacobian products of all outputs.
@@ -105,7 +105,10 @@ Result differentiate(const Program& program, const std::string& output, const Op
                      std::optional<size_t> head_prefix_rank = std::nullopt);
 
 // Forward mode: function (inputs..., T<tangent inputs>...) -> (T<outputs>...): Jacobian-vector products.
-// `tangents` lists the inputs that get a tangent (empty: all); `verify` proves the clean-up with isl.
-Result jvp(const Program& program, const std::vector<std::string>& tangents = {}, bool verify = false);
+// `tangents` lists the inputs that get a tangent (empty: all); `verify` proves the clean-up with isl;
+// `prove_zero_tangents`: tensors the outputs provably do not depend on (as Options::prove_zero_adjoints)
+// get no tangent statements (their tangents' contributions cancel exactly), listed in Result::zero_adjoints.
+Result jvp(const Program& program, const std::vector<std::string>& tangents = {}, bool verify = false,
+           bool prove_zero_tangents = true);
 
 }  // namespace polytile::ad
