@@ -117,13 +117,15 @@ class Program:
         """Every tensor's (shape, dtype name) for inputs of the given types."""
         return {name: (tuple(shape), dtype) for name, (shape, dtype) in self._program.types(_types(inputs)).items()}
 
-    def grad(self, wrt=None, mode="reverse", reduce_and_defract=True, verify=False):
+    def grad(self, wrt=None, mode="reverse", reduce_and_defract=True, verify=False, keep_zero_adjoints=False):
         """The gradient program. Reverse (and mixed) mode: ``function (inputs..., D<outputs>...) ->
         (D<wrt>...)``, the vector-Jacobian products; forward mode: the Jacobian-vector products.
         ``wrt`` is an input name or a list of them (default: every input); ``reduce_and_defract=False``
-        gives the gradient as generated, before the lattice passes; ``verify`` proves every rewrite."""
+        gives the gradient as generated, before the lattice passes; ``verify`` proves every rewrite.
+        Tensors the outputs provably do not depend on (softmax's row maxima) get no adjoint (tangent)
+        statements; ``keep_zero_adjoints=True`` computes them as the rules write them."""
         names = [wrt] if isinstance(wrt, str) else list(wrt or [])
-        return Program(self._program.grad(names, mode, reduce_and_defract, verify))
+        return Program(self._program.grad(names, mode, reduce_and_defract, verify, keep_zero_adjoints))
 
     def lower(self, stage, target=None, verify=False, **types):
         """The text of one compiler stage (see :func:`stages`): tile, isl, reduced, defracted, lowered,

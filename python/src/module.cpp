@@ -207,10 +207,10 @@ NB_MODULE(_polytile, m) {
         return out;
       }, nb::arg("inputs"))
       .def("grad", [](const PyProgram& p, const std::vector<std::string>& wrt, const std::string& mode, bool reduce_and_defract,
-                      bool verify) {
-        driver::GradRequest r{wrt, mode, reduce_and_defract, verify};
+                      bool verify, bool keep_zero_adjoints) {
+        driver::GradRequest r{wrt, mode, reduce_and_defract, verify, !keep_zero_adjoints};
         return PyProgram{driver::gradient(p.program, r)};
-      }, nb::arg("wrt"), nb::arg("mode"), nb::arg("reduce_and_defract"), nb::arg("verify"))
+      }, nb::arg("wrt"), nb::arg("mode"), nb::arg("reduce_and_defract"), nb::arg("verify"), nb::arg("keep_zero_adjoints"))
       .def("lower", [](const PyProgram& p, const std::string& stage, const std::map<std::string, PyType>& inputs,
                        const std::string& target, bool verify) {
         driver::StageRequest r;

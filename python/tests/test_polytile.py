@@ -83,6 +83,13 @@ def test_gradient_is_the_command_lines_reduced_and_defracted_one():
     assert raw == cli("grad", SEED_CONV, "--wrt", "I", "--emit", "tile").stdout and raw != dI
 
 
+def test_zero_adjoints_are_left_out_unless_kept():
+    softmax = polytile.Program.from_file(ROOT / "examples" / "softmax.tile")
+    pruned, kept = softmax.grad().text, softmax.grad(keep_zero_adjoints=True).text
+    assert pruned == cli("grad", ROOT / "examples" / "softmax.tile").stdout
+    assert "== M[" not in pruned and "== M[" in kept
+
+
 def test_every_stage_is_the_command_lines():
     shapes = {"I": ((2, 9, 9, 5), "f32"), "K": ((2, 2, 5, 7), "f32")}
     conv = polytile.Program.from_file(SEED_CONV)
