@@ -707,6 +707,17 @@ TEST(AutodiffTest, AdjointsProvenZeroAreLeftOut) {
     for (int64_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a.get(e), b.get(e), 1e-12) << e;
   }
   EXPECT_TRUE(jvp(parse_program(std::string(kRowMax) + "  O = exp(X - M);\n}\n")).zero_adjoints.empty());
+
+  // The full Jacobian (differentiate without a head) leaves the maxima out too, and equals the one through them.
+  Program sm = parse_program(kSoftmax);
+  Options through;
+  through.prove_zero_adjoints = false;
+  Result jac = differentiate(sm, "O"), jac_through = differentiate(sm, "O", through);
+  EXPECT_EQ(jac.zero_adjoints, std::vector<std::string>{"M"});
+  TensorMap jin = random_inputs(x, 12);
+  Buffer ja = interpret(jac.program, jin).at(jac.gradients[0]), jb = interpret(jac_through.program, jin).at(jac_through.gradients[0]);
+  ASSERT_EQ(ja.shape(), (std::vector<int64_t>{3, 5, 3, 5}));
+  for (int64_t e = 0; e < ja.size(); ++e) EXPECT_NEAR(ja.get(e), jb.get(e), 1e-12) << e;
 }
 
 // Random programs built from softmax's pieces (rows, their maxima, exponentials, row sums and maxima,
