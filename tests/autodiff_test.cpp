@@ -597,8 +597,7 @@ ZeroAdjointCheck check_zero_adjoints(const std::string& text, const Shapes& shap
     r.size[tensor] = largest(b.count(adjoint) ? b.at(adjoint) : gin.at(adjoint));  // a head is an input
     r.scale = std::max(r.scale, 1 + r.size[tensor]);
   }
-  for (const auto& z : r.proven) {
-    EXPECT_TRUE(r.size.count(z)) << z << "\n" << text;
+  for (const auto& z : r.proven) {  // no adjoint as written: nothing reached it, so it is zero too
     EXPECT_LE(r.size[z], 1e-12 * r.scale) << "the adjoint of " << z << " is proven zero but computes to " << r.size[z] << "\n"
                                           << text;
   }
@@ -626,11 +625,16 @@ TEST(AutodiffTest, AdjointsProvenZeroAreLeftOut) {
       {"scaled", std::string(kRowMax) +
                      "  E = sqrt(exp(2 * (X - M) / 2));\n  S[i, 0 : N, 1] = +(E[i, j]);\n  R = relu(E - 0.5 * E) / S;\n"
                      "  O = select(X > 0, R, abs(-E) / S) + sign(E) + (E > 0) + max(E, R * S) / S;\n}\n"},
+      // What the proof cannot follow (tanh of a shift) is stopped by a comparison, as its adjoint is.
+      {"stopped by a comparison", std::string(kRowMax) + softmax_tail + "  T = tanh(X - M);\n  O = E / S + (T > 0.5);\n}\n"},
+  };
+  auto expected = [](const std::string& name) {
+    return name == "stopped by a comparison" ? std::vector<std::string>{"M", "T"} : std::vector<std::string>{"M"};
   };
   for (const auto& [name, text] : proven) {
     SCOPED_TRACE(name);
     ZeroAdjointCheck c = check_zero_adjoints(text, x, 3);
-    EXPECT_EQ(c.proven, std::vector<std::string>{"M"});
+    EXPECT_EQ(c.proven, expected(name));
     std::string g = print(vjp(parse_program(text)).program);
     EXPECT_EQ(g.find("== M["), std::string::npos) << g;  // the maxima's scatter is gone
     Options written;
@@ -697,7 +701,7 @@ TEST(AutodiffTest, AdjointsProvenZeroAreLeftOut) {
     SCOPED_TRACE(name + " forward");
     Program p = parse_program(text);
     Result pruned = jvp(p), written = jvp(p, {}, false, false);
-    EXPECT_EQ(pruned.zero_adjoints, std::vector<std::string>{"M"});
+    EXPECT_EQ(pruned.zero_adjoints, expected(name));
     EXPECT_TRUE(written.zero_adjoints.empty());
     EXPECT_FALSE(pruned.adjoints.count("M"));
     EXPECT_TRUE(written.adjoints.count("M"));

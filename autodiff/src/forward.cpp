@@ -27,10 +27,9 @@ class ForwardMode {
     query.program = &forward_;
     query.shapes = &b_.shapes;
     query.observed.insert(forward_.outputs.begin(), forward_.outputs.end());
-    for (const auto& st : forward_.statements) {
-      const std::string& out = statement_output(st);
-      if (!query.observed.count(out) && observed_outputs_ignore(query, out)) zero_.insert(out);
-    }
+    std::set<std::string> candidates;
+    for (const auto& st : forward_.statements) candidates.insert(statement_output(st));
+    zero_ = tensors_observed_outputs_ignore(query, candidates);
   }
 
   Result run(const std::vector<std::string>& inputs) {

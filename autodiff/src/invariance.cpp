@@ -81,9 +81,75 @@ std::optional<Rational> dyadic_literal(const Expr& e) {
   return std::nullopt;
 }
 
+// Comparisons, sign, floor, ceil, round and casts to integers: derivative zero in the rules, so no
+// perturbation passes them, whatever it is.
+bool is_piecewise_constant(const Expr& e) {
+  if (e.kind() == Expr::Kind::binary) {
+    switch (e.binary_op()) {
+      case BinaryOp::eq:
+      case BinaryOp::ne:
+      case BinaryOp::lt:
+      case BinaryOp::gt:
+      case BinaryOp::le:
+      case BinaryOp::ge: return true;
+      default: return false;
+    }
+  }
+  if (e.kind() != Expr::Kind::call) return false;
+  switch (e.intrinsic()) {
+    case Intrinsic::sign:
+    case Intrinsic::floor:
+    case Intrinsic::ceil:
+    case Intrinsic::round: return true;
+    case Intrinsic::cast: return !is_float(e.cast_type());
+    default: return false;
+  }
+}
+
+// Whether `tensor` is read somewhere in `e` outside every piecewise-constant node (an unknown
+// perturbation of it then makes e's unknown).
+bool read_outside_piecewise_constant(const Expr& e, const std::string& tensor) {
+  if (e.is_null() || is_piecewise_constant(e)) return false;
+  if (e.kind() == Expr::Kind::tensor) return e.name() == tensor;
+  if (e.kind() == Expr::Kind::literal || e.kind() == Expr::Kind::dim) return false;
+  for (const auto& a : e.args())
+    if (read_outside_piecewise_constant(a, tensor)) return true;
+  return false;
+}
+
+// The tensors from which an unknown perturbation reaches an observed output as unknown, whatever else
+// moves: every observed output, and every operand that a statement producing one of them reads where
+// nothing piecewise constant stands in between. A candidate's proof stops as soon as such a tensor moves
+// in an unknown way (the analysis then costs a few statements, not the rest of the program).
+std::set<std::string> doomed_tensors(const InvarianceQuery& q) {
+  std::set<std::string> doomed;
+  for (const auto& o : q.observed)
+    if (!q.constant.count(o)) doomed.insert(o);
+  const auto& statements = q.program->statements;
+  for (auto it = statements.rbegin(); it != statements.rend(); ++it) {
+    const std::string& out = statement_output(*it);
+    if (!doomed.count(out) || q.constant.count(out)) continue;
+    if (q.opaque.count(out)) {
+      for (const auto& r : statement_operands(*it)) doomed.insert(r);
+      auto d = q.dependencies.find(out);
+      if (d != q.dependencies.end()) doomed.insert(d->second.begin(), d->second.end());
+    } else if (const auto* e = std::get_if<Elementwise>(&*it)) {
+      for (const auto& r : statement_operands(*it))
+        if (read_outside_piecewise_constant(e->expr, r)) doomed.insert(r);
+    } else {
+      const auto& c = std::get<Contraction>(*it);
+      if (c.init) doomed.insert(*c.init);
+      if (c.combination != CombinationOp::eq || c.init)
+        for (const auto& a : c.inputs) doomed.insert(a.tensor);
+    }
+  }
+  return doomed;
+}
+
 class Propagation {
  public:
-  Propagation(const InvarianceQuery& q, const std::string& moved) : q_(q) {
+  Propagation(const InvarianceQuery& q, const std::set<std::string>& doomed, const std::string& moved)
+      : q_(q), doomed_(doomed) {
     const auto& shape = q.shapes->at(moved);
     std::vector<Polynomial> at;
     for (size_t k = 0; k < shape.size(); ++k) at.push_back(is_one(shape[k]) ? Polynomial(0) : Polynomial::index(element_var(k)));
@@ -103,6 +169,7 @@ class Propagation {
       Effect e = statement_effect(st);
       if (q_.constant.count(out)) e = Effect::none();
       if (q_.observed.count(out) && !e.is(Effect::Kind::none)) return false;
+      if (e.is(Effect::Kind::unknown) && doomed_.count(out)) return false;
       if (!e.is(Effect::Kind::none)) effects_[out] = e;
     }
     return !q_.observed.count(moved_);
@@ -152,6 +219,7 @@ class Propagation {
 
   Effect binary_effect(const Expr& e) const {
     using K = Effect::Kind;
+    if (is_piecewise_constant(e)) return Effect::none();
     Effect a = expr_effect(e.args()[0]), b = expr_effect(e.args()[1]);
     if (a.is(K::unknown) || b.is(K::unknown)) return Effect::unknown();
     if (a.is(K::none) && b.is(K::none)) return Effect::none();
@@ -182,7 +250,7 @@ class Propagation {
       case BinaryOp::lt:
       case BinaryOp::gt:
       case BinaryOp::le:
-      case BinaryOp::ge: return Effect::none();  // piecewise constant: derivative zero, as in the rules
+      case BinaryOp::ge: return Effect::none();  // is_piecewise_constant
       case BinaryOp::mod:
       case BinaryOp::logical_and:
       case BinaryOp::logical_or: return Effect::unknown();
@@ -192,6 +260,7 @@ class Propagation {
 
   Effect call_effect(const Expr& e) const {
     using K = Effect::Kind;
+    if (is_piecewise_constant(e)) return Effect::none();
     std::vector<Effect> args;
     bool all_none = true;
     for (const auto& a : e.args()) {
@@ -202,10 +271,6 @@ class Propagation {
     if (all_none) return Effect::none();
     const Effect& a = args[0];
     switch (e.intrinsic()) {
-      case Intrinsic::sign:
-      case Intrinsic::floor:
-      case Intrinsic::ceil:
-      case Intrinsic::round: return Effect::none();  // piecewise constant
       case Intrinsic::exp: return a.is(K::shift) ? Effect::make(K::scale, a.power, a.at) : Effect::unknown();
       case Intrinsic::log: return a.is(K::scale) ? Effect::make(K::shift, a.power, a.at) : Effect::unknown();
       case Intrinsic::sqrt: return a.is(K::scale) ? Effect::make(K::scale, a.power * Rational(1, 2), a.at) : Effect::unknown();
@@ -217,7 +282,7 @@ class Propagation {
       case Intrinsic::select:
         if (!args[0].is(K::none)) return Effect::unknown();
         return args[1].same(args[2]) ? args[1] : Effect::unknown();
-      case Intrinsic::cast: return is_float(e.cast_type()) ? a : Effect::none();  // to integers: piecewise constant
+      case Intrinsic::cast: return a;  // to a float type (is_piecewise_constant)
       default: return Effect::unknown();
     }
   }
@@ -225,11 +290,11 @@ class Propagation {
   // ------------------------------------------------------------------------------- contractions
   Effect contraction_effect(const Contraction& c) const {
     using K = Effect::Kind;
+    if (c.combination == CombinationOp::eq && !c.init) return Effect::none();  // piecewise constant
     bool all_none = !c.init || of(*c.init).is(K::none);
     for (const auto& a : c.inputs) all_none &= of(a.tensor).is(K::none);
     if (all_none) return Effect::none();
-    if (c.aggregation == AggregationOp::product) return Effect::unknown();
-    if (c.combination == CombinationOp::eq) return Effect::none();  // piecewise constant
+    if (c.aggregation == AggregationOp::product || c.combination == CombinationOp::eq) return Effect::unknown();
     if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul) return Effect::unknown();
     // Each operand's effect at a point of the contraction: `at` over the contraction's variables.
     Effect point = Effect::none();
@@ -278,6 +343,7 @@ class Propagation {
   }
 
   const InvarianceQuery& q_;
+  const std::set<std::string>& doomed_;
   std::string moved_;
   std::map<std::string, Effect> effects_;
   const std::vector<DimExpr>* shape_ = nullptr;  // of the elementwise statement being followed
@@ -285,8 +351,15 @@ class Propagation {
 
 }  // namespace
 
-bool observed_outputs_ignore(const InvarianceQuery& query, const std::string& tensor) {
-  return Propagation(query, tensor).observed_unchanged();
+std::set<std::string> tensors_observed_outputs_ignore(const InvarianceQuery& query, const std::set<std::string>& candidates) {
+  const std::set<std::string> doomed = doomed_tensors(query);
+  std::set<std::string> ignored;
+  for (const auto& st : query.program->statements) {
+    const std::string& out = statement_output(st);
+    if (candidates.count(out) && !query.observed.count(out) && Propagation(query, doomed, out).observed_unchanged())
+      ignored.insert(out);
+  }
+  return ignored;
 }
 
 }  // namespace polytile::ad

@@ -44,8 +44,8 @@ struct InvarianceQuery {
   std::map<std::string, std::vector<std::string>> dependencies;  // of each opaque output
 };
 
-// Whether every observed output is unchanged by any shift of `tensor` (a statement output of the program):
-// then its adjoint is zero in exact arithmetic.
-bool observed_outputs_ignore(const InvarianceQuery& query, const std::string& tensor);
+// The candidates (statement outputs of the program, observed outputs aside) by any shift of which every
+// observed output is unchanged: their adjoints are zero in exact arithmetic.
+std::set<std::string> tensors_observed_outputs_ignore(const InvarianceQuery& query, const std::set<std::string>& candidates);
 
 }  // namespace polytile::ad

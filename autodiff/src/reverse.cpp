@@ -134,12 +134,12 @@ class ReverseMode {
       auto ov = options_.overrides.find(out);
       if (ov != options_.overrides.end()) reaching.insert(ov->second.dependencies.begin(), ov->second.dependencies.end());
     }
+    std::set<std::string> candidates;
     for (const auto& st : forward_.statements) {
       const std::string& out = statement_output(st);
-      if (requires_.count(out) && reaching.count(out) && !options_.stop_gradient.count(out) &&
-          observed_outputs_ignore(query, out))
-        zero_.insert(out);
+      if (requires_.count(out) && reaching.count(out) && !options_.stop_gradient.count(out)) candidates.insert(out);
     }
+    zero_ = tensors_observed_outputs_ignore(query, candidates);
     if (zero_.empty()) return;
     requires_.clear();
     mark_dependents(wrt);
