@@ -14,15 +14,35 @@ bool is_literal(const Expr& e, double v) { return e.kind() == Expr::Kind::litera
 
 }  // namespace
 
+bool piecewise_constant(const Expr& node) {
+  switch (node.kind()) {
+    case Expr::Kind::unary: return node.unary_op() == UnaryOp::logical_not;
+    case Expr::Kind::binary: {
+      const BinaryOp op = node.binary_op();
+      return op != BinaryOp::add && op != BinaryOp::sub && op != BinaryOp::mul && op != BinaryOp::div &&
+             op != BinaryOp::mod;
+    }
+    case Expr::Kind::call:
+      switch (node.intrinsic()) {
+        case Intrinsic::sign:
+        case Intrinsic::floor:
+        case Intrinsic::ceil:
+        case Intrinsic::round: return true;
+        case Intrinsic::cast: return !is_float(node.cast_type());
+        default: return false;
+      }
+    default: return false;
+  }
+}
+
 std::optional<Expr> partial(const Expr& node, size_t i) {
   const auto& args = node.args();
+  if (piecewise_constant(node)) return std::nullopt;
   switch (node.kind()) {
     case Expr::Kind::tensor:
     case Expr::Kind::literal:
     case Expr::Kind::dim: return std::nullopt;
-    case Expr::Kind::unary:
-      if (node.unary_op() == UnaryOp::neg) return lit(-1);
-      return std::nullopt;  // logical not
+    case Expr::Kind::unary: return lit(-1);  // neg (logical not is piecewise constant)
     case Expr::Kind::binary: {
       const Expr &a = args[0], &b = args[1];
       switch (node.binary_op()) {
@@ -39,7 +59,7 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
           Expr q = bin(BinaryOp::div, a, b);
           return un(UnaryOp::neg, sel(bin(BinaryOp::lt, q, lit(0)), call(Intrinsic::ceil, {q}), call(Intrinsic::floor, {q})));
         }
-        default: return std::nullopt;  // comparisons and logical operators are piecewise constant
+        default: return std::nullopt;  // piecewise constant, above
       }
     }
     case Expr::Kind::call: {
@@ -49,7 +69,7 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
         case Intrinsic::sign:
         case Intrinsic::floor:
         case Intrinsic::ceil:
-        case Intrinsic::round: return std::nullopt;
+        case Intrinsic::round: return std::nullopt;  // piecewise constant, above
         case Intrinsic::exp: return call(Intrinsic::exp, {a});
         case Intrinsic::log: return bin(BinaryOp::div, lit(1), a);
         case Intrinsic::sqrt: return bin(BinaryOp::div, lit(0.5), call(Intrinsic::sqrt, {a}));
@@ -84,9 +104,7 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
         case Intrinsic::select:
           if (i == 0) return std::nullopt;
           return sel(args[0], lit(i == 1 ? 1 : 0), lit(i == 1 ? 0 : 1));
-        case Intrinsic::cast:
-          if (!is_float(node.cast_type())) return std::nullopt;  // casts to integers are piecewise constant
-          return lit(1);
+        case Intrinsic::cast: return lit(1);  // to a float type (to integers: piecewise constant, above)
       }
     }
   }

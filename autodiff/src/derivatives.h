@@ -17,8 +17,12 @@ inline Expr ilit(int64_t v) { return Expr::literal(static_cast<double>(v), true)
 inline Expr bin(BinaryOp op, const Expr& a, const Expr& b) { return Expr::binary(op, a, b); }
 inline Expr sel(const Expr& c, const Expr& t, const Expr& f) { return Expr::call(Intrinsic::select, {c, t, f}); }
 
+// Whether the node is piecewise constant, its derivative zero in every argument: comparisons, logical
+// operators, sign, floor, ceil, round, casts to integers.
+bool piecewise_constant(const Expr& node);
+
 // d(node)/d(node.args()[i]) as an expression over the node's arguments; nullopt when it is zero
-// (comparisons, floor, sign, casts to integers, ...).
+// (piecewise-constant nodes, a select's condition).
 std::optional<Expr> partial(const Expr& node, size_t i);
 
 // g * p, simplified (g for p == 1, -g for p == -1, pushed into select so that masks never multiply).

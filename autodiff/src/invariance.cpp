@@ -1,7 +1,10 @@
 #include "invariance.h"
 
 #include <cmath>
+#include <map>
 #include <optional>
+
+#include "derivatives.h"
 
 namespace polytile::ad {
 namespace {
@@ -25,25 +28,27 @@ struct Effect {
   bool same(const Effect& o) const { return kind == o.kind && power == o.power && at == o.at; }
 };
 
-// p with each element variable #k replaced by values[k]; nullopt when p uses one past the end.
-std::optional<Polynomial> substitute(const Polynomial& p, const std::vector<Polynomial>& values) {
-  Polynomial out = p;
-  for (const auto& [v, c] : p.index_terms()) {
-    size_t k = std::stoul(v.substr(1));
-    if (k >= values.size()) return std::nullopt;
-    out = out - Polynomial::index(v) * c + values[k] * c;
+// `at` with each index variable replaced by its value; nullopt when one has none.
+std::optional<std::vector<Polynomial>> substitute(const std::vector<Polynomial>& at,
+                                                  const std::map<std::string, Polynomial>& values) {
+  std::vector<Polynomial> out;
+  for (const auto& p : at) {
+    Polynomial q = p;
+    for (const auto& [v, c] : p.index_terms()) {
+      auto value = values.find(v);
+      if (value == values.end()) return std::nullopt;
+      q = q - Polynomial::index(v) * c + value->second * c;
+    }
+    out.push_back(q);
   }
   return out;
 }
 
+// The element variables #0, #1, ... of `at` bound to `values`.
 std::optional<std::vector<Polynomial>> substitute(const std::vector<Polynomial>& at, const std::vector<Polynomial>& values) {
-  std::vector<Polynomial> out;
-  for (const auto& p : at) {
-    auto q = substitute(p, values);
-    if (!q) return std::nullopt;
-    out.push_back(*q);
-  }
-  return out;
+  std::map<std::string, Polynomial> by_name;
+  for (size_t k = 0; k < values.size(); ++k) by_name.emplace(element_var(k), values[k]);
+  return substitute(at, by_name);
 }
 
 bool is_one(const DimExpr& d) { return d.is_constant() && d.value() == 1; }
@@ -81,35 +86,10 @@ std::optional<Rational> dyadic_literal(const Expr& e) {
   return std::nullopt;
 }
 
-// Comparisons, sign, floor, ceil, round and casts to integers: derivative zero in the rules, so no
-// perturbation passes them, whatever it is.
-bool is_piecewise_constant(const Expr& e) {
-  if (e.kind() == Expr::Kind::binary) {
-    switch (e.binary_op()) {
-      case BinaryOp::eq:
-      case BinaryOp::ne:
-      case BinaryOp::lt:
-      case BinaryOp::gt:
-      case BinaryOp::le:
-      case BinaryOp::ge: return true;
-      default: return false;
-    }
-  }
-  if (e.kind() != Expr::Kind::call) return false;
-  switch (e.intrinsic()) {
-    case Intrinsic::sign:
-    case Intrinsic::floor:
-    case Intrinsic::ceil:
-    case Intrinsic::round: return true;
-    case Intrinsic::cast: return !is_float(e.cast_type());
-    default: return false;
-  }
-}
-
 // Whether `tensor` is read somewhere in `e` outside every piecewise-constant node (an unknown
 // perturbation of it then makes e's unknown).
 bool read_outside_piecewise_constant(const Expr& e, const std::string& tensor) {
-  if (e.is_null() || is_piecewise_constant(e)) return false;
+  if (e.is_null() || piecewise_constant(e)) return false;
   if (e.kind() == Expr::Kind::tensor) return e.name() == tensor;
   if (e.kind() == Expr::Kind::literal || e.kind() == Expr::Kind::dim) return false;
   for (const auto& a : e.args())
@@ -201,6 +181,7 @@ class Propagation {
   // ------------------------------------------------------------------------------- elementwise
   Effect expr_effect(const Expr& e) const {
     using K = Effect::Kind;
+    if (piecewise_constant(e)) return Effect::none();  // derivative zero: no perturbation passes
     switch (e.kind()) {
       case Expr::Kind::tensor: return broadcast_to(of(e.name()), q_.shapes->at(e.name()), *shape_);
       case Expr::Kind::literal:
@@ -208,7 +189,6 @@ class Propagation {
       case Expr::Kind::unary: {
         Effect a = expr_effect(e.args()[0]);
         if (a.is(K::none) || a.is(K::unknown)) return a;
-        if (e.unary_op() == UnaryOp::logical_not) return Effect::unknown();
         return a.is(K::shift) ? Effect::make(K::shift, -a.power, a.at) : a;  // -(x + p d), -(x) exp(p d)
       }
       case Expr::Kind::binary: return binary_effect(e);
@@ -219,7 +199,6 @@ class Propagation {
 
   Effect binary_effect(const Expr& e) const {
     using K = Effect::Kind;
-    if (is_piecewise_constant(e)) return Effect::none();
     Effect a = expr_effect(e.args()[0]), b = expr_effect(e.args()[1]);
     if (a.is(K::unknown) || b.is(K::unknown)) return Effect::unknown();
     if (a.is(K::none) && b.is(K::none)) return Effect::none();
@@ -245,22 +224,12 @@ class Propagation {
         const Rational pa = a.is(K::scale) ? a.power : 0, pb = b.is(K::scale) ? b.power : 0;
         return Effect::make(K::scale, pa + sign * pb, a.is(K::scale) ? a.at : b.at);
       }
-      case BinaryOp::eq:
-      case BinaryOp::ne:
-      case BinaryOp::lt:
-      case BinaryOp::gt:
-      case BinaryOp::le:
-      case BinaryOp::ge: return Effect::none();  // is_piecewise_constant
-      case BinaryOp::mod:
-      case BinaryOp::logical_and:
-      case BinaryOp::logical_or: return Effect::unknown();
+      default: return Effect::unknown();  // mod (comparisons and logical operators: expr_effect)
     }
-    return Effect::unknown();
   }
 
   Effect call_effect(const Expr& e) const {
     using K = Effect::Kind;
-    if (is_piecewise_constant(e)) return Effect::none();
     std::vector<Effect> args;
     bool all_none = true;
     for (const auto& a : e.args()) {
@@ -282,7 +251,7 @@ class Propagation {
       case Intrinsic::select:
         if (!args[0].is(K::none)) return Effect::unknown();
         return args[1].same(args[2]) ? args[1] : Effect::unknown();
-      case Intrinsic::cast: return a;  // to a float type (is_piecewise_constant)
+      case Intrinsic::cast: return a;  // to a float type (to integers: expr_effect)
       default: return Effect::unknown();
     }
   }
@@ -323,17 +292,9 @@ class Propagation {
         if (!v) return Effect::unknown();
         to_element.emplace(*v, is_one(c.output_shape[k]) ? Polynomial(0) : Polynomial::index(element_var(k)));
       }
-      std::vector<Polynomial> at;
-      for (const auto& p : point.at) {
-        Polynomial q = p;
-        for (const auto& [v, coefficient] : p.index_terms()) {
-          auto e = to_element.find(v);
-          if (e == to_element.end()) return Effect::unknown();  // varies within an output element
-          q = q - Polynomial::index(v) * coefficient + e->second * coefficient;
-        }
-        at.push_back(q);
-      }
-      result = Effect::make(K::scale, point.power, at);
+      auto at = substitute(point.at, to_element);
+      if (!at) return Effect::unknown();  // varies within an output element
+      result = Effect::make(K::scale, point.power, *at);
     }
     if (c.init) {  // the accumulator starts at the default: it must move as the aggregate does
       Effect init = broadcast_to(of(*c.init), q_.shapes->at(*c.init), c.output_shape);

@@ -18,8 +18,9 @@
 // and subtract), a shift times or over a dyadic literal scales its power, a scale passes through sqrt (half
 // the power), abs, relu, and max, min and select of equal perturbations, and a positive factor leaves
 // sums, maxima and minima of a contraction whose output indices determine `at` (an element no point
-// writes stays 0, which any scale keeps). What the rules give derivative zero (comparisons, sign, floor,
-// ceil, round, casts to integers, `==` combinations) stops a perturbation, as it stops an adjoint: the
+// writes stays 0, which any scale keeps). What the rules give derivative zero (derivatives.h
+// piecewise_constant: comparisons, logical operators, sign, floor, ceil, round, casts to integers; and
+// `==` combinations) stops a perturbation, as it stops an adjoint: the
 // claim is about the derivative, which those pieces do not pass. Anything else a perturbation reaches is
 // unknown. M's adjoint is zero when every observed output ends as none. Broadcasting follows the symbolic
 // shapes: a dim of 1 reads element 0, an equal dim the same index, any other pair is unknown.
