@@ -435,6 +435,18 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
       depth = std::max(depth, isl_support::schedule_depth(node) + static_cast<int>(node.as<isl::schedule_node_band>().n_member()));
     return true;
   });
+  const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
+  const auto hardware = hardware_dimensions(sched, statements, added ? added->z_parts : std::vector<int64_t>{});
+  if (target.direct_box_loops && !step && !added && !nest.accumulators && hardware.empty()) {
+    if (std::optional<BoxLoops> box = box_loops(sched, statements, safe)) {
+      nest.root = std::move(box->root);
+      nest.ast = std::move(box->ast);
+      nest.iterators = box->iterators;
+      nest.direct_loops = true;
+      finish_parallel(nest);
+      return;
+    }
+  }
   // isl's own names for the loops (c0, c1, ...), as ids the translator can look up.
   std::vector<isl::id> iterators;
   for (int k = 0; k < depth; ++k) iterators.emplace_back(ctx.get(), "c" + std::to_string(k));
@@ -460,8 +472,6 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
   isl::ast_node ast = build.node_from(sched);
   nest.ast = ast.to_C_str();
   if (step) nest.ast += step->str();
-  const std::set<int> safe = parallel_dimensions(sched, statements.parallel_mark);
-  const auto hardware = hardware_dimensions(sched, statements, added ? added->z_parts : std::vector<int64_t>{});
   AstTranslator translator(statements, iterators, safe, hardware, step, added, sizes);
   nest.root = translator.node(ast, false);
   nest.iterators = translator.iterators();

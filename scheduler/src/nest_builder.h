@@ -138,6 +138,18 @@ struct BlockStep {
   std::string str() const;      // C-like text of a step, for `lower --emit ast`
 };
 
+// The loops of a nest whose tree is a box domain under marks and bands of its variables, tiles of them
+// (floor(v / T), each tile a multiple of the next, from 0) and pairs merged into one loop (T * v + w, w
+// in [0, T)), written directly: the loops and C text isl's AST build makes of such a tree (box_loops.cpp),
+// in microseconds instead of about a millisecond a level. nullopt for any other tree. `parallel_dims`:
+// the dimensions a parallel mark may make parallel (parallel_dimensions).
+struct BoxLoops {
+  LoopNode root;
+  std::string ast;
+  int iterators = 0;
+};
+std::optional<BoxLoops> box_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims);
+
 // vars[order[0]], vars[order[1]], ...
 std::vector<std::string> ordered(const std::vector<std::string>& vars, const std::vector<size_t>& order);
 

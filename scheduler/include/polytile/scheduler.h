@@ -162,6 +162,10 @@ struct Target {
   int threads = 2;
   CpuModel cpu;
   std::optional<GpuModel> gpu;
+  // The loops of a box domain's plain nest (its variables permuted, tiled, two merged) are written by the
+  // scheduler itself, as isl's AST build would write them but about a millisecond a loop level sooner
+  // (Nest::direct_loops). False: isl builds every nest's loops -- the same loops and text, for comparison.
+  bool direct_box_loops = true;
 };
 
 // The GPU target of an architecture "sm_XY" (sm_75 and later), with the defaults of GpuModel. UserError for
@@ -381,6 +385,7 @@ struct Nest {
   std::map<std::string, Elementwise> inlined;
   std::string tree;                   // isl schedule tree with marks
   std::string ast;                    // isl's C rendering of the loops
+  bool direct_loops = false;          // root and ast written without isl's AST build (Target::direct_box_loops)
 };
 
 // The tensors a nest's code reads or writes (its buffers): the tensor written first, then the others in
