@@ -267,11 +267,17 @@ class MicrokernelNest {
     };
     auto bind = [&](const isl::set& x, size_t n) { return x.bind(isl::multi_id(x.space(), first_params(n))); };
     // Tiles of the same block, the later on the right: lexicographically later steps of the same block.
+    // (Each made only where a variant asks: without an epilogue no step needs to know it is the last.)
     const Tuple L = step_tuple();
-    const isl::map block = L.to(unnamed("B", block_dims_.size()), L.vars(block_dims_));
-    const isl::map later = isl::manage(isl_map_lex_lt(L.space().copy())).intersect(block.apply_range(block.reverse()));
-    const isl::set first = bind(steps_.subtract(steps_.apply(later)), step_dims.size());
-    const isl::set last = bind(steps_.subtract(steps_.apply(later.reverse())), step_dims.size());
+    std::optional<isl::map> later;
+    if (zero_init || epilogue) {
+      const isl::map block = L.to(unnamed("B", block_dims_.size()), L.vars(block_dims_));
+      later = isl::manage(isl_map_lex_lt(L.space().copy())).intersect(block.apply_range(block.reverse()));
+    }
+    const std::optional<isl::set> first =
+        zero_init ? std::optional(bind(steps_.subtract(steps_.apply(*later)), step_dims.size())) : std::nullopt;
+    const std::optional<isl::set> last =
+        epilogue ? std::optional(bind(steps_.subtract(steps_.apply(later->reverse())), step_dims.size())) : std::nullopt;
     std::vector<isl::id> iterators;
     for (size_t k = 0; k < reds_.size(); ++k) iterators.emplace_back(nb_.ctx.get(), "r" + s(static_cast<int64_t>(k)));
     // Every step, and a condition of a step (its block's first tile, last tile, a uniform block) in one
@@ -301,8 +307,8 @@ class MicrokernelNest {
     std::optional<std::pair<isl::set, isl::ast_node>> loops;
     auto variant = [&](const isl::set& context, bool predicated) {
       BlockStep::Variant v;
-      if (zero_init) v.first = condition(context, first, first_expr);
-      if (epilogue) v.last = condition(context, last, last_expr);
+      if (zero_init) v.first = condition(context, *first, first_expr);
+      if (epilogue) v.last = condition(context, *last, last_expr);
       if (loops && loops->first.intersect_params(context).is_equal(points.intersect_params(context))) {
         v.fma = loops->second;
         return v;
