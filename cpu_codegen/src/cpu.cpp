@@ -69,7 +69,14 @@ CompiledProgram::~CompiledProgram() = default;
 const Program& CompiledProgram::program() const { return impl_->program; }
 const sched::Schedule& CompiledProgram::schedule() const { return impl_->schedule; }
 const ProgramTypes& CompiledProgram::types() const { return impl_->types; }
-const std::string& CompiledProgram::llvm_ir() const { return impl_->ir; }
+const std::string& CompiledProgram::llvm_ir() const {
+  Impl& m = *impl_;
+  std::call_once(m.ir_once, [&m] {
+    if (!m.ir_made) m.ir = optimized_llvm_ir(m.source, m.inputs, m.options);
+    m.ir_made = true;
+  });
+  return m.ir;
+}
 const CompileTimes& CompiledProgram::times() const { return impl_->times; }
 const TuningReport& CompiledProgram::tuning() const { return impl_->tuning; }
 
@@ -676,7 +683,7 @@ GroupChunks place_chunks(const CompiledProgram::Impl& m, const sched::NestGroup&
 }  // namespace
 
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source, const std::map<std::string, TensorType>& inputs,
-                                       const CompileOptions& options, bool objects) {
+                                       const CompileOptions& options, bool objects, bool print_ir) {
   impl.inputs = inputs;
   // A GPU target's kernels run here with GPU semantics, their blocks split across the host's threads.
   impl.threads = options.threads > 0 ? options.threads : options.target.gpu ? host_target().threads : options.target.threads;
@@ -688,7 +695,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // LLVM work of a gradient's first nests overlaps the scheduling of the others.
   std::map<std::string, int> index;
   ProgramTypes types;
-  NestCompiler compiler(impl.threads, [&index, &types, objects](CompiledNest& n, size_t k, size_t part,
+  NestCompiler compiler(impl.threads, [&index, &types, objects, print_ir](CompiledNest& n, size_t k, size_t part,
                                                                         std::unique_ptr<llvm::TargetMachine>& tm) {
     auto t0 = std::chrono::steady_clock::now();
     NestModule& m = n.modules[part];
@@ -710,8 +717,10 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     const Pipeline pipeline = pipeline_for(n.nest);
     if (pipeline == Pipeline::brief) without_lsr(*m.module);  // few points: little index arithmetic to save
     optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
-    llvm::raw_string_ostream os(m.ir);
-    m.module->print(os, nullptr);
+    if (print_ir) {
+      llvm::raw_string_ostream os(m.ir);
+      m.module->print(os, nullptr);
+    }
     if (objects) m.object = machine_code(*m.module, *tm);
   });
   sched::LowerObserver observer;
@@ -740,6 +749,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // Emission is timed per nest; optimization and machine code are what was left of them once lowering
   // was done (what ran during it is inside the lowering's time: see CompileTimes).
   impl.times.llvm_ir = 0;
+  impl.ir_made = print_ir;
   std::vector<NestModule> modules;
   for (CompiledNest& n : compiled)
     for (NestModule& m : n.modules) {
@@ -756,10 +766,13 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
 
 namespace {
 
+// `print_ir`: the modules printed now (impl.ir), else on the program's first llvm_ir() call.
 std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::map<std::string, TensorType>& inputs,
-                                              const CompileOptions& options) {
+                                              const CompileOptions& options, bool print_ir = false) {
   auto impl = std::make_unique<CompiledProgram::Impl>();
-  std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true);
+  std::vector<NestModule> modules = lower_and_emit(*impl, source, inputs, options, true, print_ir);
+  impl->source = source;
+  impl->options = options;
   auto t0 = std::chrono::steady_clock::now();
   impl->jit = make_jit();
   for (NestModule& m : modules) check(impl->jit->addObjectFile(std::move(m.object)), "adding the object code");
@@ -825,7 +838,7 @@ std::unique_ptr<CompiledProgram::Impl> tune(const Program& program, const std::m
   for (const auto& [what, target] : variants) {
     CompileOptions o = options;
     o.target = target;
-    auto impl = build(program, inputs, o);
+    auto impl = build(program, inputs, o, true);
     const std::string code = sched::print_loops(impl->schedule) + impl->ir;
     auto same = std::find_if(timed.begin(), timed.end(), [&code](const auto& t) { return std::get<0>(t) == code; });
     if (same != timed.end()) {

@@ -365,7 +365,7 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
     user_error("export: target ", options.target.name, " is a GPU: an object for this CPU needs the cpu target (a GPU "
                "target compiles to a kernel bundle)");
   CompiledProgram::Impl impl;  // lowering types the program first: its user errors come before any code
-  std::vector<NestModule> nests = lower_and_emit(impl, program, inputs, options, false);
+  std::vector<NestModule> nests = lower_and_emit(impl, program, inputs, options, false, false);
   const Plan p = plan(impl, program);
 
   auto t0 = std::chrono::steady_clock::now();

@@ -92,7 +92,15 @@ struct CompiledProgram::Impl {
   ProgramTypes types;
   std::map<std::string, TensorType> inputs;
   sched::Schedule schedule;
+  // The optimized modules, printed: by the compile that made them (optimized_llvm_ir, tuning), else on
+  // the first llvm_ir() call, which lowers and optimizes `source` again with `options` (the same
+  // modules: both are deterministic) -- printing each module as it was compiled cost a compile 5-7% of
+  // its time, at its end, for text few callers read.
   std::string ir;
+  std::once_flag ir_once;
+  bool ir_made = false;
+  Program source;
+  CompileOptions options;
   CompileTimes times;
   TuningReport tuning;
   std::vector<std::string> buffers;  // index -> tensor
@@ -143,7 +151,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
 struct NestModule {
   std::unique_ptr<llvm::LLVMContext> context;
   std::unique_ptr<llvm::Module> module;
-  std::string ir;                              // the optimized module, printed
+  std::string ir;                              // the optimized module, printed (lower_and_emit's print_ir)
   std::unique_ptr<llvm::MemoryBuffer> object;  // its machine code
   double emit_seconds = 0;                     // spent emitting its LLVM IR
 };
@@ -151,9 +159,9 @@ struct NestModule {
 // Lowers `source`, emits every nest k as `nest_<k>` into a module of its own and optimizes them (and
 // compiles them to objects when `objects`), on up to impl.threads threads; fills impl's program, types,
 // schedule, buffer table (inputs in program order, then every statement's output) and touched tensors;
-// the printed modules, in nest order, are impl.ir.
+// the printed modules, in nest order, are impl.ir when `print_ir`.
 std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Program& source,
                                        const std::map<std::string, TensorType>& inputs, const CompileOptions& options,
-                                       bool objects);
+                                       bool objects, bool print_ir = true);
 
 }  // namespace polytile::cpu

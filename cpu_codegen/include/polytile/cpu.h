@@ -86,7 +86,9 @@ class CompiledProgram {
   const Program& program() const;           // after the passes
   const ProgramTypes& types() const;        // of program(): its inputs, its outputs and every tensor between
   const sched::Schedule& schedule() const;
-  const std::string& llvm_ir() const;       // optimized module, deterministic
+  // The optimized modules, deterministic; printed on the first call (the program lowered and optimized
+  // again, without machine code: optimized_llvm_ir), not by the compile.
+  const std::string& llvm_ir() const;
   const CompileTimes& times() const;
   const TuningReport& tuning() const;       // empty unless compiled with CompileOptions::tune
 
