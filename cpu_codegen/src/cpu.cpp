@@ -524,7 +524,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
          (m.stream_stores ? std::to_string(m.l3_bytes) + "/" : "nostream/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
-         (o.verify ? "/verified" : "");
+         (o.verify ? "/verified" : "") + (o.target.direct_step_loops ? "" : "/isl_steps");
   if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels
   return key;
 }

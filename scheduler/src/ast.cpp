@@ -79,7 +79,16 @@ class AstTranslator {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
-  int iterators() const { return static_cast<int>(index_of_.size()); }
+  int iterators() const { return first_ + static_cast<int>(index_of_.size()); }
+
+  // Iterators 0 to n - 1 are loops made without isl (step_loops): isl's loops are numbered from n.
+  void first_iterators(int n) { first_ = n; }
+
+  // The Step statement at `args` (a micro-kernel nest's loops written by step_loops).
+  LoopNode step(const std::vector<LoopExpr>& args) {
+    POLYTILE_CHECK(step_ != nullptr, "a Step statement outside a micro-kernel nest");
+    return expand(*step_, args);
+  }
 
   LoopExpr expr(const isl::ast_expr& e) {
     LoopExpr a;
@@ -164,7 +173,7 @@ class AstTranslator {
     out.kind = LoopNode::Kind::loop;
     isl::id id = f.iterator().as<isl::ast_expr_id>().id();
     // Sibling loops may reuse an iterator (c0 for each piece of a split dimension): one index per id.
-    out.iterator = index_of_.emplace(id.get(), static_cast<int>(index_of_.size())).first->second;
+    out.iterator = index_of_.emplace(id.get(), first_ + static_cast<int>(index_of_.size())).first->second;
     out.lower = expr(f.init());
     out.condition = expr(f.cond());
     LoopExpr step = expr(f.inc());
@@ -307,6 +316,7 @@ class AstTranslator {
   const std::vector<int64_t>* sizes_;    // with accumulators, their sizes (Accumulators::sizes)
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
   int register_base_ = -1;               // under a register or accumulator mark: its band's first dimension
+  int first_ = 0;                        // iterators made outside isl's AST (first_iterators)
   bool predicated_fmas_ = false;         // inside a predicated block step's fma loops
 };
 
@@ -442,6 +452,23 @@ void NestBuilder::generate(Nest& nest, const isl::schedule& sched, const BlockSt
       nest.root = std::move(box->root);
       nest.ast = std::move(box->ast);
       nest.iterators = box->iterators;
+      nest.direct_loops = true;
+      finish_parallel(nest);
+      return;
+    }
+  }
+  if (target.direct_step_loops && step && !added && !nest.accumulators && hardware.empty()) {
+    if (std::optional<StepLoops> loops = step_loops(sched, statements, safe)) {
+      AstTranslator translator(statements, {}, safe, hardware, step, nullptr, nullptr);
+      translator.first_iterators(loops->iterators);
+      LoopNode body = translator.step(loops->args);
+      for (size_t k = loops->loops.size(); k-- > 0;) {
+        loops->loops[k].body.push_back(std::move(body));
+        body = std::move(loops->loops[k]);
+      }
+      nest.root = std::move(body);
+      nest.ast = std::move(loops->ast) + step->str();
+      nest.iterators = translator.iterators();
       nest.direct_loops = true;
       finish_parallel(nest);
       return;

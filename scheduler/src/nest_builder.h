@@ -150,6 +150,20 @@ struct BoxLoops {
 };
 std::optional<BoxLoops> box_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims);
 
+// The loops around the Step statement of a micro-kernel nest (a domain of one conjunction of constraints
+// under marks and bands of its variables and floor divisions of affine forms of them), scanned by
+// Fourier-Motzkin elimination (step_loops.cpp): the same steps in the same order as isl's AST build,
+// without its 30-40 M instructions a tree. `loops` outermost first, loop k with iterator k; `args` the
+// Step statement's arguments inside the last; `ast` the C text, the Step call included. nullopt for any
+// other tree.
+struct StepLoops {
+  std::vector<LoopNode> loops;
+  std::vector<LoopExpr> args;
+  std::string ast;
+  int iterators = 0;
+};
+std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims);
+
 // vars[order[0]], vars[order[1]], ...
 std::vector<std::string> ordered(const std::vector<std::string>& vars, const std::vector<size_t>& order);
 
