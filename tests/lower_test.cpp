@@ -34,38 +34,49 @@ TEST(LowerTest, IsWhatTheCpuBackendCompilesAndIsDeterministic) {
 }
 
 
+// Programs to lower two ways: `what`, the program and its inputs' types.
+using LoweringCase = std::tuple<std::string, Program, std::map<std::string, TensorType>>;
+
+// Adds a program and, where it has one, its gradient (each output's adjoint shaped as the output).
+void add_with_gradient(std::vector<LoweringCase>& cases, const std::string& what, const Program& p, const testing::Shapes& shapes) {
+  std::map<std::string, TensorType> inputs;
+  for (const auto& [name, dims] : shapes) inputs[name] = {DType::f32, dims};
+  cases.emplace_back(what, p, inputs);
+  ad::Result grad;
+  try {
+    grad = ad::vjp(p);
+  } catch (const UserError&) {
+    return;  // not differentiable (an integer output, a comparison)
+  }
+  const ProgramTypes types = infer_types(p, inputs);
+  std::map<std::string, TensorType> grad_inputs;
+  for (const auto& in : grad.program.inputs) {
+    if (inputs.count(in.name)) grad_inputs[in.name] = inputs.at(in.name);
+    else if (in.name.size() > 1 && types.tensors.count(in.name.substr(1))) grad_inputs[in.name] = types.tensors.at(in.name.substr(1));
+  }
+  if (grad_inputs.size() == grad.program.inputs.size()) cases.emplace_back(what + " (gradient)", grad.program, grad_inputs);
+}
+
+// Every example and `generated` generated contractions (from `seed`), each with its gradient.
+std::vector<LoweringCase> examples_and_generated(uint64_t seed, int generated) {
+  std::vector<LoweringCase> cases;
+  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples"))
+    add_with_gradient(cases, path.filename().string(), parse_file(path.string()), shapes);
+  std::mt19937_64 rng(seed);
+  for (int k = 0; k < generated; ++k) {
+    testing::generators::Case c = testing::generators::any_case(rng);
+    add_with_gradient(cases, "generated " + std::to_string(k) + " (" + c.kind + ")", parse_program(c.text), c.shapes);
+  }
+  return cases;
+}
+
 // The loops the scheduler writes for box nests itself (Target::direct_box_loops, box_loops.cpp) are
 // isl's: with and without it, every nest of every example and its gradient, of generated contractions
 // and of the bench's convolutions has the same loops (print_loops), the same C text and as many
 // iterators; and both ways are taken, isl's for everything else.
 TEST(LowerTest, BoxLoopsAreIslsLoops) {
-  std::vector<std::tuple<std::string, Program, std::map<std::string, TensorType>>> cases;
-  auto add = [&cases](const std::string& what, const Program& p, const testing::Shapes& shapes) {
-    std::map<std::string, TensorType> inputs;
-    for (const auto& [name, dims] : shapes) inputs[name] = {DType::f32, dims};
-    cases.emplace_back(what, p, inputs);
-    // Its gradient, with each output's adjoint shaped as the output.
-    ad::Result grad;
-    try {
-      grad = ad::vjp(p);
-    } catch (const UserError&) {
-      return;  // not differentiable (an integer output, a comparison)
-    }
-    const ProgramTypes types = infer_types(p, inputs);
-    std::map<std::string, TensorType> grad_inputs;
-    for (const auto& in : grad.program.inputs) {
-      if (inputs.count(in.name)) grad_inputs[in.name] = inputs.at(in.name);
-      else if (in.name.size() > 1 && types.tensors.count(in.name.substr(1))) grad_inputs[in.name] = types.tensors.at(in.name.substr(1));
-    }
-    if (grad_inputs.size() == grad.program.inputs.size()) cases.emplace_back(what + " (gradient)", grad.program, grad_inputs);
-  };
-  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples"))
-    add(path.filename().string(), parse_file(path.string()), shapes);
-  std::mt19937_64 rng(424242);
-  for (int k = 0; k < 60; ++k) {
-    testing::generators::Case c = testing::generators::any_case(rng);
-    add("generated " + std::to_string(k) + " (" + c.kind + ")", parse_program(c.text), c.shapes);
-  }
+  std::vector<LoweringCase> cases = examples_and_generated(424242, 60);
+  auto add = [&cases](const std::string& what, const Program& p, const testing::Shapes& shapes) { add_with_gradient(cases, what, p, shapes); };
   // The compile bench's convolution (its weight packing and its gradient's transposition) and a 1x1 one.
   const char* conv = "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {\n"
                      "  O[n, y, x, co : N, 56, 56, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]);\n}\n";
@@ -112,32 +123,8 @@ TEST(LowerTest, BoxLoopsAreIslsLoops) {
 // run on integers, gives the same statements (zero, load, fma, store, epilogue; predicated or not) with
 // the same arguments in the same order; and most of them take the new path.
 TEST(LowerTest, StepLoopsRunIslsSteps) {
-  std::vector<std::tuple<std::string, Program, std::map<std::string, TensorType>>> cases;
-  auto add = [&cases](const std::string& what, const Program& p, const testing::Shapes& shapes) {
-    std::map<std::string, TensorType> inputs;
-    for (const auto& [name, dims] : shapes) inputs[name] = {DType::f32, dims};
-    cases.emplace_back(what, p, inputs);
-    ad::Result grad;
-    try {
-      grad = ad::vjp(p);
-    } catch (const UserError&) {
-      return;
-    }
-    const ProgramTypes types = infer_types(p, inputs);
-    std::map<std::string, TensorType> grad_inputs;
-    for (const auto& in : grad.program.inputs) {
-      if (inputs.count(in.name)) grad_inputs[in.name] = inputs.at(in.name);
-      else if (in.name.size() > 1 && types.tensors.count(in.name.substr(1))) grad_inputs[in.name] = types.tensors.at(in.name.substr(1));
-    }
-    if (grad_inputs.size() == grad.program.inputs.size()) cases.emplace_back(what + " (gradient)", grad.program, grad_inputs);
-  };
-  for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples"))
-    add(path.filename().string(), parse_file(path.string()), shapes);
-  std::mt19937_64 rng(777);
-  for (int k = 0; k < 40; ++k) {
-    testing::generators::Case c = testing::generators::any_case(rng);
-    add("generated " + std::to_string(k) + " (" + c.kind + ")", parse_program(c.text), c.shapes);
-  }
+  std::vector<LoweringCase> cases = examples_and_generated(777, 40);
+  auto add = [&cases](const std::string& what, const Program& p, const testing::Shapes& shapes) { add_with_gradient(cases, what, p, shapes); };
   auto conv = [](int stride, int dilation, int pad, int oh) {
     auto s = [](int v) { return std::to_string(v); };
     const std::string p = pad ? " - " + s(pad) : "";

@@ -21,11 +21,118 @@
 #include <utility>
 #include <vector>
 
+#include "direct_loops.h"
 #include "nest_builder.h"
 
 namespace polytile::sched::internal {
 
+namespace direct {
+
+std::optional<int64_t> small_int(isl_val* v) {
+  std::optional<int64_t> out;
+  if (v && isl_val_is_int(v) == isl_bool_true) out = isl_val_get_num_si(v);
+  isl_val_free(v);
+  return out;
+}
+
+LoopExpr constant(int64_t v) {
+  LoopExpr e;
+  e.value = v;
+  return e;
+}
+LoopExpr iterator(int k) {
+  LoopExpr e;
+  e.kind = LoopExpr::Kind::iterator;
+  e.iterator = k;
+  return e;
+}
+LoopExpr op(LoopExpr::Kind kind, LoopExpr a, LoopExpr b) {
+  LoopExpr e;
+  e.kind = kind;
+  e.args = {std::move(a), std::move(b)};
+  return e;
+}
+
+isl_aff* single_aff(const isl::union_pw_aff& upa) {
+  if (isl_union_pw_aff_n_pw_aff(upa.get()) != 1) return nullptr;
+  isl_pw_aff_list* list = isl_union_pw_aff_get_pw_aff_list(upa.get());
+  isl_pw_aff* pa = isl_pw_aff_list_get_at(list, 0);
+  isl_pw_aff_list_free(list);
+  if (!pa) return nullptr;
+  if (isl_pw_aff_isa_aff(pa) != isl_bool_true) {
+    isl_pw_aff_free(pa);
+    return nullptr;
+  }
+  return isl_pw_aff_as_aff(pa);
+}
+
+int used_division(isl_aff* aff) {
+  int used = -1;
+  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
+    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) {
+      if (used >= 0) return -2;
+      used = k;
+    }
+  return used;
+}
+
+std::optional<BandChain> band_chain(const isl::schedule& tree, const StatementIds& ids) {
+  BandChain chain;
+  bool parallel_next = false;
+  isl::schedule_node node = tree.root().child(0);
+  while (!node.isa<isl::schedule_node_leaf>()) {
+    if (node.isa<isl::schedule_node_mark>()) {
+      const isl::id id = isl_support::mark_id(node);
+      chain.marks[chain.members.size()].push_back(id.name());
+      parallel_next = parallel_next || id.get() == ids.parallel_mark.get();
+    } else if (node.isa<isl::schedule_node_band>()) {
+      const isl::schedule_node_band band = node.as<isl::schedule_node_band>();
+      if (!band.ast_build_options().is_empty()) return std::nullopt;
+      const isl::multi_union_pw_aff schedule = band.get_partial_schedule();
+      for (int k = 0; k < static_cast<int>(band.n_member()); ++k) {
+        if (isl_schedule_node_band_member_get_ast_loop_type(band.get(), k) != isl_ast_loop_default ||
+            isl_schedule_node_band_member_get_isolate_ast_loop_type(band.get(), k) != isl_ast_loop_default)
+          return std::nullopt;
+        chain.members.push_back(schedule.at(k));
+        chain.parallel.push_back(k == 0 && parallel_next);
+      }
+      parallel_next = false;
+    } else {
+      return std::nullopt;
+    }
+    if (node.n_children() != 1) return std::nullopt;
+    node = node.child(0);
+  }
+  return chain;
+}
+
+LoopMarks loop_marks(const BandChain& chain, const std::vector<bool>& has_loop) {
+  LoopMarks out;
+  std::vector<std::string> pending;
+  bool pending_parallel = false;
+  const size_t n = chain.members.size();
+  for (size_t d = 0; d <= n; ++d) {
+    if (auto it = chain.marks.find(d); it != chain.marks.end()) pending.insert(pending.end(), it->second.begin(), it->second.end());
+    if (d == n) break;
+    pending_parallel = pending_parallel || chain.parallel[d];
+    if (!has_loop[d]) continue;
+    out.marks.push_back(std::move(pending));
+    out.parallel.push_back(pending_parallel);
+    pending.clear();
+    pending_parallel = false;
+  }
+  out.leaf = std::move(pending);
+  return out;
+}
+
+}  // namespace direct
+
 namespace {
+
+using direct::constant;
+using direct::iterator;
+using direct::op;
+using direct::small_int;
 
 // One band member over the domain's variables: v, floor(v / size) (a tile), or size * v + w with w in
 // [0, size) (two variables merged into one loop).
@@ -34,13 +141,6 @@ struct Member {
   int v = -1, w = -1;
   int64_t size = 1;
 };
-
-std::optional<int64_t> small_int(isl_val* v) {
-  std::optional<int64_t> out;
-  if (v && isl_val_is_int(v) == isl_bool_true) out = isl_val_get_num_si(v);
-  isl_val_free(v);
-  return out;
-}
 
 // The integer coefficients of `aff`'s n input variables and its constant, when its denominator is 1 and
 // no integer division takes part (a band's members share their local space: a member may list the
@@ -73,25 +173,12 @@ int single(const std::vector<int64_t>& coefficients, int64_t constant) {
 }
 
 std::optional<Member> member(const isl::union_pw_aff& upa, int n) {
-  if (isl_union_pw_aff_n_pw_aff(upa.get()) != 1) return std::nullopt;
-  isl_pw_aff_list* list = isl_union_pw_aff_get_pw_aff_list(upa.get());
-  isl_pw_aff* pa = isl_pw_aff_list_get_at(list, 0);
-  isl_pw_aff_list_free(list);
-  if (!pa) return std::nullopt;
-  if (isl_pw_aff_isa_aff(pa) != isl_bool_true) {
-    isl_pw_aff_free(pa);
-    return std::nullopt;
-  }
-  isl_aff* aff = isl_pw_aff_as_aff(pa);
+  isl_aff* aff = direct::single_aff(upa);
+  if (!aff) return std::nullopt;
   std::optional<Member> out;
   // The one division that takes part, if any.
-  int used = -1, count = 0;
-  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
-    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) {
-      used = k;
-      ++count;
-    }
-  if (count > 1) {
+  const int used = direct::used_division(aff);
+  if (used == -2) {
     isl_aff_free(aff);
     return std::nullopt;
   }
@@ -184,24 +271,6 @@ isl_stat add_bound(isl_constraint* c, void* user) {
   return isl_stat_ok;
 }
 
-LoopExpr constant(int64_t v) {
-  LoopExpr e;
-  e.value = v;
-  return e;
-}
-LoopExpr iterator(int k) {
-  LoopExpr e;
-  e.kind = LoopExpr::Kind::iterator;
-  e.iterator = k;
-  return e;
-}
-LoopExpr op(LoopExpr::Kind kind, LoopExpr a, LoopExpr b) {
-  LoopExpr e;
-  e.kind = kind;
-  e.args = {std::move(a), std::move(b)};
-  return e;
-}
-
 // isl's C rendering of the expressions made here (loop k's iterator is c<dims[k]>): a product with its constant first, a sum with its
 // constant last, pdiv_q and pdiv_r as / and %.
 std::string c_text(const LoopExpr& e, const std::vector<size_t>& dims) {
@@ -246,35 +315,13 @@ std::optional<BoxLoops> box_loops(const isl::schedule& tree, const StatementIds&
     if (lo[static_cast<size_t>(k)] == INT64_MIN || hi[static_cast<size_t>(k)] == INT64_MAX || lo[static_cast<size_t>(k)] > hi[static_cast<size_t>(k)])
       return std::nullopt;
   // Marks and bands down to the leaf: per schedule dimension its member and the marks before it.
+  const std::optional<direct::BandChain> chain = direct::band_chain(tree, ids);
+  if (!chain) return std::nullopt;
   std::vector<Member> members;
-  std::map<size_t, std::vector<std::string>> marks;  // dimension -> the marks just above its loop
-  bool parallel_next = false;
-  std::vector<bool> parallel;
-  isl::schedule_node node = tree.root().child(0);
-  while (!node.isa<isl::schedule_node_leaf>()) {
-    if (node.isa<isl::schedule_node_mark>()) {
-      const isl::id id = isl_support::mark_id(node);
-      marks[members.size()].push_back(id.name());
-      parallel_next = parallel_next || id.get() == ids.parallel_mark.get();
-    } else if (node.isa<isl::schedule_node_band>()) {
-      const isl::schedule_node_band band = node.as<isl::schedule_node_band>();
-      if (!band.ast_build_options().is_empty()) return std::nullopt;
-      const isl::multi_union_pw_aff schedule = band.get_partial_schedule();
-      for (int k = 0; k < static_cast<int>(band.n_member()); ++k) {
-        if (isl_schedule_node_band_member_get_ast_loop_type(band.get(), k) != isl_ast_loop_default ||
-            isl_schedule_node_band_member_get_isolate_ast_loop_type(band.get(), k) != isl_ast_loop_default)
-          return std::nullopt;
-        auto m = member(schedule.at(k), n);
-        if (!m) return std::nullopt;
-        members.push_back(*m);
-        parallel.push_back(k == 0 && parallel_next);
-      }
-      parallel_next = false;
-    } else {
-      return std::nullopt;
-    }
-    if (node.n_children() != 1) return std::nullopt;
-    node = node.child(0);
+  for (const isl::union_pw_aff& upa : chain->members) {
+    auto m = member(upa, n);
+    if (!m) return std::nullopt;
+    members.push_back(*m);
   }
   // Each variable in one loop (its own, or a merged one's) after its tiles, each tile a multiple of the
   // next, the first dividing the variable's range from 0. A variable of one value (a dimension of size 1)
@@ -310,22 +357,12 @@ std::optional<BoxLoops> box_loops(const isl::schedule& tree, const StatementIds&
     if (own[v] < 0 && merged_as[v] < 0) return std::nullopt;
   if (dims.empty()) return std::nullopt;
   // Marks go with the next loop; one under the last loop is left to isl.
-  std::vector<std::vector<std::string>> loop_marks(dims.size());
-  std::vector<bool> loop_parallel(dims.size(), false);
-  {
-    std::vector<std::string> pending;
-    bool pending_parallel = false;
-    for (size_t d = 0; d <= members.size(); ++d) {
-      if (auto it = marks.find(d); it != marks.end()) pending.insert(pending.end(), it->second.begin(), it->second.end());
-      if (d < members.size()) pending_parallel = pending_parallel || parallel[d];
-      if (d == members.size() || loop_of[d] < 0) continue;
-      loop_marks[static_cast<size_t>(loop_of[d])] = std::move(pending);
-      loop_parallel[static_cast<size_t>(loop_of[d])] = pending_parallel;
-      pending.clear();
-      pending_parallel = false;
-    }
-    if (!pending.empty()) return std::nullopt;
-  }
+  std::vector<bool> has_loop(members.size());
+  for (size_t d = 0; d < members.size(); ++d) has_loop[d] = loop_of[d] >= 0;
+  const direct::LoopMarks placed = direct::loop_marks(*chain, has_loop);
+  if (!placed.leaf.empty()) return std::nullopt;
+  const std::vector<std::vector<std::string>>& loop_marks = placed.marks;
+  const std::vector<bool>& loop_parallel = placed.parallel;
   auto it_of = [&](size_t d) { return iterator(loop_of[d]); };
   // The loops, outermost first; loop k has iterator k (isl's c<its schedule dimension>).
   BoxLoops out;

@@ -10,7 +10,6 @@
 // sequence of steps. Anything else is left to isl.
 #include <isl/aff.h>
 #include <isl/constraint.h>
-#include <isl/schedule_node.h>
 #include <isl/set.h>
 #include <isl/union_set.h>
 #include <isl/val.h>
@@ -22,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "direct_loops.h"
 #include "nest_builder.h"
 
 namespace polytile::sched::internal {
@@ -30,14 +30,11 @@ namespace {
 
 constexpr int64_t kLarge = int64_t{1} << 24;  // the magnitude of coefficients and constants taken on
 
+// An integer of isl's, when small enough to stay far from overflow in the elimination.
 std::optional<int64_t> small_int(isl_val* v) {
-  std::optional<int64_t> out;
-  if (v && isl_val_is_int(v) == isl_bool_true) {
-    const long x = isl_val_get_num_si(v);
-    if (x > -kLarge && x < kLarge) out = x;  // far from overflow in the elimination
-  }
-  isl_val_free(v);
-  return out;
+  std::optional<int64_t> x = direct::small_int(v);
+  if (x && (*x <= -kLarge || *x >= kLarge)) x.reset();
+  return x;
 }
 
 // a . x + b >= 0 over some variables x.
@@ -87,26 +84,13 @@ std::optional<Affine> linear_part(isl_aff* aff, int n, bool allow_denominator) {
 // A band member as floor((a . d + b) / T): an affine function of the variables, or the floor of one
 // (alone: coefficient 1, no other term).
 std::optional<Affine> member(const isl::union_pw_aff& upa, int n) {
-  if (isl_union_pw_aff_n_pw_aff(upa.get()) != 1) return std::nullopt;
-  isl_pw_aff_list* list = isl_union_pw_aff_get_pw_aff_list(upa.get());
-  isl_pw_aff* pa = isl_pw_aff_list_get_at(list, 0);
-  isl_pw_aff_list_free(list);
-  if (!pa) return std::nullopt;
-  if (isl_pw_aff_isa_aff(pa) != isl_bool_true) {
-    isl_pw_aff_free(pa);
-    return std::nullopt;
-  }
-  isl_aff* aff = isl_pw_aff_as_aff(pa);
-  int used = -1, count = 0;
-  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
-    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) {
-      used = k;
-      ++count;
-    }
+  isl_aff* aff = direct::single_aff(upa);
+  if (!aff) return std::nullopt;
+  const int used = direct::used_division(aff);
   std::optional<Affine> out;
-  if (count == 0) {
+  if (used == -1) {
     out = linear_part(aff, n, false);
-  } else if (count == 1) {
+  } else if (used >= 0) {
     bool alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, used)) == 1 &&
                  small_int(isl_aff_get_constant_val(aff)) == 0 && small_int(isl_aff_get_denominator_val(aff)) == 1;
     for (int k = 0; k < n && alone; ++k) alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_in, k)) == 0;
@@ -150,23 +134,9 @@ isl_stat read_constraint(isl_constraint* c, void* user) {
   return isl_stat_ok;
 }
 
-LoopExpr constant(int64_t v) {
-  LoopExpr e;
-  e.value = v;
-  return e;
-}
-LoopExpr iterator(int k) {
-  LoopExpr e;
-  e.kind = LoopExpr::Kind::iterator;
-  e.iterator = k;
-  return e;
-}
-LoopExpr op(LoopExpr::Kind kind, LoopExpr a, LoopExpr b) {
-  LoopExpr e;
-  e.kind = kind;
-  e.args = {std::move(a), std::move(b)};
-  return e;
-}
+using direct::constant;
+using direct::iterator;
+using direct::op;
 
 // A loop's value: its iterator, or, for a loop of one value left out, that value as an affine form of
 // the loops outside it that are not left out.
@@ -263,35 +233,13 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
   isl_basic_set_free(piece);
   if (!domain_rows.ok) return std::nullopt;
   // Marks and bands down to the leaf: each member, and the marks above each schedule dimension.
+  const std::optional<direct::BandChain> chain = direct::band_chain(tree, ids);
+  if (!chain) return std::nullopt;
   std::vector<Affine> members;
-  std::map<size_t, std::vector<std::string>> marks;
-  std::vector<bool> parallel;
-  bool parallel_next = false;
-  isl::schedule_node node = tree.root().child(0);
-  while (!node.isa<isl::schedule_node_leaf>()) {
-    if (node.isa<isl::schedule_node_mark>()) {
-      const isl::id id = isl_support::mark_id(node);
-      marks[members.size()].push_back(id.name());
-      parallel_next = parallel_next || id.get() == ids.parallel_mark.get();
-    } else if (node.isa<isl::schedule_node_band>()) {
-      const isl::schedule_node_band band = node.as<isl::schedule_node_band>();
-      if (!band.ast_build_options().is_empty()) return std::nullopt;
-      const isl::multi_union_pw_aff schedule = band.get_partial_schedule();
-      for (int k = 0; k < static_cast<int>(band.n_member()); ++k) {
-        if (isl_schedule_node_band_member_get_ast_loop_type(band.get(), k) != isl_ast_loop_default ||
-            isl_schedule_node_band_member_get_isolate_ast_loop_type(band.get(), k) != isl_ast_loop_default)
-          return std::nullopt;
-        auto m = member(schedule.at(k), n);
-        if (!m) return std::nullopt;
-        members.push_back(*m);
-        parallel.push_back(k == 0 && parallel_next);
-      }
-      parallel_next = false;
-    } else {
-      return std::nullopt;
-    }
-    if (node.n_children() != 1) return std::nullopt;
-    node = node.child(0);
+  for (const isl::union_pw_aff& upa : chain->members) {
+    auto m = member(upa, n);
+    if (!m) return std::nullopt;
+    members.push_back(*m);
   }
   const size_t L = members.size();
   if (L == 0) return std::nullopt;
@@ -468,23 +416,9 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
   }
   if (loop_dims.empty()) return std::nullopt;
   // Marks go with the next loop; the rest, under the last loop, above the statement.
-  std::vector<std::vector<std::string>> loop_marks(loop_dims.size() + 1);
-  std::vector<bool> loop_parallel(loop_dims.size(), false);
-  {
-    std::vector<std::string> pending;
-    bool pending_parallel = false;
-    size_t loop = 0;
-    for (size_t d = 0; d <= L; ++d) {
-      if (auto it = marks.find(d); it != marks.end()) pending.insert(pending.end(), it->second.begin(), it->second.end());
-      if (d < L) pending_parallel = pending_parallel || parallel[d];
-      if (d < L && values[d].fixed) continue;
-      loop_marks[loop] = std::move(pending);
-      if (loop < loop_dims.size()) loop_parallel[loop] = pending_parallel;
-      pending.clear();
-      pending_parallel = false;
-      ++loop;
-    }
-  }
+  std::vector<bool> has_loop(L);
+  for (size_t d = 0; d < L; ++d) has_loop[d] = !values[d].fixed;
+  const direct::LoopMarks placed = direct::loop_marks(*chain, has_loop);
   StepLoops out;
   out.iterators = static_cast<int>(loop_dims.size());
   // The Step statement's arguments: each variable's member value, or its one value.
@@ -504,15 +438,15 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
   std::vector<bool> braced;
   for (size_t k = 0; k < loop_dims.size(); ++k) {
     const std::string indent(2 * k, ' ');
-    for (const std::string& name : loop_marks[k]) text += indent + "// " + name + "\n";
+    for (const std::string& name : placed.marks[k]) text += indent + "// " + name + "\n";
     const std::string& c = names[k];
-    const bool brace = !loop_marks[k + 1].empty();
+    const bool brace = !(k + 1 < loop_dims.size() ? placed.marks[k + 1] : placed.leaf).empty();
     text += indent + "for (int " + c + " = " + c_text(loop_bounds[k].first, names) + "; " + c + " <= " +
             c_text(loop_bounds[k].second, names) + "; " + c + " += 1)" + (brace ? " {\n" : "\n");
     braced.push_back(brace);
   }
   const std::string indent(2 * loop_dims.size(), ' ');
-  for (const std::string& name : loop_marks[loop_dims.size()]) text += indent + "// " + name + "\n";
+  for (const std::string& name : placed.leaf) text += indent + "// " + name + "\n";
   text += indent + "Step(";
   for (size_t j = 0; j < out.args.size(); ++j) text += (j ? ", " : "") + c_text(out.args[j], names);
   text += ");\n";
@@ -526,7 +460,7 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
     loop.lower = loop_bounds[k].first;
     loop.condition = op(LoopExpr::Kind::le, iterator(static_cast<int>(k)), loop_bounds[k].second);
     loop.step = 1;
-    loop.parallel = loop_parallel[k] && parallel_dims.count(static_cast<int>(loop_dims[k])) != 0;
+    loop.parallel = placed.parallel[k] && parallel_dims.count(static_cast<int>(loop_dims[k])) != 0;
     out.loops.push_back(std::move(loop));
   }
   return out;
