@@ -7,6 +7,7 @@
 // the call's arguments.
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -79,10 +80,10 @@ class AstTranslator {
     for (size_t k = 0; k < schedule_iterators.size(); ++k) dimension_of_[schedule_iterators[k].get()] = static_cast<int>(k);
   }
 
-  int iterators() const { return first_ + static_cast<int>(index_of_.size()); }
+  int iterators() const { return next_; }
 
   // Iterators 0 to n - 1 are loops made without isl (step_loops): isl's loops are numbered from n.
-  void first_iterators(int n) { first_ = n; }
+  void first_iterators(int n) { next_ = n; }
 
   // The Step statement at `args` (a micro-kernel nest's loops written by step_loops).
   LoopNode step(const std::vector<LoopExpr>& args) {
@@ -173,7 +174,9 @@ class AstTranslator {
     out.kind = LoopNode::Kind::loop;
     isl::id id = f.iterator().as<isl::ast_expr_id>().id();
     // Sibling loops may reuse an iterator (c0 for each piece of a split dimension): one index per id.
-    out.iterator = index_of_.emplace(id.get(), first_ + static_cast<int>(index_of_.size())).first->second;
+    const auto [at, added] = index_of_.emplace(id.get(), next_);
+    if (added) ++next_;
+    out.iterator = at->second;
     out.lower = expr(f.init());
     out.condition = expr(f.cond());
     LoopExpr step = expr(f.inc());
@@ -284,10 +287,43 @@ class AstTranslator {
     out.kind = LoopNode::Kind::block;
     out.body.push_back(choose(v.first, call(St::zero), call(St::load)));
     predicated_fmas_ = predicated;
-    out.body.push_back(node(v.fma, false));
+    out.body.push_back(v.direct_fma ? direct_fma(*v.direct_fma, predicated, args) : node(*v.fma, false));
     predicated_fmas_ = false;
     out.body.push_back(choose(v.last, call(St::epilogue), call(St::store)));
     return out;
+  }
+
+  // Fma loops written without isl (fma_loops): their iterators numbered here once, the step's
+  // parameters replaced by `args`.
+  LoopNode direct_fma(const FmaLoops& f, bool predicated, const std::vector<LoopExpr>& args) {
+    const auto [at, added] = fma_base_.emplace(&f, next_);
+    if (added) next_ += static_cast<int>(f.loops.size());
+    const int base = at->second;
+    std::function<LoopExpr(const LoopExpr&)> remap = [&](const LoopExpr& e) {
+      if (e.kind == LoopExpr::Kind::iterator) {
+        if (e.iterator >= kFmaParameter) return args.at(static_cast<size_t>(e.iterator - kFmaParameter));
+        LoopExpr i = e;
+        i.iterator = base + e.iterator;
+        return i;
+      }
+      LoopExpr out = e;
+      for (LoopExpr& a : out.args) a = remap(a);
+      return out;
+    };
+    LoopNode body;
+    body.kind = LoopNode::Kind::statement;
+    body.statement = LoopNode::Statement::fma;
+    body.predicated = predicated;
+    for (const LoopExpr& a : f.args) body.args.push_back(remap(a));
+    for (size_t k = f.loops.size(); k-- > 0;) {
+      LoopNode loop = f.loops[k];
+      loop.iterator = base + loop.iterator;
+      loop.lower = remap(loop.lower);
+      loop.condition = remap(loop.condition);
+      loop.body.push_back(std::move(body));
+      body = std::move(loop);
+    }
+    return body;
   }
 
   LoopNode choose(const BlockStep::Condition& c, LoopNode then, LoopNode otherwise) {
@@ -316,7 +352,8 @@ class AstTranslator {
   const std::vector<int64_t>* sizes_;    // with accumulators, their sizes (Accumulators::sizes)
   std::map<isl_id*, LoopExpr> bound_;    // parameter id -> its value, inside a block step
   int register_base_ = -1;               // under a register or accumulator mark: its band's first dimension
-  int first_ = 0;                        // iterators made outside isl's AST (first_iterators)
+  int next_ = 0;                         // the next iterator number to give a loop
+  std::map<const FmaLoops*, int> fma_base_;  // direct fma loops -> their first iterator (shared by variants)
   bool predicated_fmas_ = false;         // inside a predicated block step's fma loops
 };
 
@@ -416,7 +453,7 @@ std::string BlockStep::str() const {
     return "if (" + c.expr->to_C_str() + ")\n  " + then + args + ";\nelse\n  " + otherwise + args + ";\n";
   };
   auto variant = [&](const Variant& v, const std::string& p) {
-    std::string fma = v.fma.to_C_str();  // loops the predicated variant shares call F: it runs them as Fp
+    std::string fma = v.direct_fma ? v.direct_fma->text : v.fma->to_C_str();  // shared loops call F: run as Fp
     for (size_t at = 0; !p.empty() && (at = fma.find("F(", at)) != std::string::npos; at += 3) fma.replace(at, 2, "Fp(");
     return choose(v.first, "Z" + p, "L" + p) + fma + choose(v.last, "E" + p, "T" + p);
   };

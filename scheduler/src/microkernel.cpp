@@ -304,13 +304,20 @@ class MicrokernelNest {
     // The fma loops of the variant built last, over the points they were built for (any step's points,
     // whatever its arguments): the other variant takes the same loops when those points are its steps'
     // points, where it runs (the translator marks its fmas predicated).
-    std::optional<std::pair<isl::set, isl::ast_node>> loops;
+    std::optional<std::tuple<isl::set, std::optional<isl::ast_node>, std::shared_ptr<const FmaLoops>>> loops;
+    // The steps' arguments' ranges (over all steps: a box around either variant's), for the direct loops.
+    std::vector<std::pair<int64_t, int64_t>> step_box;
+    for (size_t k = 0; k < mk_.others.size(); ++k) step_box.push_back(range_[mk_.others[k]]);
+    step_box.emplace_back(0, n_bb_ - 1);
+    step_box.emplace_back(0, n_bv_ - 1);
+    for (size_t k = 0; k < reds_.size(); ++k) step_box.emplace_back(0, (range_[mk_.reductions[k]].second - red_lo_[k]) / tile_[k]);
     auto variant = [&](const isl::set& context, bool predicated) {
       BlockStep::Variant v;
       if (zero_init) v.first = condition(context, *first, first_expr);
       if (epilogue) v.last = condition(context, *last, last_expr);
-      if (loops && loops->first.intersect_params(context).is_equal(points.intersect_params(context))) {
-        v.fma = loops->second;
+      if (loops && std::get<0>(*loops).intersect_params(context).is_equal(points.intersect_params(context))) {
+        v.fma = std::get<1>(*loops);
+        v.direct_fma = std::get<2>(*loops);
         return v;
       }
       // The points simplified by the context, not intersected with it: they are the same where the step
@@ -318,6 +325,13 @@ class MicrokernelNest {
       // into one piece per disjunct, with the block fixed in each, which isl then takes 2.5x as long to
       // turn into the same loops. Built without the context (isl takes several times as long with it).
       const isl::set domain = points.gist_params(context).coalesce();
+      if (nb_.target.direct_step_loops) {
+        if (std::optional<FmaLoops> direct = fma_loops(domain, step.params, reds_.size(), step_box)) {
+          v.direct_fma = std::make_shared<const FmaLoops>(std::move(*direct));
+          loops.emplace(domain, std::nullopt, v.direct_fma);
+          return v;
+        }
+      }
       const isl::id& fma = nb_.statements.id(LoopNode::Statement::fma, predicated);
       isl::schedule tree = isl::schedule::from_domain(isl::union_set(isl_support::set_tuple_id(domain, fma)));
       if (!reds_.empty()) {
@@ -325,10 +339,11 @@ class MicrokernelNest {
         isl::union_map order(points_of_fma.to(unnamed("", reds_.size()), points_of_fma.vars(reds_)));
         tree = tree.root().child(0).insert_partial_schedule(isl_support::partial_schedule(order)).schedule();
       }
-      v.fma = isl_support::with_iterators(isl::ast_build(nb_.ctx.get()), iterators).node_from(tree);
+      isl::ast_node built = isl_support::with_iterators(isl::ast_build(nb_.ctx.get()), iterators).node_from(tree);
       // A guard around all of it (with no else) holds wherever the domain has points, so at every step.
-      if (v.fma.isa<isl::ast_node_if>() && !v.fma.as<isl::ast_node_if>().has_else_node()) v.fma = v.fma.as<isl::ast_node_if>().then_node();
-      loops.emplace(domain, v.fma);
+      if (built.isa<isl::ast_node_if>() && !built.as<isl::ast_node_if>().has_else_node()) built = built.as<isl::ast_node_if>().then_node();
+      v.fma = built;
+      loops.emplace(domain, v.fma, nullptr);
       return v;
     };
     // Uniform blocks' steps and the others'.

@@ -7,6 +7,7 @@
 
 #include <isl/cpp.h>
 
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -118,6 +119,16 @@ struct MicrokernelChoices {
 // the epilogue instead of the store at its last tile (E/T, Ep/Tp). isl builds these conditions and the F
 // loops once, over the step's arguments as parameters. (Separating the ten statements in one AST took isl
 // about six times as long, for code of the same speed.)
+// A block step's fma loops written without isl's AST build (fma_loops, below): loops numbered from 0,
+// the step's arguments standing in their bounds and in `args` (F's arguments) as iterators
+// kFmaParameter + k.
+constexpr int kFmaParameter = 1 << 20;
+struct FmaLoops {
+  std::vector<LoopNode> loops;
+  std::vector<LoopExpr> args;
+  std::string text;  // C text of the loops around F(...)
+};
+
 struct BlockStep {
   struct Condition {
     enum class Kind { never, always, when } kind = Kind::never;
@@ -125,7 +136,8 @@ struct BlockStep {
   };
   struct Variant {
     Condition first;  // zero the accumulators instead of loading them
-    isl::ast_node fma;  // the predicated variant's may be the uniform one's loops (calls of F, run as Fp)
+    std::optional<isl::ast_node> fma;  // the predicated variant's may be the uniform one's loops (calls of F, run as Fp)
+    std::shared_ptr<const FmaLoops> direct_fma;  // instead of `fma`: the loops scanned without isl (fma_loops)
     Condition last;   // the fused epilogue instead of the store
   };
   std::vector<isl::id> params;  // the step's arguments in order: block dimensions, then reduction tiles
@@ -163,6 +175,14 @@ struct StepLoops {
   int iterators = 0;
 };
 std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims);
+
+// The fma loops of a block step's variant over `points` (a set over F[block dimensions, reductions] with
+// the step's arguments `params` as parameters, `param_ranges` their ranges over the variant's steps),
+// the last `reductions` variables in order, scanned the same way (isl's AST build took 16 M instructions
+// for each). nullopt where the points are not one conjunction of constraints or a block
+// dimension is not one affine form of the parameters.
+std::optional<FmaLoops> fma_loops(const isl::set& points, const std::vector<isl::id>& params, size_t reductions,
+                                  const std::vector<std::pair<int64_t, int64_t>>& param_ranges);
 
 // vars[order[0]], vars[order[1]], ...
 std::vector<std::string> ordered(const std::vector<std::string>& vars, const std::vector<size_t>& order);

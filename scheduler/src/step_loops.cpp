@@ -1,13 +1,14 @@
-// The outer loops of a micro-kernel nest (see step_loops in nest_builder.h): its tree of bands over the
-// Step statement (blocks, reduction tiles; tiles of them as floor divisions) scanned by Fourier-Motzkin
-// elimination instead of isl's AST build, which took 30-40 M instructions (4-12 ms on a 2-core guest) for
-// each of the conv bench's three trees. The domain is one conjunction of integer constraints; each loop's
-// bounds are the constraints left once the loops inside it are eliminated, the innermost exact and the
-// outer ones the rational shadow (a loop value without steps inside runs an empty loop), bounds that the
-// others imply over the outer loops' ranges left out. The steps run are the domain's, in the schedule's
-// order: LowerTest.StepLoopsRunIslsSteps runs both on every micro-kernel nest of the examples, their
-// gradients, generated contractions, the bench's convolutions and matrix products and compares the
-// sequence of steps. Anything else is left to isl.
+// The loops of a micro-kernel nest (see step_loops and fma_loops in nest_builder.h): its tree of bands
+// over the Step statement (blocks, reduction tiles; tiles of them as floor divisions) and each block
+// step's fma loops over its reduction points (the step's arguments as parameters), scanned by
+// Fourier-Motzkin elimination instead of isl's AST build, which took 30-40 M instructions for each of the
+// conv bench's three trees and 16 M for each step's fma loops. The domain is one conjunction of integer
+// constraints; each loop's bounds are the constraints left once the loops inside it are eliminated, the
+// innermost exact and the outer ones the rational shadow (a loop value without points inside runs an
+// empty loop), bounds that the others imply over the outer loops' ranges left out. The points run are
+// the domain's, in the schedule's order: LowerTest.StepLoopsRunIslsSteps runs both on every micro-kernel
+// nest of the examples, their gradients, generated contractions, convolutions and matrix products of the
+// bench's kinds and compares the statements run. Anything else is left to isl.
 #include <isl/aff.h>
 #include <isl/constraint.h>
 #include <isl/set.h>
@@ -104,8 +105,10 @@ std::optional<Affine> member(const isl::union_pw_aff& upa, int n) {
   return out;
 }
 
+// A basic set's constraints as rows over [its parameters at `params`, its n variables].
 struct Reader {
   int n = 0;
+  std::vector<int> params;
   std::vector<Row> rows;
   bool ok = true;
 };
@@ -113,6 +116,11 @@ struct Reader {
 isl_stat read_constraint(isl_constraint* c, void* user) {
   Reader& r = *static_cast<Reader*>(user);
   Row row;
+  for (size_t k = 0; k < r.params.size() && r.ok; ++k) {
+    const auto a = small_int(isl_constraint_get_coefficient_val(c, isl_dim_param, r.params[k]));
+    if (!a) r.ok = false;
+    else row.a.push_back(*a);
+  }
   for (int k = 0; k < r.n && r.ok; ++k) {
     const auto a = small_int(isl_constraint_get_coefficient_val(c, isl_dim_set, k));
     if (!a) r.ok = false;
@@ -172,13 +180,15 @@ LoopExpr linear(const std::vector<int64_t>& coefficients, int64_t constant_term,
   return b == 0 ? std::move(*sum) : op(LoopExpr::Kind::add, std::move(*sum), constant(b));
 }
 
-// C text of the expressions made here (iterators named by `names`).
-std::string c_text(const LoopExpr& e, const std::vector<std::string>& names) {
+// C text of the expressions made here: iterators named by `names`, parameters (kFmaParameter + k) by
+// `params`.
+std::string c_text(const LoopExpr& e, const std::vector<std::string>& names, const std::vector<std::string>& params) {
   using K = LoopExpr::Kind;
-  auto a = [&](size_t k) { return c_text(e.args[k], names); };
+  auto a = [&](size_t k) { return c_text(e.args[k], names, params); };
   switch (e.kind) {
     case K::constant: return std::to_string(e.value);
-    case K::iterator: return names[static_cast<size_t>(e.iterator)];
+    case K::iterator:
+      return e.iterator >= kFmaParameter ? params.at(static_cast<size_t>(e.iterator - kFmaParameter)) : names.at(static_cast<size_t>(e.iterator));
     case K::mul:
       if (e.args[0].kind == K::constant && e.args[0].value == -1) return "-" + a(1);
       return a(0) + " * " + a(1);
@@ -213,124 +223,135 @@ std::pair<int64_t, int64_t> range(const std::vector<int64_t>& a, int64_t b, cons
 
 int64_t ceil_div(int64_t x, int64_t y) { return -floor_div(-x, y); }
 
-}  // namespace
-
-std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims) {
-  const isl::union_set domain = tree.domain();
-  if (isl_union_set_n_set(domain.get()) != 1) return std::nullopt;
-  const isl::set set = domain.set_list().at(0);
-  if (set.n_basic_set() != 1 || isl_set_dim(set.get(), isl_dim_param) != 0 || !isl_set_has_tuple_id(set.get())) return std::nullopt;
-  if (isl::manage(isl_set_get_tuple_id(set.get())).get() != ids.block_step.get()) return std::nullopt;
-  const int n = static_cast<int>(set.tuple_dim());
-  Reader domain_rows;
-  domain_rows.n = n;
-  isl_basic_set_list* pieces = isl_set_get_basic_set_list(set.get());
-  isl_basic_set* piece = isl_basic_set_list_get_at(pieces, 0);
-  isl_basic_set_list_free(pieces);
-  if (!piece) return std::nullopt;
-  if (isl_basic_set_dim(piece, isl_dim_div) != 0 || isl_basic_set_foreach_constraint(piece, read_constraint, &domain_rows) != isl_stat_ok)
-    domain_rows.ok = false;
-  isl_basic_set_free(piece);
-  if (!domain_rows.ok) return std::nullopt;
-  // Marks and bands down to the leaf: each member, and the marks above each schedule dimension.
-  const std::optional<direct::BandChain> chain = direct::band_chain(tree, ids);
-  if (!chain) return std::nullopt;
+// A set over [parameters P, variables n] (rows: a over both, then b) scanned in the order of `members`
+// (over the variables), each variable a member of its own or of one value (an affine form of the
+// parameters). `box`: the parameters' ranges.
+struct ScanInput {
+  size_t P = 0, n = 0;
+  std::vector<Row> rows;
   std::vector<Affine> members;
-  for (const isl::union_pw_aff& upa : chain->members) {
-    auto m = member(upa, n);
-    if (!m) return std::nullopt;
-    members.push_back(*m);
-  }
-  const size_t L = members.size();
-  if (L == 0) return std::nullopt;
+  std::vector<std::pair<int64_t, int64_t>> box;
+};
+
+// Per member: a loop (its iterator, its bounds) or one value; per variable: its value at the statement.
+struct Scan {
+  std::vector<Value> values;  // per column [parameters, members]
+  std::vector<size_t> loop_members;
+  std::vector<std::pair<LoopExpr, LoopExpr>> bounds;  // per loop: lower, upper
+  std::vector<LoopExpr> args;
+};
+
+std::optional<Scan> scan(const ScanInput& in) {
+  const size_t P = in.P, n = in.n, L = in.members.size(), C = P + L;
   // Each variable is a member of its own (the first one that is the variable alone) or has one value.
-  std::vector<int> own(static_cast<size_t>(n), -1);
+  std::vector<int> own(n, -1);
   std::vector<bool> owns(L, false);
   for (size_t d = 0; d < L; ++d) {
-    const Affine& m = members[d];
+    const Affine& m = in.members[d];
     if (m.T != 1 || m.b != 0) continue;
     int v = -1;
     bool single = true;
-    for (int j = 0; j < n && single; ++j) {
-      if (m.a[static_cast<size_t>(j)] == 0) continue;
-      single = m.a[static_cast<size_t>(j)] == 1 && v < 0;
-      v = j;
+    for (size_t j = 0; j < n && single; ++j) {
+      if (m.a[j] == 0) continue;
+      single = m.a[j] == 1 && v < 0;
+      v = static_cast<int>(j);
     }
     if (single && v >= 0 && own[static_cast<size_t>(v)] < 0) {
       own[static_cast<size_t>(v)] = static_cast<int>(d);
       owns[d] = true;
     }
   }
-  std::vector<std::optional<int64_t>> fixed(static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    if (own[static_cast<size_t>(j)] >= 0) continue;
-    std::optional<int64_t> lo, hi;  // from the rows of this variable alone
-    for (const Row& r : domain_rows.rows) {
-      bool alone = r.a[static_cast<size_t>(j)] == 1 || r.a[static_cast<size_t>(j)] == -1;
-      for (int i = 0; i < n && alone; ++i) alone = i == j || r.a[static_cast<size_t>(i)] == 0;
+  // A variable of one value: a lower and an upper bound of it alone, the same form of the parameters.
+  std::vector<std::optional<Row>> fixed(n);  // over the parameters
+  for (size_t j = 0; j < n; ++j) {
+    if (own[j] >= 0) continue;
+    std::vector<Row> lo, hi;
+    for (const Row& r : in.rows) {
+      bool alone = r.a[P + j] == 1 || r.a[P + j] == -1;
+      for (size_t i = 0; i < n && alone; ++i) alone = i == j || r.a[P + i] == 0;
       if (!alone) continue;
-      if (r.a[static_cast<size_t>(j)] == 1) lo = std::max(lo.value_or(INT64_MIN), -r.b);
-      else hi = std::min(hi.value_or(INT64_MAX), r.b);
+      Row form{std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(P)), r.b};
+      if (r.a[P + j] == 1) {  // d + form >= 0: d >= -form
+        for (int64_t& x : form.a) x = -x;
+        form.b = -form.b;
+        lo.push_back(form);
+      } else {
+        hi.push_back(form);
+      }
     }
-    if (!lo || !hi || *lo != *hi) return std::nullopt;
-    fixed[static_cast<size_t>(j)] = *lo;
+    for (const Row& l : lo)
+      for (const Row& h : hi)
+        if (!fixed[j] && l.a == h.a && l.b == h.b) fixed[j] = l;
+    if (!fixed[j]) return std::nullopt;
   }
-  // The constraints over the members' values c: the domain's, d replaced by its member or value, and
+  // The constraints over the columns: the rows, each variable replaced by its member or value, and
   // T c = floor(E) as 0 <= E - T c <= T - 1 for every member but the variables' own.
-  auto substitute = [&](const std::vector<int64_t>& a, int64_t b) {
+  auto substitute = [&](const std::vector<int64_t>& params, const std::vector<int64_t>& a, int64_t b) {
     Row r;
-    r.a.assign(L, 0);
+    r.a.assign(C, 0);
+    std::copy(params.begin(), params.end(), r.a.begin());
     r.b = b;
-    for (int j = 0; j < n; ++j) {
-      const int64_t c = a[static_cast<size_t>(j)];
+    for (size_t j = 0; j < n; ++j) {
+      const int64_t c = a[j];
       if (c == 0) continue;
-      if (own[static_cast<size_t>(j)] >= 0) r.a[static_cast<size_t>(own[static_cast<size_t>(j)])] += c;
-      else r.b += c * *fixed[static_cast<size_t>(j)];
+      if (own[j] >= 0) {
+        r.a[P + static_cast<size_t>(own[j])] += c;
+        continue;
+      }
+      for (size_t p = 0; p < P; ++p) r.a[p] += c * fixed[j]->a[p];
+      r.b += c * fixed[j]->b;
     }
     return r;
   };
   std::vector<Row> system;
-  for (const Row& r : domain_rows.rows) system.push_back(substitute(r.a, r.b));
+  for (const Row& r : in.rows)
+    system.push_back(substitute(std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(P)),
+                                std::vector<int64_t>(r.a.begin() + static_cast<long>(P), r.a.end()), r.b));
   for (size_t d = 0; d < L; ++d) {
     if (owns[d]) continue;
-    Row low = substitute(members[d].a, members[d].b);  // E - T c >= 0
-    low.a[d] -= members[d].T;
+    Row low = substitute(std::vector<int64_t>(P, 0), in.members[d].a, in.members[d].b);  // E - T c >= 0
+    low.a[P + d] -= in.members[d].T;
     Row high = low;  // T - 1 - (E - T c) >= 0
     for (int64_t& x : high.a) x = -x;
-    high.b = members[d].T - 1 - low.b;
+    high.b = in.members[d].T - 1 - low.b;
     system.push_back(low);
     system.push_back(high);
   }
-  // Eliminated innermost first: loop k's bounds are the rows that still hold c_k.
+  auto only_parameters = [P](const std::vector<int64_t>& a) {
+    return std::all_of(a.begin() + static_cast<long>(P), a.end(), [](int64_t x) { return x == 0; });
+  };
+  // Eliminated innermost first: loop k's bounds are the rows that still hold it. Rows of parameters
+  // alone hold wherever the set has points: dropped, as isl drops a guard around all of it.
   std::vector<std::vector<Bound>> lowers(L), uppers(L);
   for (size_t k = L; k-- > 0;) {
+    const size_t col = P + k;
     std::map<std::vector<int64_t>, int64_t> kept;  // coefficients -> the least constant (the tightest row)
     std::vector<Row> lo, hi;
     for (Row r : system) {
       normalize(r);
-      if (r.a[k] > 0) lo.push_back(r);
-      else if (r.a[k] < 0) hi.push_back(r);
+      if (r.a[col] > 0) lo.push_back(r);
+      else if (r.a[col] < 0) hi.push_back(r);
       else {
         auto [it, added] = kept.emplace(r.a, r.b);
         if (!added) it->second = std::min(it->second, r.b);
       }
     }
     if (lo.empty() || hi.empty() || lo.size() * hi.size() > 4096) return std::nullopt;
-    for (const Row& r : lo) {  // a c_k + rest >= 0: c_k >= ceil(-rest / a)
-      Bound b{std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(k)), -r.b, r.a[k]};
+    for (const Row& r : lo) {  // a c + rest >= 0: c >= ceil(-rest / a)
+      Bound b{std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(col)), -r.b, r.a[col]};
       for (int64_t& x : b.a) x = -x;
       lowers[k].push_back(b);
     }
-    for (const Row& r : hi) {  // -a c_k + rest >= 0: c_k <= floor(rest / a)
-      Bound b{std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(k)), r.b, -r.a[k]};
+    for (const Row& r : hi) {  // -a c + rest >= 0: c <= floor(rest / a)
+      Bound b{std::vector<int64_t>(r.a.begin(), r.a.begin() + static_cast<long>(col)), r.b, -r.a[col]};
       uppers[k].push_back(b);
     }
     for (const Row& l : lo)
       for (const Row& h : hi) {
         Row r;
-        r.a.resize(L);
-        for (size_t i = 0; i < L; ++i) r.a[i] = -h.a[k] * l.a[i] + l.a[k] * h.a[i];
-        r.b = -h.a[k] * l.b + l.a[k] * h.b;
+        r.a.resize(C);
+        for (size_t i = 0; i < C; ++i) r.a[i] = -h.a[col] * l.a[i] + l.a[col] * h.a[i];
+        r.b = -h.a[col] * l.b + l.a[col] * h.b;
         normalize(r);
         if (std::any_of(r.a.begin(), r.a.end(), [](int64_t x) { return x <= -kLarge || x >= kLarge; }) || r.b <= -kLarge * kLarge ||
             r.b >= kLarge * kLarge)
@@ -340,22 +361,23 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
       }
     system.clear();
     for (const auto& [a, b] : kept) {
-      if (std::all_of(a.begin(), a.end(), [](int64_t x) { return x == 0; })) {
-        if (b < 0) return std::nullopt;  // no steps at all: left to isl
+      if (only_parameters(a)) {
+        if (std::all_of(a.begin(), a.end(), [](int64_t x) { return x == 0; }) && b < 0) return std::nullopt;  // no points
         continue;
       }
       system.push_back(Row{a, b});
     }
   }
   // Outside in: each loop's range over the ranges outside it, its bounds without those another implies,
-  // and a loop of one value left out (its value a constant), as isl leaves it out.
-  std::vector<std::pair<int64_t, int64_t>> box(L);
-  std::vector<Value> values(L);
-  std::vector<std::string> names;
-  std::vector<size_t> loop_dims;  // loop -> schedule dimension
-  std::vector<std::pair<LoopExpr, LoopExpr>> loop_bounds;
+  // and a loop of one value left out (its value an affine form of what is outside), as isl leaves it out.
+  Scan out;
+  std::vector<std::pair<int64_t, int64_t>> box = in.box;
+  box.resize(C);
+  out.values.resize(C);
+  for (size_t p = 0; p < P; ++p) out.values[p] = Value{false, {}, 0, kFmaParameter + static_cast<int>(p)};
   for (size_t k = 0; k < L; ++k) {
-    std::vector<std::pair<int64_t, int64_t>> outer(box.begin(), box.begin() + static_cast<long>(k));
+    const size_t col = P + k;
+    std::vector<std::pair<int64_t, int64_t>> outer(box.begin(), box.begin() + static_cast<long>(col));
     auto value_range = [&](const Bound& b, bool lower) {
       const auto [lo, hi] = range(b.a, b.b, outer);
       return lower ? std::pair{ceil_div(lo, b.den), ceil_div(hi, b.den)} : std::pair{floor_div(lo, b.den), floor_div(hi, b.den)};
@@ -368,8 +390,8 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
           if (i == j || dropped[j]) continue;
           bool tighter;
           if (bounds[i].den == 1 && bounds[j].den == 1) {
-            std::vector<int64_t> diff(k);
-            for (size_t t = 0; t < k; ++t) diff[t] = bounds[j].a[t] - bounds[i].a[t];
+            std::vector<int64_t> diff(col);
+            for (size_t t = 0; t < col; ++t) diff[t] = bounds[j].a[t] - bounds[i].a[t];
             const auto [lo, hi] = range(diff, bounds[j].b - bounds[i].b, outer);
             tighter = lower ? lo >= 0 : hi <= 0;
           } else {
@@ -390,79 +412,172 @@ std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementId
     for (const Bound& b : lowers[k]) lo = std::max(lo, value_range(b, true).first);
     for (const Bound& b : uppers[k]) hi = std::min(hi, value_range(b, false).second);
     if (lo > hi) return std::nullopt;
-    box[k] = {lo, hi};
+    box[col] = {lo, hi};
     // One value: one lower bound and one upper bound, the same affine form (a variable that another
     // member already is, a dimension of one value).
     if (lowers[k].size() == 1 && uppers[k].size() == 1 && lowers[k][0].den == 1 && uppers[k][0].den == 1 &&
         lowers[k][0].a == uppers[k][0].a && lowers[k][0].b == uppers[k][0].b) {
-      auto [a, b] = expand(lowers[k][0].a, lowers[k][0].b, values);
-      a.resize(L, 0);
-      values[k] = Value{true, a, b, -1};
+      auto [a, b] = expand(lowers[k][0].a, lowers[k][0].b, out.values);
+      a.resize(C, 0);
+      out.values[col] = Value{true, a, b, -1};
       continue;
     }
-    values[k] = Value{false, {}, 0, static_cast<int>(loop_dims.size())};
+    out.values[col] = Value{false, {}, 0, static_cast<int>(out.loop_members.size())};
     auto expr = [&](const Bound& b, bool lower) {
-      if (b.den == 1) return linear(b.a, b.b, values);
-      return op(LoopExpr::Kind::floordiv, linear(b.a, lower ? b.b + b.den - 1 : b.b, values), constant(b.den));
+      if (b.den == 1) return linear(b.a, b.b, out.values);
+      return op(LoopExpr::Kind::floordiv, linear(b.a, lower ? b.b + b.den - 1 : b.b, out.values), constant(b.den));
     };
     auto chain = [&](const std::vector<Bound>& bounds, bool lower) {
       LoopExpr e = expr(bounds[0], lower);
       for (size_t i = 1; i < bounds.size(); ++i) e = op(lower ? LoopExpr::Kind::max : LoopExpr::Kind::min, std::move(e), expr(bounds[i], lower));
       return e;
     };
-    loop_bounds.emplace_back(chain(lowers[k], true), chain(uppers[k], false));
-    loop_dims.push_back(k);
-    names.push_back("c" + std::to_string(k));
+    out.bounds.emplace_back(chain(lowers[k], true), chain(uppers[k], false));
+    out.loop_members.push_back(k);
   }
-  if (loop_dims.empty()) return std::nullopt;
-  // Marks go with the next loop; the rest, under the last loop, above the statement.
-  std::vector<bool> has_loop(L);
-  for (size_t d = 0; d < L; ++d) has_loop[d] = !values[d].fixed;
-  const direct::LoopMarks placed = direct::loop_marks(*chain, has_loop);
-  StepLoops out;
-  out.iterators = static_cast<int>(loop_dims.size());
-  // The Step statement's arguments: each variable's member value, or its one value.
-  for (int j = 0; j < n; ++j) {
-    const int d = own[static_cast<size_t>(j)];
-    if (d < 0) {
-      out.args.push_back(constant(*fixed[static_cast<size_t>(j)]));
-      continue;
+  // The statement's arguments: each variable's member value, or its one value.
+  for (size_t j = 0; j < n; ++j) {
+    std::vector<int64_t> form(C, 0);
+    int64_t b = 0;
+    if (own[j] >= 0) {
+      form[P + static_cast<size_t>(own[j])] = 1;
+    } else {
+      std::copy(fixed[j]->a.begin(), fixed[j]->a.end(), form.begin());
+      b = fixed[j]->b;
     }
-    std::vector<int64_t> unit(L, 0);
-    unit[static_cast<size_t>(d)] = 1;
-    out.args.push_back(linear(unit, 0, values));
+    out.args.push_back(linear(form, b, out.values));
   }
-  // The C text, as isl writes it: two spaces a level, marks as comments, a loop whose body starts with a
-  // mark in braces.
+  return out;
+}
+
+// The rows of `set`'s one basic set over [the parameters `params`, in that order, its variables]; nullopt
+// when it has several, divisions, other parameters or large numbers.
+std::optional<std::vector<Row>> rows_of(const isl::set& set, const std::vector<isl::id>& params) {
+  if (set.n_basic_set() != 1 || isl_set_dim(set.get(), isl_dim_param) != static_cast<isl_size>(params.size())) return std::nullopt;
+  Reader reader;
+  reader.n = static_cast<int>(set.tuple_dim());
+  for (const isl::id& p : params) {
+    const int at = isl_set_find_dim_by_id(set.get(), isl_dim_param, p.get());
+    if (at < 0) return std::nullopt;
+    reader.params.push_back(at);
+  }
+  isl_basic_set_list* pieces = isl_set_get_basic_set_list(set.get());
+  isl_basic_set* piece = isl_basic_set_list_get_at(pieces, 0);
+  isl_basic_set_list_free(pieces);
+  if (!piece) return std::nullopt;
+  if (isl_basic_set_dim(piece, isl_dim_div) != 0 || isl_basic_set_foreach_constraint(piece, read_constraint, &reader) != isl_stat_ok)
+    reader.ok = false;
+  isl_basic_set_free(piece);
+  if (!reader.ok) return std::nullopt;
+  return reader.rows;
+}
+
+// C text of a scan's loops around `call`, loop k named names[k], marks above loops and the call.
+std::string scan_text(const Scan& scan, const std::vector<std::string>& names, const std::vector<std::string>& params,
+                      const std::vector<std::vector<std::string>>& marks,
+                      const std::vector<std::string>& leaf, const std::string& call) {
   std::string text;
   std::vector<bool> braced;
-  for (size_t k = 0; k < loop_dims.size(); ++k) {
+  const size_t loops = scan.loop_members.size();
+  for (size_t k = 0; k < loops; ++k) {
     const std::string indent(2 * k, ' ');
-    for (const std::string& name : placed.marks[k]) text += indent + "// " + name + "\n";
+    if (k < marks.size())
+      for (const std::string& name : marks[k]) text += indent + "// " + name + "\n";
     const std::string& c = names[k];
-    const bool brace = !(k + 1 < loop_dims.size() ? placed.marks[k + 1] : placed.leaf).empty();
-    text += indent + "for (int " + c + " = " + c_text(loop_bounds[k].first, names) + "; " + c + " <= " +
-            c_text(loop_bounds[k].second, names) + "; " + c + " += 1)" + (brace ? " {\n" : "\n");
+    const bool brace = !(k + 1 < loops ? (k + 1 < marks.size() ? marks[k + 1] : std::vector<std::string>{}) : leaf).empty();
+    text += indent + "for (int " + c + " = " + c_text(scan.bounds[k].first, names, params) + "; " + c + " <= " +
+            c_text(scan.bounds[k].second, names, params) + "; " + c + " += 1)" + (brace ? " {\n" : "\n");
     braced.push_back(brace);
   }
-  const std::string indent(2 * loop_dims.size(), ' ');
-  for (const std::string& name : placed.leaf) text += indent + "// " + name + "\n";
-  text += indent + "Step(";
-  for (size_t j = 0; j < out.args.size(); ++j) text += (j ? ", " : "") + c_text(out.args[j], names);
+  const std::string indent(2 * loops, ' ');
+  for (const std::string& name : leaf) text += indent + "// " + name + "\n";
+  text += indent + call + "(";
+  for (size_t j = 0; j < scan.args.size(); ++j) text += (j ? ", " : "") + c_text(scan.args[j], names, params);
   text += ");\n";
-  for (size_t k = loop_dims.size(); k-- > 0;)
+  for (size_t k = loops; k-- > 0;)
     if (braced[k]) text += std::string(2 * k, ' ') + "}\n";
-  out.ast = text;
-  for (size_t k = 0; k < loop_dims.size(); ++k) {
+  return text;
+}
+
+std::vector<LoopNode> scan_loops(const Scan& scan) {
+  std::vector<LoopNode> loops;
+  for (size_t k = 0; k < scan.loop_members.size(); ++k) {
     LoopNode loop;
     loop.kind = LoopNode::Kind::loop;
     loop.iterator = static_cast<int>(k);
-    loop.lower = loop_bounds[k].first;
-    loop.condition = op(LoopExpr::Kind::le, iterator(static_cast<int>(k)), loop_bounds[k].second);
+    loop.lower = scan.bounds[k].first;
+    loop.condition = op(LoopExpr::Kind::le, iterator(static_cast<int>(k)), scan.bounds[k].second);
     loop.step = 1;
-    loop.parallel = placed.parallel[k] && parallel_dims.count(static_cast<int>(loop_dims[k])) != 0;
-    out.loops.push_back(std::move(loop));
+    loops.push_back(std::move(loop));
   }
+  return loops;
+}
+
+}  // namespace
+
+std::optional<StepLoops> step_loops(const isl::schedule& tree, const StatementIds& ids, const std::set<int>& parallel_dims) {
+  const isl::union_set domain = tree.domain();
+  if (isl_union_set_n_set(domain.get()) != 1) return std::nullopt;
+  const isl::set set = domain.set_list().at(0);
+  if (!isl_set_has_tuple_id(set.get()) || isl::manage(isl_set_get_tuple_id(set.get())).get() != ids.block_step.get()) return std::nullopt;
+  ScanInput in;
+  in.n = set.tuple_dim();
+  auto rows = rows_of(set, {});
+  if (!rows) return std::nullopt;
+  in.rows = std::move(*rows);
+  // Marks and bands down to the leaf: each member, and the marks above each schedule dimension.
+  const std::optional<direct::BandChain> chain = direct::band_chain(tree, ids);
+  if (!chain) return std::nullopt;
+  for (const isl::union_pw_aff& upa : chain->members) {
+    auto m = member(upa, static_cast<int>(in.n));
+    if (!m) return std::nullopt;
+    in.members.push_back(*m);
+  }
+  if (in.members.empty()) return std::nullopt;
+  std::optional<Scan> scanned = scan(in);
+  if (!scanned || scanned->loop_members.empty()) return std::nullopt;
+  // Marks go with the next loop; the rest, under the last loop, above the statement.
+  std::vector<bool> has_loop(in.members.size(), false);
+  for (size_t d : scanned->loop_members) has_loop[d] = true;
+  const direct::LoopMarks placed = direct::loop_marks(*chain, has_loop);
+  std::vector<std::string> names;  // isl's: c and the schedule dimension
+  for (size_t d : scanned->loop_members) names.push_back("c" + std::to_string(d));
+  StepLoops out;
+  out.iterators = static_cast<int>(scanned->loop_members.size());
+  out.args = scanned->args;
+  out.ast = scan_text(*scanned, names, {}, placed.marks, placed.leaf, "Step");
+  out.loops = scan_loops(*scanned);
+  for (size_t k = 0; k < out.loops.size(); ++k)
+    out.loops[k].parallel = placed.parallel[k] && parallel_dims.count(static_cast<int>(scanned->loop_members[k])) != 0;
+  return out;
+}
+
+std::optional<FmaLoops> fma_loops(const isl::set& points, const std::vector<isl::id>& params, size_t reductions,
+                                  const std::vector<std::pair<int64_t, int64_t>>& param_ranges) {
+  ScanInput in;
+  in.P = params.size();
+  in.n = points.tuple_dim();
+  if (reductions > in.n || param_ranges.size() != in.P) return std::nullopt;
+  auto rows = rows_of(points, params);
+  if (!rows) return std::nullopt;
+  in.rows = std::move(*rows);
+  for (size_t k = 0; k < reductions; ++k) {
+    Affine m;
+    m.a.assign(in.n, 0);
+    m.a[in.n - reductions + k] = 1;
+    in.members.push_back(m);
+  }
+  in.box = param_ranges;
+  std::optional<Scan> scanned = scan(in);
+  if (!scanned) return std::nullopt;
+  FmaLoops out;
+  std::vector<std::string> names;
+  for (size_t d : scanned->loop_members) names.push_back("r" + std::to_string(d));
+  std::vector<std::string> param_names;
+  for (const isl::id& p : params) param_names.push_back(p.name());
+  out.text = scan_text(*scanned, names, param_names, {}, {}, "F");
+  out.loops = scan_loops(*scanned);
+  out.args = scanned->args;
   return out;
 }
 
