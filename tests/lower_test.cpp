@@ -116,8 +116,8 @@ TEST(LowerTest, BoxLoopsAreIslsLoops) {
   EXPECT_GE(by_isl, 40);
 }
 
-// The loops the scheduler writes around a micro-kernel's steps (Target::direct_step_loops,
-// step_loops.cpp) run the steps isl's loops run, in the same order: every micro-kernel nest of the
+// The loops the scheduler writes around a micro-kernel's steps and for each step's fma loops
+// (Target::direct_step_loops, step_loops.cpp) run what isl's loops run, in the same order: every micro-kernel nest of the
 // examples and their gradients, of generated contractions, of convolutions and matrix products of the
 // bench's kinds (borders, strides, dilation, channels that blocks do not divide), lowered both ways and
 // run on integers, gives the same statements (zero, load, fma, store, epilogue; predicated or not) with

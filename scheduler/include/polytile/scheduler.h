@@ -166,9 +166,10 @@ struct Target {
   // scheduler itself, as isl's AST build would write them but about a millisecond a loop level sooner
   // (Nest::direct_loops). False: isl builds every nest's loops -- the same loops and text, for comparison.
   bool direct_box_loops = true;
-  // The loops around a micro-kernel's steps (its blocks and reduction tiles) are scanned by the scheduler
-  // (Fourier-Motzkin elimination), not by isl's AST build: the same steps in the same order, bounds written
-  // otherwise (Nest::direct_loops). False: isl builds them.
+  // The loops of a micro-kernel nest -- around its steps (blocks and reduction tiles) and each step's fma
+  // loops -- are scanned by the scheduler (Fourier-Motzkin elimination), not by isl's AST build: the same
+  // statements in the same order, bounds written otherwise (Nest::direct_loops: its steps' loops). False:
+  // isl builds them.
   bool direct_step_loops = true;
 };
 
@@ -390,7 +391,7 @@ struct Nest {
   std::string tree;                   // isl schedule tree with marks
   std::string ast;                    // isl's C rendering of the loops
   bool direct_loops = false;          // root and ast written without isl's AST build (Target::direct_box_loops,
-                                      // direct_step_loops: its steps' loops; their fma loops are isl's)
+                                      // direct_step_loops: its steps' loops)
 };
 
 // The tensors a nest's code reads or writes (its buffers): the tensor written first, then the others in
