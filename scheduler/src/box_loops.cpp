@@ -76,6 +76,48 @@ int used_division(isl_aff* aff) {
   return used;
 }
 
+// `aff` as (a . d + b) / T: its coefficients and constant times its denominator T (1 unless
+// `allow_denominator`), when no division of it takes part and it has no parameters.
+std::optional<Affine> linear_part(isl_aff* aff, int n, bool allow_denominator) {
+  if (isl_aff_dim(aff, isl_dim_param) != 0) return std::nullopt;
+  Affine out;
+  const auto den = small_int(isl_aff_get_denominator_val(aff));
+  if (!den || *den < 1 || (*den != 1 && !allow_denominator)) return std::nullopt;
+  out.T = *den;
+  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
+    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) return std::nullopt;
+  for (int k = 0; k < n; ++k) {
+    const auto c = small_int(isl_val_mul_ui(isl_aff_get_coefficient_val(aff, isl_dim_in, k), static_cast<unsigned long>(out.T)));
+    if (!c) return std::nullopt;
+    out.a.push_back(*c);
+  }
+  const auto b = small_int(isl_val_mul_ui(isl_aff_get_constant_val(aff), static_cast<unsigned long>(out.T)));
+  if (!b) return std::nullopt;
+  out.b = *b;
+  return out;
+}
+
+std::optional<Affine> affine_member(const isl::union_pw_aff& upa, int n) {
+  isl_aff* aff = single_aff(upa);
+  if (!aff) return std::nullopt;
+  const int used = used_division(aff);
+  std::optional<Affine> out;
+  if (used == -1) {
+    out = linear_part(aff, n, false);
+  } else if (used >= 0) {
+    bool alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, used)) == 1 &&
+                 small_int(isl_aff_get_constant_val(aff)) == 0 && small_int(isl_aff_get_denominator_val(aff)) == 1;
+    for (int k = 0; k < n && alone; ++k) alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_in, k)) == 0;
+    if (alone) {
+      isl_aff* div = isl_aff_get_div(aff, used);
+      if (div) out = linear_part(div, n, true);
+      isl_aff_free(div);
+    }
+  }
+  isl_aff_free(aff);
+  return out;
+}
+
 std::optional<BandChain> band_chain(const isl::schedule& tree, const StatementIds& ids) {
   BandChain chain;
   bool parallel_next = false;
@@ -142,94 +184,20 @@ struct Member {
   int64_t size = 1;
 };
 
-// The integer coefficients of `aff`'s n input variables and its constant, when its denominator is 1 and
-// no integer division takes part (a band's members share their local space: a member may list the
-// divisions of the others, with coefficient 0).
-std::optional<std::pair<std::vector<int64_t>, int64_t>> linear(isl_aff* aff, int n) {
-  if (isl_aff_dim(aff, isl_dim_param) != 0) return std::nullopt;
-  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
-    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) return std::nullopt;
-  if (small_int(isl_aff_get_denominator_val(aff)) != 1) return std::nullopt;
-  std::vector<int64_t> coefficients;
-  for (int k = 0; k < n; ++k) {
-    auto c = small_int(isl_aff_get_coefficient_val(aff, isl_dim_in, k));
-    if (!c) return std::nullopt;
-    coefficients.push_back(*c);
-  }
-  auto constant = small_int(isl_aff_get_constant_val(aff));
-  if (!constant) return std::nullopt;
-  return std::pair{coefficients, *constant};
-}
-
-// The one variable with coefficient 1 in an expression without a constant; -1 where there is none.
-int single(const std::vector<int64_t>& coefficients, int64_t constant) {
-  int v = -1;
-  for (size_t k = 0; k < coefficients.size(); ++k) {
-    if (coefficients[k] == 0) continue;
-    if (coefficients[k] != 1 || v >= 0) return -1;
-    v = static_cast<int>(k);
-  }
-  return constant == 0 ? v : -1;
-}
-
+// v, floor(v / size) or size * v + w (w with coefficient 1, size > 1); nullopt for any other member.
 std::optional<Member> member(const isl::union_pw_aff& upa, int n) {
-  isl_aff* aff = direct::single_aff(upa);
-  if (!aff) return std::nullopt;
-  std::optional<Member> out;
-  // The one division that takes part, if any.
-  const int used = direct::used_division(aff);
-  if (used == -2) {
-    isl_aff_free(aff);
-    return std::nullopt;
-  }
-  if (used >= 0) {
-    // floor(v / size): the division alone, coefficient 1, no constant.
-    bool only_div = small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, used)) == 1 &&
-                    small_int(isl_aff_get_constant_val(aff)) == 0 && small_int(isl_aff_get_denominator_val(aff)) == 1;
-    for (int k = 0; k < n && only_div; ++k) only_div = small_int(isl_aff_get_coefficient_val(aff, isl_dim_in, k)) == 0;
-    // The division's own aff, in the same local space (no division of it takes part): v / size, read
-    // with its denominator size.
-    isl_aff* div = isl_aff_get_div(aff, used);
-    const int divs = div ? static_cast<int>(isl_aff_dim(div, isl_dim_div)) : 0;
-    for (int k = 0; k < divs && only_div; ++k) only_div = small_int(isl_aff_get_coefficient_val(div, isl_dim_div, k)) == 0;
-    if (only_div && div) {
-      const auto size = small_int(isl_aff_get_denominator_val(div));
-      if (size && *size > 1 && small_int(isl_aff_get_constant_val(div)) == 0) {
-        int v = -1;
-        bool one = true;
-        for (int k = 0; k < n && one; ++k) {
-          isl_val* c = isl_aff_get_coefficient_val(div, isl_dim_in, k);
-          c = isl_val_mul_ui(c, static_cast<unsigned long>(*size));
-          const auto scaled = small_int(c);
-          if (!scaled) one = false;
-          else if (*scaled != 0) {
-            one = *scaled == 1 && v < 0;
-            v = k;
-          }
-        }
-        if (one && v >= 0) out = Member{Member::Kind::tile, v, -1, *size};
-      }
-    }
-    isl_aff_free(div);
-  } else if (auto l = linear(aff, n)) {
-    const auto& [c, constant] = *l;
-    if (int v = single(c, constant); v >= 0) {
-      out = Member{Member::Kind::var, v, -1, 1};
-    } else if (constant == 0) {
-      // size * v + w: two variables, the second with coefficient 1.
-      int v1 = -1, w = -1, count = 0;
-      for (int k = 0; k < n; ++k) {
-        if (c[static_cast<size_t>(k)] == 0) continue;
-        ++count;
-        if (c[static_cast<size_t>(k)] == 1 && w < 0) w = k;
-        else v1 = k;
-      }
-      if (count == 2 && v1 >= 0 && w >= 0 && c[static_cast<size_t>(v1)] > 1)
-        out = Member{Member::Kind::merged, v1, w, c[static_cast<size_t>(v1)]};
-    }
-  }
-  isl_aff_free(aff);
-  return out;
+  const std::optional<direct::Affine> f = direct::affine_member(upa, n);
+  if (!f || f->b != 0) return std::nullopt;
+  std::vector<int> vars;  // those with a nonzero coefficient
+  for (int k = 0; k < n; ++k)
+    if (f->a[static_cast<size_t>(k)] != 0) vars.push_back(k);
+  auto c = [&f](int k) { return f->a[static_cast<size_t>(k)]; };
+  if (vars.size() == 1 && c(vars[0]) == 1) return Member{f->T > 1 ? Member::Kind::tile : Member::Kind::var, vars[0], -1, f->T};
+  if (f->T > 1 || vars.size() != 2) return std::nullopt;
+  // size * v + w: the first with coefficient 1 is w.
+  const int w = c(vars[0]) == 1 ? vars[0] : vars[1], v = w == vars[0] ? vars[1] : vars[0];
+  if (c(w) != 1 || c(v) <= 1) return std::nullopt;
+  return Member{Member::Kind::merged, v, w, c(v)};
 }
 
 // A box's bounds, read constraint by constraint (isl_basic_set_foreach_constraint).

@@ -22,6 +22,15 @@ isl_aff* single_aff(const isl::union_pw_aff& upa);
 // The one integer division of `aff` with a nonzero coefficient: -1 when there is none, -2 when several.
 int used_division(isl_aff* aff);
 
+// A band member as floor((a . d + b) / T), T >= 1, over the domain's n variables d: an affine function of
+// them without parameters (T = 1), or the floor of one alone (coefficient 1, no other term). nullopt
+// for anything else.
+struct Affine {
+  std::vector<int64_t> a;
+  int64_t b = 0, T = 1;
+};
+std::optional<Affine> affine_member(const isl::union_pw_aff& upa, int n);
+
 LoopExpr constant(int64_t v);
 LoopExpr iterator(int k);
 LoopExpr op(LoopExpr::Kind kind, LoopExpr a, LoopExpr b);

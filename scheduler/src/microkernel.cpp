@@ -304,7 +304,12 @@ class MicrokernelNest {
     // The fma loops of the variant built last, over the points they were built for (any step's points,
     // whatever its arguments): the other variant takes the same loops when those points are its steps'
     // points, where it runs (the translator marks its fmas predicated).
-    std::optional<std::tuple<isl::set, std::optional<isl::ast_node>, std::shared_ptr<const FmaLoops>>> loops;
+    struct Built {
+      isl::set points;
+      std::optional<isl::ast_node> fma;
+      std::shared_ptr<const FmaLoops> direct_fma;
+    };
+    std::optional<Built> loops;
     // The steps' arguments' ranges (over all steps: a box around either variant's), for the direct loops.
     std::vector<std::pair<int64_t, int64_t>> step_box;
     for (size_t k = 0; k < mk_.others.size(); ++k) step_box.push_back(range_[mk_.others[k]]);
@@ -315,9 +320,9 @@ class MicrokernelNest {
       BlockStep::Variant v;
       if (zero_init) v.first = condition(context, *first, first_expr);
       if (epilogue) v.last = condition(context, *last, last_expr);
-      if (loops && std::get<0>(*loops).intersect_params(context).is_equal(points.intersect_params(context))) {
-        v.fma = std::get<1>(*loops);
-        v.direct_fma = std::get<2>(*loops);
+      if (loops && loops->points.intersect_params(context).is_equal(points.intersect_params(context))) {
+        v.fma = loops->fma;
+        v.direct_fma = loops->direct_fma;
         return v;
       }
       // The points simplified by the context, not intersected with it: they are the same where the step
@@ -328,7 +333,7 @@ class MicrokernelNest {
       if (nb_.target.direct_step_loops) {
         if (std::optional<FmaLoops> direct = fma_loops(domain, step.params, reds_.size(), step_box)) {
           v.direct_fma = std::make_shared<const FmaLoops>(std::move(*direct));
-          loops.emplace(domain, std::nullopt, v.direct_fma);
+          loops = Built{domain, std::nullopt, v.direct_fma};
           return v;
         }
       }
@@ -343,7 +348,7 @@ class MicrokernelNest {
       // A guard around all of it (with no else) holds wherever the domain has points, so at every step.
       if (built.isa<isl::ast_node_if>() && !built.as<isl::ast_node_if>().has_else_node()) built = built.as<isl::ast_node_if>().then_node();
       v.fma = built;
-      loops.emplace(domain, v.fma, nullptr);
+      loops = Built{domain, v.fma, nullptr};
       return v;
     };
     // Uniform blocks' steps and the others'.

@@ -112,13 +112,6 @@ struct MicrokernelChoices {
   isl::set lanes;             // the domain with the block and reduction variables unconstrained: v's range
 };
 
-// A micro-kernel's block step: its schedule tree ends in one statement, Step(block dims, reduction tiles)
-// -- one block over one reduction tile -- and what a step does is decided when it runs: the uniform
-// variant where the block is uniform, else the predicated one; in each, zero instead of load at the
-// block's first tile (Z/L, Zp/Lp), the fused multiply-adds over the block's points in the tile (F, Fp),
-// the epilogue instead of the store at its last tile (E/T, Ep/Tp). isl builds these conditions and the F
-// loops once, over the step's arguments as parameters. (Separating the ten statements in one AST took isl
-// about six times as long, for code of the same speed.)
 // A block step's fma loops written without isl's AST build (fma_loops, below): loops numbered from 0,
 // the step's arguments standing in their bounds and in `args` (F's arguments) as iterators
 // kFmaParameter + k.
@@ -129,6 +122,14 @@ struct FmaLoops {
   std::string text;  // C text of the loops around F(...)
 };
 
+// A micro-kernel's block step: its schedule tree ends in one statement, Step(block dims, reduction tiles)
+// -- one block over one reduction tile -- and what a step does is decided when it runs: the uniform
+// variant where the block is uniform, else the predicated one; in each, zero instead of load at the
+// block's first tile (Z/L, Zp/Lp), the fused multiply-adds over the block's points in the tile (F, Fp),
+// the epilogue instead of the store at its last tile (E/T, Ep/Tp). isl builds these conditions once,
+// over the step's arguments as parameters; the F loops are made once too (fma_loops, else isl's AST
+// build). (Separating the ten statements in one AST took isl about six times as long, for code of the
+// same speed.)
 struct BlockStep {
   struct Condition {
     enum class Kind { never, always, when } kind = Kind::never;

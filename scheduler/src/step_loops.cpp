@@ -57,52 +57,14 @@ void normalize(Row& r) {
   r.b = floor_div(r.b, g);
 }
 
-// floor((a . d + b) / T) of the Step statement's variables d, T >= 1.
-struct Affine {
-  std::vector<int64_t> a;
-  int64_t b = 0, T = 1;
-};
+using direct::Affine;
 
-// The coefficients of `aff` (no division of it used, denominator `scale` applied), or nullopt.
-std::optional<Affine> linear_part(isl_aff* aff, int n, bool allow_denominator) {
-  Affine out;
-  const auto den = small_int(isl_aff_get_denominator_val(aff));
-  if (!den || *den < 1 || (*den != 1 && !allow_denominator)) return std::nullopt;
-  out.T = *den;
-  for (int k = 0; k < static_cast<int>(isl_aff_dim(aff, isl_dim_div)); ++k)
-    if (small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, k)) != 0) return std::nullopt;
-  for (int k = 0; k < n; ++k) {
-    const auto c = small_int(isl_val_mul_ui(isl_aff_get_coefficient_val(aff, isl_dim_in, k), static_cast<unsigned long>(out.T)));
-    if (!c) return std::nullopt;
-    out.a.push_back(*c);
-  }
-  const auto b = small_int(isl_val_mul_ui(isl_aff_get_constant_val(aff), static_cast<unsigned long>(out.T)));
-  if (!b) return std::nullopt;
-  out.b = *b;
-  return out;
-}
-
-// A band member as floor((a . d + b) / T): an affine function of the variables, or the floor of one
-// (alone: coefficient 1, no other term).
+// A band member (direct::affine_member) with numbers small enough for the elimination.
 std::optional<Affine> member(const isl::union_pw_aff& upa, int n) {
-  isl_aff* aff = direct::single_aff(upa);
-  if (!aff) return std::nullopt;
-  const int used = direct::used_division(aff);
-  std::optional<Affine> out;
-  if (used == -1) {
-    out = linear_part(aff, n, false);
-  } else if (used >= 0) {
-    bool alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_div, used)) == 1 &&
-                 small_int(isl_aff_get_constant_val(aff)) == 0 && small_int(isl_aff_get_denominator_val(aff)) == 1;
-    for (int k = 0; k < n && alone; ++k) alone = small_int(isl_aff_get_coefficient_val(aff, isl_dim_in, k)) == 0;
-    if (alone) {
-      isl_aff* div = isl_aff_get_div(aff, used);
-      if (div) out = linear_part(div, n, true);
-      isl_aff_free(div);
-    }
-  }
-  isl_aff_free(aff);
-  return out;
+  std::optional<Affine> m = direct::affine_member(upa, n);
+  auto small = [](int64_t x) { return x > -kLarge && x < kLarge; };
+  if (!m || !small(m->b) || !small(m->T) || !std::all_of(m->a.begin(), m->a.end(), small)) return std::nullopt;
+  return m;
 }
 
 // A basic set's constraints as rows over [its parameters at `params`, its n variables].
