@@ -1331,25 +1331,36 @@ std::string attributes_of(const std::string& module, const std::string& function
   return module.substr(attrs, module.find('}', attrs) - attrs);
 }
 
-// The border blocks of a micro-kernel (its predicated step variant) are a function of their own, in a
-// module of its own, compiled alongside the nest's function, which calls it with the iterators it reads.
-// That module's machine code is made without Loop Strength Reduction (its functions say so with
-// "polytile-no-lsr"); the nest's own module, with the uniform blocks, keeps it.
-TEST(CpuTest, BorderBlocksAreAFunctionOfTheirOwn) {
+// A micro-kernel whose steps have both variants runs each as a function of its own, in a module of its
+// own, compiled alongside the nest's function, which holds only the loops around the steps and calls them
+// with the iterators they read: part0 the uniform blocks (unpredicated: no selects, no masked loads),
+// part1 the border blocks (predicated). Only the uniform blocks' machine code is made with Loop Strength
+// Reduction: the border blocks' and the calling loops' functions say "polytile-no-lsr".
+TEST(CpuTest, UniformAndBorderBlocksAreFunctionsOfTheirOwn) {
   Program conv = parse_program(
       "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
   TensorMap in = inputs_for({{"I", {2, 6, 30, 8}}, {"K", {3, 3, 8, 64}}}, DType::f32, 41);
   const CompileOptions o = microkernels_forced(512);
   const std::string ir = optimized_llvm_ir(conv, types_of(in), o);
-  EXPECT_NE(ir.find("define void @nest_0.part0("), std::string::npos) << ir.substr(0, 2000);
-  EXPECT_NE(ir.find("call void @nest_0.part0("), std::string::npos);
-  const std::string uniform = module_of(ir, "nest_0"), border = module_of(ir, "nest_0.part0");
+  for (const char* part : {"nest_0.part0", "nest_0.part1"}) {
+    EXPECT_NE(ir.find("define void @" + std::string(part) + "("), std::string::npos) << part << "\n" << ir.substr(0, 2000);
+    EXPECT_NE(ir.find("call void @" + std::string(part) + "("), std::string::npos) << part;
+  }
+  EXPECT_EQ(ir.find("@nest_0.part2("), std::string::npos);
+  const std::string loops = module_of(ir, "nest_0"), uniform = module_of(ir, "nest_0.part0"), border = module_of(ir, "nest_0.part1");
+  ASSERT_FALSE(loops.empty()) << ir.substr(0, 2000);
   ASSERT_FALSE(uniform.empty()) << ir.substr(0, 2000);
   ASSERT_FALSE(border.empty()) << ir.substr(0, 2000);
-  EXPECT_EQ(uniform.find("\"polytile-no-lsr\""), std::string::npos);
-  EXPECT_NE(attributes_of(border, "nest_0.part0").find("\"polytile-no-lsr\""), std::string::npos) << border;
-  expect_same(conv, in, "the conv with its border blocks outlined", o);
+  EXPECT_EQ(loops.find("fmuladd"), std::string::npos) << loops;
+  EXPECT_NE(uniform.find("fmuladd"), std::string::npos) << uniform;
+  EXPECT_EQ(uniform.find("select"), std::string::npos) << uniform;
+  EXPECT_EQ(uniform.find("masked.load"), std::string::npos) << uniform;
+  EXPECT_NE(border.find("masked.load"), std::string::npos) << border;
+  EXPECT_EQ(uniform.find("\"polytile-no-lsr\""), std::string::npos) << uniform;
+  EXPECT_NE(attributes_of(border, "nest_0.part1").find("\"polytile-no-lsr\""), std::string::npos) << border;
+  EXPECT_NE(loops.find("\"polytile-no-lsr\""), std::string::npos) << loops;
+  expect_same(conv, in, "the conv with its uniform and border blocks outlined", o);
 }
 
 // A micro-kernel nest whose parallel dimension the threads cannot share evenly takes the next dimension's
@@ -1851,7 +1862,7 @@ TEST(CpuTest, ColumnSumsAccumulateInRegisters) {
 // A plain nest of at most 2^17 points (its domain's box, printed with its loops) gets the brief pipeline:
 // the micro-kernels' clean-up passes and the loop vectorizer instead of O3, and machine code without Loop
 // Strength Reduction. Its code is vector code all the same and agrees with the interpreter; a nest of more
-// points gets O3, a micro-kernel its own (and both keep LSR).
+// points gets O3, a micro-kernel its own (and both keep LSR: a micro-kernel's in its uniform blocks).
 TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
   // The text of nest k's module and the pipeline its nest function was given.
   auto nest_module = [](const std::string& ir, size_t k) { return module_of(ir, "nest_" + std::to_string(k)); };
@@ -1911,15 +1922,24 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     EXPECT_GT(vector_ops(module), 0) << "not vectorized:\n" << module;
     expect_same(p, in, c.what, o);
   }
-  // A micro-kernel keeps its own pipeline, whatever its points.
+  // A micro-kernel keeps its own pipeline, whatever its points, and its uniform blocks keep LSR: in the
+  // nest's function, or in part0 where they are a function of their own.
   const Program matmul = parse_program("function (A[M, K], B[K, N]) -> (C) { C[m, n : M, N] = +(A[m, k] * B[k, n]); }");
   auto compiled = compile(matmul, {{"A", {DType::f32, {64, 64}}}, {"B", {DType::f32, {64, 128}}}}, microkernels_forced(512));
   const auto& nests = compiled->schedule().nests;
   for (size_t k = 0; k < nests.size(); ++k)
     if (nests[k].microkernel) {
       EXPECT_EQ(nests[k].points, -1);
-      EXPECT_EQ(pipeline_of(nest_module(compiled->llvm_ir(), k), k), "microkernel");
-      EXPECT_FALSE(without_lsr(nest_module(compiled->llvm_ir(), k), k));
+      const std::string module = nest_module(compiled->llvm_ir(), k), name = "nest_" + std::to_string(k);
+      EXPECT_EQ(pipeline_of(module, k), "microkernel");
+      if (module.find("call void @" + name + ".part0(") == std::string::npos) {
+        EXPECT_FALSE(without_lsr(module, k)) << module;
+      } else {
+        const std::string uniform = module_of(compiled->llvm_ir(), name + ".part0");
+        ASSERT_FALSE(uniform.empty());
+        EXPECT_EQ(attributes_of(uniform, name + ".part0").find("\"polytile-no-lsr\""), std::string::npos) << uniform;
+        EXPECT_TRUE(without_lsr(module, k)) << module;
+      }
     }
 }
 

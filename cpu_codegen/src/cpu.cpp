@@ -353,14 +353,18 @@ void without_lsr(llvm::Module& m) {
 }  // namespace
 
 // The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where every
-// function of `m` asks (kNoLoopStrengthReduction, without_lsr): a micro-kernel's border blocks and the
-// nests of the brief pipeline. LSR (with the IVUsers analysis it needs) was a third of the machine code's
-// time on the conv's modules -- 4-12 ms of a border module's 25-40, 30% of the weight transposition's
-// (llc under callgrind). In a border block it only turns a few index computations into pointer bumps
-// (3 lea and a shift per 8 FMAs in the fully covered path): the border-heavy convs (3x3 256->256 on
-// 14x14, about 40% border blocks; the seed's strided dilated conv) ran as fast without it, interleaved
-// medians of 7. A brief nest has at most 2^17 points. The uniform blocks keep it: without it a weight
-// gradient ran at half speed. (A module of several nests' functions, as export links them, keeps it.)
+// function of `m` asks (kNoLoopStrengthReduction, without_lsr): a micro-kernel's border blocks, the loops
+// that call its separate blocks, and the nests of the brief pipeline. LSR (with the IVUsers analysis it
+// needs) was a third of the machine code's time on the conv's modules -- 4-12 ms of a border module's
+// 25-40, 30% of the weight transposition's (llc under callgrind) -- and half of it on a 3x3 conv's uniform
+// blocks while they were inside the nest's loops: IVUsers and scalar evolution over every address of the
+// eight loops deep function, not only the step's. In a border block it only turns a few index
+// computations into pointer bumps (3 lea and a shift per 8 FMAs in the fully covered path): the
+// border-heavy convs (3x3 256->256 on 14x14, about 40% border blocks; the seed's strided dilated conv) ran
+// as fast without it, interleaved medians of 7. A brief nest has at most 2^17 points. The uniform blocks
+// keep it: without it the convs' kernels ran 3-7% slower on a Zen 4 guest (3x3 96 and 128 channels'
+// data gradients 0.93 and 0.95), once a weight gradient at half speed. (A module of several nests'
+// functions, as export links them, keeps it.)
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm) {
   static const llvm::AnalysisID lsr = [] {  // LLVM 16 exports no ID of the pass: one made and dropped says it
     return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID();
@@ -702,13 +706,18 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     const std::string name = "nest_" + std::to_string(k);
     m.context = std::make_unique<llvm::LLVMContext>();
     m.module = std::make_unique<llvm::Module>(part == 0 ? name : name + ".part" + std::to_string(part - 1), *m.context);
-    // A micro-kernel's border blocks are functions of their own, compiled alongside the rest: the
-    // forward conv's one nest is two modules of about equal size on two threads.
+    // A micro-kernel's uniform and border blocks (where it has both) are functions of their own, compiled
+    // alongside the loops that call them: the forward conv's one nest is three modules on two threads.
+    // Only the uniform blocks' code gets Loop Strength Reduction (machine_code): their module's, or the
+    // nest's where they stay in it (llvm_ir::separate_parts).
     if (part == 0) {
       llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
+      bool uniform_apart = false;
+      for (size_t j = 0; j + 1 < n.modules.size(); ++j) uniform_apart = uniform_apart || !llvm_ir::predicated_part(n.nest, j);
+      if (uniform_apart) without_lsr(*m.module);  // the loops around the steps and the calls
     } else {
       llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
-      without_lsr(*m.module);
+      if (llvm_ir::predicated_part(n.nest, part - 1)) without_lsr(*m.module);
     }
     m.emit_seconds = seconds_since(t0);
     if (!tm) tm = host_machines().take();

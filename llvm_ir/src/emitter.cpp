@@ -133,10 +133,19 @@ llvm::Function* NestEmitter::emit_kernel(const std::string& name) {
 // The function of separate block `part` of the nest whose function is `name`.
 static std::string part_name(const std::string& name, size_t part) { return name + ".part" + std::to_string(part); }
 
+bool NestEmitter::predicated(const sched::LoopNode& n) {
+  if (n.kind == sched::LoopNode::Kind::statement && n.predicated) return true;
+  return std::any_of(n.body.begin(), n.body.end(), predicated) || std::any_of(n.otherwise.begin(), n.otherwise.end(), predicated);
+}
+
+bool NestEmitter::outlined(const sched::Nest& nest, const sched::LoopNode& n) {
+  return n.kind == sched::LoopNode::Kind::block && n.separate && !nest.kernel && (!nest.stream || predicated(n));
+}
+
 std::vector<const sched::LoopNode*> NestEmitter::separate_blocks(const sched::Nest& nest) {
   std::vector<const sched::LoopNode*> out;
   std::function<void(const sched::LoopNode&)> walk = [&](const sched::LoopNode& n) {
-    if (n.kind == sched::LoopNode::Kind::block && n.separate) {
+    if (outlined(nest, n)) {
       out.push_back(&n);
       return;
     }
@@ -508,7 +517,7 @@ void NestEmitter::node(const sched::LoopNode& n, bool outermost) {
       barrier();
       return;
     case K::block:  // the root block of a parallel nest holds loops over the split dimension
-      if (n.separate && outline_) {
+      if (outline_ && outlined(nest_, n)) {
         call_part(n);
         return;
       }
@@ -763,6 +772,12 @@ void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string&
 }
 
 size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_blocks(nest).size(); }
+
+bool predicated_part(const sched::Nest& nest, size_t part) {
+  const std::vector<const sched::LoopNode*> blocks = NestEmitter::separate_blocks(nest);
+  POLYTILE_CHECK(part < blocks.size(), "nest ", nest.name, " has no separate block ", part);
+  return NestEmitter::predicated(*blocks[part]);
+}
 
 void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::string& name, size_t part,
                     const ProgramTypes& types, const std::map<std::string, int>& buffer_index) {

@@ -56,8 +56,12 @@ class NestEmitter {
   // pointers and the values of the iterators of the loops around it that it reads.
   void set_outline(bool outline) { outline_ = outline && !nest_.kernel; }  // a GPU kernel has no parts
   llvm::Function* emit_part(const std::string& name, size_t part);
-  // The separate blocks of a nest's loop IR, in emission order.
+  // The separate blocks of a nest's loop IR that become functions of their own, in emission order: every
+  // one but, in a nest that stores past the caches (Nest::stream), the uniform blocks, which stay in the
+  // nest's body and its streaming copy, whose stores into the output are non-temporal.
   static std::vector<const sched::LoopNode*> separate_blocks(const sched::Nest& nest);
+  static bool outlined(const sched::Nest& nest, const sched::LoopNode& n);
+  static bool predicated(const sched::LoopNode& n);  // whether any statement of `n` is predicated
   std::vector<std::string> tensors_used() const { return sched::nest_tensors(nest_); }
 
  private:

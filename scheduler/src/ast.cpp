@@ -251,7 +251,9 @@ class AstTranslator {
       LoopNode border = variant(*step.predicated, true, at);
       for (size_t k = 0; k < args.size(); ++k) bound_[step.params[k].get()] = args[k];
       border.separate = true;
-      out = choose(step.uniform_block, variant(*step.uniform, false, args), std::move(border));
+      LoopNode uniform = variant(*step.uniform, false, args);
+      uniform.separate = true;  // the nest's function is then only the loops around the steps
+      out = choose(step.uniform_block, std::move(uniform), std::move(border));
     }
     for (const isl::id& p : step.params) bound_.erase(p.get());
     return out;

@@ -143,7 +143,7 @@ struct BlockStep {
   };
   std::vector<isl::id> params;  // the step's arguments in order: block dimensions, then reduction tiles
   std::optional<Variant> uniform, predicated;
-  // With both variants (where the predicated one is a separate block, LoopNode::separate), per argument
+  // With both variants (each then a separate block, LoopNode::separate), per argument
   // its value where every predicated step has the same one (the one partial block of rows of a weight
   // gradient): the predicated variant's code takes it as a constant.
   std::vector<std::optional<int64_t>> predicated_fixed;

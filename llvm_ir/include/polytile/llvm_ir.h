@@ -26,15 +26,20 @@ void emit_nests(llvm::Module& module, const sched::Schedule& schedule, const Pro
                 const std::map<std::string, int>& buffer_index);
 
 // Adds `void <name>(ptr buffers, i64 lo, i64 hi)` for `nest` alone: nests that go to modules of their own
-// can be optimized and compiled concurrently. With `outline`, the nest's separate blocks (the border
-// blocks of a micro-kernel: LoopNode::separate) are calls of `<name>.part<j>` instead, j = 0, 1, ... in
+// can be optimized and compiled concurrently. With `outline`, the nest's separate blocks (a micro-kernel's
+// uniform and border blocks: LoopNode::separate) are calls of `<name>.part<j>` instead, j = 0, 1, ... in
 // order, which emit_nest_part defines: in modules of their own, they too are compiled concurrently.
 // InternalError if LLVM's verifier rejects it.
 void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string& name, const ProgramTypes& types,
                const std::map<std::string, int>& buffer_index, bool outline = false);
 
-// How many separate blocks emit_nest with `outline` calls (0 for a nest without them, or a GPU kernel).
+// How many separate blocks emit_nest with `outline` calls (0 for a nest without them, or a GPU kernel; a
+// nest that stores past the caches, Nest::stream, keeps its uniform blocks, only its border ones apart).
 size_t separate_parts(const sched::Nest& nest);
+
+// Whether separate block `part` of `nest` runs predicated statements (a micro-kernel's border blocks), not
+// the uniform blocks' unpredicated ones.
+bool predicated_part(const sched::Nest& nest, size_t part);
 
 // Adds `void <name>.part<j>(ptr tensors..., i64 iterators...)`, separate block j of `nest` (its tensors
 // in nest_tensors order, then the values of the loop iterators around it that it reads), as called by

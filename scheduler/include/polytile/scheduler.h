@@ -206,8 +206,9 @@ struct LoopNode {
   Kind kind = Kind::block;
   Statement statement = Statement::plain;
   bool predicated = false;  // micro-kernel statement of a block that is partial or not uniform
-  // block: a micro-kernel step's predicated variant where the step also has a uniform one; a code
-  // generator may make it a function of its own, compiled apart from the rest of the nest.
+  // block: either variant of a micro-kernel step that has both (uniform and predicated); a code
+  // generator may make each a function of its own, compiled apart from the rest of the nest (the
+  // uniform one's statements are all unpredicated, the other's predicated).
   bool separate = false;
   int tile = -1;            // copy: the index of its shared tile
   // loop: for (it = lower; condition; it += step)
