@@ -710,14 +710,13 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     // alongside the loops that call them: the forward conv's one nest is three modules on two threads.
     // Only the uniform blocks' code gets Loop Strength Reduction (machine_code): their module's, or the
     // nest's where they stay in it (llvm_ir::separate_parts).
+    const std::vector<bool> border = llvm_ir::predicated_parts(n.nest);
     if (part == 0) {
       llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
-      bool uniform_apart = false;
-      for (size_t j = 0; j + 1 < n.modules.size(); ++j) uniform_apart = uniform_apart || !llvm_ir::predicated_part(n.nest, j);
-      if (uniform_apart) without_lsr(*m.module);  // the loops around the steps and the calls
+      if (std::find(border.begin(), border.end(), false) != border.end()) without_lsr(*m.module);  // only loops and calls
     } else {
       llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
-      if (llvm_ir::predicated_part(n.nest, part - 1)) without_lsr(*m.module);
+      if (border.at(part - 1)) without_lsr(*m.module);
     }
     m.emit_seconds = seconds_since(t0);
     if (!tm) tm = host_machines().take();

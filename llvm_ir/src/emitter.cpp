@@ -773,10 +773,10 @@ void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string&
 
 size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_blocks(nest).size(); }
 
-bool predicated_part(const sched::Nest& nest, size_t part) {
-  const std::vector<const sched::LoopNode*> blocks = NestEmitter::separate_blocks(nest);
-  POLYTILE_CHECK(part < blocks.size(), "nest ", nest.name, " has no separate block ", part);
-  return NestEmitter::predicated(*blocks[part]);
+std::vector<bool> predicated_parts(const sched::Nest& nest) {
+  std::vector<bool> out;
+  for (const sched::LoopNode* block : NestEmitter::separate_blocks(nest)) out.push_back(NestEmitter::predicated(*block));
+  return out;
 }
 
 void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::string& name, size_t part,
