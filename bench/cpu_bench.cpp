@@ -52,8 +52,13 @@ std::map<std::string, TensorType> types_of(const TensorMap& in) {
   return t;
 }
 
+// $POLYTILE_BENCH_CPU names the CPU polytile's code is made for (cpu::cpu_target: "znver3" times AVX2
+// code on an AVX-512 machine; set ONEDNN_MAX_CPU_ISA=AVX2 and OPENBLAS_CORETYPE=Zen to hold the peers to
+// the same instructions); unset, this machine's.
 cpu::CompileOptions options() {
   cpu::CompileOptions o;
+  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
+  o.target = cpu::cpu_target(cpu ? cpu : "");
   o.threads = bench_threads();
   return o;
 }
@@ -512,7 +517,9 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
     execv("/proc/self/exe", argv);
   }
-  std::cerr << "OpenBLAS core type: " << openblas_get_corename() << ", threads: " << bench_threads() << "\n";
+  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
+  std::cerr << "OpenBLAS core type: " << openblas_get_corename() << ", threads: " << bench_threads()
+            << ", polytile's code for CPU " << (cpu && *cpu ? cpu : "host") << "\n";
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -76,6 +76,24 @@ TEST(CliTest, CheckPrintsNormalizedTextAndTypes) {
   EXPECT_NE(t.out.find("// I: f64[2, 9, 9, 5]\n// K: f32[2, 2, 5, 7]\n// O: f64[2, 3, 3, 7]\n"), std::string::npos) << t.out;
 }
 
+// --cpu names the CPU the code is for: run with one this machine runs, an unknown one is an error, and
+// compile takes it only with --target cpu.
+TEST(CliTest, CodeForANamedCpu) {
+  const std::string mm = kExamples + "matmul.tile";
+  Result r = cli({"run", mm, "--random", "A=8x16", "--random", "B=16x4", "--cpu", "x86-64-v2", "--no-cache"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("C: f32[8, 4]", 0), 0u) << r.out;
+  one_line_error(cli({"run", mm, "--random", "A=8x16", "--random", "B=16x4", "--cpu", "pentium-9000"}), "unknown CPU 'pentium-9000'");
+  one_line_error(cli({"run", mm, "--random", "A=8x16", "--random", "B=16x4", "--cpu", "znver3", "--backend", "interp"}),
+                 "--cpu needs the cpu backend");
+  one_line_error(cli({"compile", mm, "--shape", "A=8x16", "--shape", "B=16x4", "--cpu", "znver3", "-o", temp("b")}),
+                 "--cpu needs --target cpu");
+  r = cli({"compile", mm, "--shape", "A=8x16", "--shape", "B=16x4", "--target", "cpu", "--cpu", "skylake-avx512", "-o", temp("mm_skx")});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("for CPU skylake-avx512"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(temp("mm_skx") + ".h").find("CPU skylake-avx512"), std::string::npos);
+}
+
 TEST(CliTest, RunReadsAndWritesNpy) {
   Buffer a = testing::random_buffer({3, 4}, 1), b = testing::random_buffer({4, 2}, 2);
   write_npy(temp("a.npy"), a);

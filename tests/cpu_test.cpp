@@ -1331,6 +1331,74 @@ std::string attributes_of(const std::string& module, const std::string& function
   return module.substr(attrs, module.find('}', attrs) - attrs);
 }
 
+// Code for a CPU named as LLVM names it (cpu_target): x86-64-v2 (SSE4.2, which every x86-64 machine of
+// the last decade runs) and x86-64-v3 (AVX2), each with its own vector width in the schedule (a conv's
+// micro-kernel) and in LLVM's vectorizers (an exp chain), with the interpreter's results wherever this
+// machine runs them, from the JIT and from an exported object.
+TEST(CpuTest, CodeForANamedCpu) {
+  const Program p = parse_program(
+      "function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O, E) {\n"
+      "  O[n, y, x, co : N, H - KH + 1, W - KW + 1, CO] = +(I[n, y + j, x + i, c] * K[j, i, c, co]);\n"
+      "  E = exp(I) * 0.5;\n}\n");
+  const TensorMap in = inputs_for({{"I", {2, 10, 12, 16}}, {"K", {3, 3, 16, 32}}}, DType::f32, 5);
+  for (const auto& [name, bits] : {std::pair{std::string("x86-64-v2"), 128}, std::pair{std::string("x86-64-v3"), 256}}) {
+    CompileOptions o;
+    o.target = cpu_target(name);
+    o.threads = 2;
+    EXPECT_EQ(o.target.cpu_name, name);
+    EXPECT_EQ(o.target.cpu.vector_bits, bits) << name;
+    EXPECT_EQ(o.target.cpu.vector_registers, 16) << name;
+    const std::string ir = optimized_llvm_ir(p, types_of(in), o);
+    const std::string lanes = "<" + std::to_string(bits / 32) + " x float>";
+    EXPECT_NE(ir.find(lanes), std::string::npos) << name;
+    for (int wider = bits * 2; wider <= 512; wider *= 2)
+      EXPECT_EQ(ir.find("<" + std::to_string(wider / 32) + " x float>"), std::string::npos) << name << ": " << wider << "-bit vectors";
+    if (!missing_cpu_features(name).empty()) {
+      EXPECT_THROW(compile(p, types_of(in), o), UserError) << name;
+      continue;
+    }
+    expect_same(p, in, name, o);
+    const TensorMap want = interpret(p, in), loaded = load(export_object(p, types_of(in), "named", o))->run(in, 2);
+    for (const auto& out : p.outputs)
+      for (int64_t e = 0; e < want.at(out).size(); ++e)
+        ASSERT_NEAR(loaded.at(out).get(e), want.at(out).get(e), 1e-4 * std::max(1.0, std::fabs(want.at(out).get(e)))) << name << " " << out;
+  }
+}
+
+// A CPU LLVM does not know is a UserError naming it; one with instructions this machine lacks is
+// refused to run here (the error names the CPU and what is missing) but exported for, its header naming it.
+TEST(CpuTest, NamedCpusThatDoNotRunHere) {
+  try {
+    cpu_target("pentium-9000");
+    FAIL() << "no error for an unknown CPU";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown CPU 'pentium-9000'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cpu_target("host").cpu_name, "");
+  const Program p = parse_program("function (A[M, K], B[K, N]) -> (C) {\n  C[i, j : M, N] = +(A[i, k] * B[k, j]);\n}\n");
+  const std::map<std::string, TensorType> types{{"A", {DType::f32, {16, 8}}}, {"B", {DType::f32, {8, 32}}}};
+  CompileOptions o;
+  o.target = cpu_target("sapphirerapids");  // AMX, AVX512-FP16: no machine of ours has them
+  EXPECT_EQ(o.target.cpu.vector_bits, 512);
+  const std::vector<std::string> missing = missing_cpu_features("sapphirerapids");
+  if (missing.empty()) {
+    EXPECT_NO_THROW(compile(p, types, o));  // a Sapphire Rapids or later runs it
+  } else {
+    try {
+      compile(p, types, o);
+      FAIL() << "code for a CPU this machine cannot run was compiled to run here";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("CPU sapphirerapids cannot run on this machine, which lacks " + missing[0]),
+                std::string::npos) << e.what();
+    }
+  }
+  for (const std::string& f : missing) EXPECT_NE(f, "pku") << "a system instruction counted as one compiled code needs";
+  const ExportedObject exported = export_object(p, types, "spr", o);
+  EXPECT_EQ(exported.cpu, "sapphirerapids");
+  EXPECT_FALSE(exported.object.empty());
+  EXPECT_NE(exported.header.find("CPU sapphirerapids"), std::string::npos) << exported.header;
+}
+
 // A micro-kernel whose steps have both variants runs each as a function of its own, in a module of its
 // own, compiled alongside the nest's function, which holds only the loops around the steps and calls them
 // with the iterators they read: part0 the uniform blocks (unpredicated: no selects, no masked loads),

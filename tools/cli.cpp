@@ -118,7 +118,7 @@ Prints one stage of the compiler for FILE.tile:
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--inputs FILE.npz] [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
-                    [--threads N] [--time] [--repeat N] [--no-cache]
+                    [--threads N] [--cpu NAME] [--time] [--repeat N] [--no-cache]
 
 Runs FILE.tile. Every input comes from a .npy file (--input), from a .npz archive (--inputs) or is
 generated deterministically (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools;
@@ -144,6 +144,10 @@ seeded by --seed and the input's name). Outputs named with --output are written 
   --seed N                     seed for --random (default 1)
   --limit N                    print at most N values per printed output (default 64)
   --threads N                  cpu: run on N threads (default: the machine's)
+  --cpu NAME                   cpu: make the code for CPU NAME as LLVM names it (znver3, haswell,
+                               skylake-avx512, x86-64-v3, ...; default host): its instruction set and
+                               scheduling model, e.g. AVX2 code on an AVX-512 machine; a CPU with
+                               instructions this machine lacks is refused (export for it instead)
   --time                       print to stderr the compile time of every stage (cpu) and the run time:
                                the median of --repeat runs (the compiled program is reused)
   --repeat N                   run N times (default 1); the outputs are those of the last run
@@ -167,7 +171,7 @@ entry is detected (each holds its key and a checksum), removed and compiled agai
 )";
 
 const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o PATH [--target sm_XY|cpu]
-                        [--name ENTRY] [--gpu-model KEY=VALUE,...] [--verify]
+                        [--name ENTRY] [--cpu NAME] [--gpu-model KEY=VALUE,...] [--verify]
 
 With a GPU target (sm_XY, the default sm_90), compiles FILE.tile for an NVIDIA GPU (no GPU needed) and
 writes a kernel bundle to the directory PATH: kernels.ptx and manifest.txt (the target, the buffers with
@@ -176,9 +180,9 @@ their roles, dtypes and shapes, and the kernels in launch order with their grid,
 kernel's launch and, where the CUDA toolkit's ptxas is found, the registers, spills and shared memory
 ptxas reports.
 
-With --target cpu, compiles FILE.tile ahead of time for this machine's CPU and writes PATH.o (a
-position-independent object with one C entry point) and PATH.h (its declaration: the arguments in order
-with their dtypes and shapes, the workspace, the parallel_for callback). Link the object into a C or C++
+With --target cpu, compiles FILE.tile ahead of time for this machine's CPU (or --cpu's) and writes
+PATH.o (a position-independent object with one C entry point) and PATH.h (its declaration: the arguments
+in order with their dtypes and shapes, the workspace, the parallel_for callback). Link the object into a C or C++
 program with -lm, or make a shared library of it (cc -shared -o libNAME.so PATH.o -lm); running it needs
 no LLVM, isl, NTL or polytile library.
 
@@ -187,6 +191,9 @@ no LLVM, isl, NTL or polytile library.
                               and PATH.h
   --target T                  GPU architecture sm_XY, sm_75 and later (default sm_90), or cpu
   --name ENTRY                cpu: the entry point's C name (default: PATH's file name)
+  --cpu NAME                  cpu: the CPU the object is for, as LLVM names it (znver3, haswell,
+                              skylake-avx512, x86-64-v3, ...; default: this machine's), also one with
+                              instructions this machine lacks
   --gpu-model KEY=VALUE,...   the GPU strategy's sizes (see lower --help)
   --verify                    prove every rewriting pass with isl
 )";
@@ -468,7 +475,7 @@ int cmd_compile(const Args& a, std::ostream& out) {
   Program p = parse_file(a.file);
   std::map<std::string, TensorType> shapes;
   ptx::Options options;
-  std::string dir, entry;
+  std::string dir, entry, cpu_name;
   bool gpu_model = false;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--shape") {
@@ -476,6 +483,8 @@ int cmd_compile(const Args& a, std::ostream& out) {
       shapes[name] = parse_shape_spec(name, spec);
     } else if (opt == "--target") {
       options.arch = value;
+    } else if (opt == "--cpu") {
+      cpu_name = value;
     } else if (opt == "-o") {
       dir = value;
     } else if (opt == "--name") {
@@ -494,6 +503,7 @@ int cmd_compile(const Args& a, std::ostream& out) {
     if (gpu_model) user_error("compile: --gpu-model needs a GPU --target, not cpu");
     if (entry.empty()) entry = std::filesystem::path(dir).filename().string();
     cpu::CompileOptions copts;
+    copts.target = cpu::cpu_target(cpu_name);
     copts.verify = options.verify;
     auto t0 = std::chrono::steady_clock::now();
     cpu::ExportedObject exported = cpu::export_object(p, shapes, entry, copts);
@@ -504,6 +514,7 @@ int cmd_compile(const Args& a, std::ostream& out) {
     return 0;
   }
   if (!entry.empty()) user_error("compile: --name needs --target cpu (a kernel bundle's kernels are named by polytile)");
+  if (!cpu_name.empty()) user_error("compile: --cpu needs --target cpu (a GPU target is its architecture, sm_XY)");
   if (dir.empty()) user_error("compile: -o DIR is required (the bundle's directory)");
   infer_types(p, shapes);  // user errors (a missing shape) first
   ptx::Compiled compiled = ptx::compile(p, shapes, options);
@@ -579,7 +590,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   std::vector<std::pair<std::string, TensorType>> randoms;
   uint64_t seed = 1;
   int64_t limit = 64;
-  std::string backend = "cpu", target = "sm_90";
+  std::string backend = "cpu", target = "sm_90", cpu_name;
   std::optional<sched::GpuModel> model;
   bool tune = false, verify = false, time = false, use_cache = true;
   int64_t threads = 0, repeat = 1;
@@ -620,6 +631,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       backend = value;
     } else if (opt == "--target") {
       target = value;
+    } else if (opt == "--cpu") {
+      cpu_name = value;
     } else if (opt == "--gpu-model") {
       model = parse_gpu_model(value);
     } else if (opt == "--seed") {
@@ -637,6 +650,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   if (verify && backend == "interp") user_error("--verify needs a compiling backend (the interpreter runs no passes)");
   if (threads && !compiled_here) user_error("--threads needs the cpu or gpu-sim backend");
   if (model && backend != "cuda" && backend != "gpu-sim") user_error("--gpu-model needs the cuda or gpu-sim backend");
+  if (!cpu_name.empty() && backend != "cpu") user_error("--cpu needs the cpu backend");
   for (const auto& [name, type] : randoms) {
     if (inputs.count(name)) user_error("input ", name, " is given twice");
     inputs[name] = random_buffer(type, seed, name);
@@ -656,6 +670,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   }
   options.verify = verify;
   options.threads = static_cast<int>(threads);
+  if (backend == "cpu") options.target = cpu::cpu_target(cpu_name);
   if (backend == "gpu-sim") options.target = sched::gpu_target(target);
   if (backend == "gpu-sim" && model) options.target.gpu = model;
   std::map<std::string, TensorType> types;

@@ -499,8 +499,12 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   mpm.run(m, mam);
 }
 
-llvm::orc::JITTargetMachineBuilder host_machine() {
+llvm::orc::JITTargetMachineBuilder host_machine(const std::string& cpu) {
   auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+  if (!cpu.empty() && cpu != "host") {
+    machine.setCPU(cpu);
+    machine.getFeatures() = llvm::SubtargetFeatures(cpu_feature_string(cpu));
+  }
   machine.setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
   return machine;
 }
@@ -541,26 +545,28 @@ namespace {
 // compile, when each compile made its own. A machine serves one thread at a time: taken, used, given back.
 class HostMachines {
  public:
-  std::unique_ptr<llvm::TargetMachine> take() {
+  // A machine for `cpu` (Target::cpu_name; empty: this machine's CPU).
+  std::unique_ptr<llvm::TargetMachine> take(const std::string& cpu) {
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      if (!free_.empty()) {
-        std::unique_ptr<llvm::TargetMachine> tm = std::move(free_.back());
-        free_.pop_back();
+      std::vector<std::unique_ptr<llvm::TargetMachine>>& free = free_[cpu];
+      if (!free.empty()) {
+        std::unique_ptr<llvm::TargetMachine> tm = std::move(free.back());
+        free.pop_back();
         return tm;
       }
     }
-    return check(host_machine().createTargetMachine(), "creating the target machine");
+    return check(host_machine(cpu).createTargetMachine(), "creating the target machine");
   }
-  void give(std::unique_ptr<llvm::TargetMachine> tm) {
+  void give(const std::string& cpu, std::unique_ptr<llvm::TargetMachine> tm) {
     if (!tm) return;
     std::lock_guard<std::mutex> guard(mutex_);
-    free_.push_back(std::move(tm));
+    free_[cpu].push_back(std::move(tm));
   }
 
  private:
   std::mutex mutex_;
-  std::vector<std::unique_ptr<llvm::TargetMachine>> free_;
+  std::map<std::string, std::vector<std::unique_ptr<llvm::TargetMachine>>> free_;
 };
 
 HostMachines& host_machines() {
@@ -585,7 +591,7 @@ class NestCompiler {
  public:
   using Compile = std::function<void(CompiledNest&, size_t, size_t, std::unique_ptr<llvm::TargetMachine>&)>;
 
-  NestCompiler(int threads, Compile compile) : compile_(std::move(compile)) {
+  NestCompiler(int threads, std::string cpu, Compile compile) : cpu_(std::move(cpu)), compile_(std::move(compile)) {
     const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     for (int w = 1; w < std::min(threads, hardware); ++w) {
       try {
@@ -645,7 +651,7 @@ class NestCompiler {
       ready_.wait(lock, [&] { return claimed_ < jobs_.size() || closed_; });
       if (claimed_ >= jobs_.size() || failure_) {
         lock.unlock();
-        host_machines().give(std::move(machine));
+        host_machines().give(cpu_, std::move(machine));
         return;
       }
       const auto [k, part] = jobs_[claimed_++];
@@ -660,6 +666,7 @@ class NestCompiler {
     }
   }
 
+  std::string cpu_;  // the machines' CPU (Target::cpu_name)
   Compile compile_;
   std::mutex mutex_;
   std::condition_variable ready_;
@@ -699,8 +706,9 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // LLVM work of a gradient's first nests overlaps the scheduling of the others.
   std::map<std::string, int> index;
   ProgramTypes types;
-  NestCompiler compiler(impl.threads, [&index, &types, objects, print_ir](CompiledNest& n, size_t k, size_t part,
-                                                                        std::unique_ptr<llvm::TargetMachine>& tm) {
+  const std::string cpu = options.target.cpu_name;
+  NestCompiler compiler(impl.threads, cpu, [&index, &types, &cpu, objects, print_ir](CompiledNest& n, size_t k, size_t part,
+                                                                                std::unique_ptr<llvm::TargetMachine>& tm) {
     auto t0 = std::chrono::steady_clock::now();
     NestModule& m = n.modules[part];
     const std::string name = "nest_" + std::to_string(k);
@@ -719,7 +727,7 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
       if (border.at(part - 1)) without_lsr(*m.module);
     }
     m.emit_seconds = seconds_since(t0);
-    if (!tm) tm = host_machines().take();
+    if (!tm) tm = host_machines().take(cpu);
     m.module->setDataLayout(tm->createDataLayout());
     m.module->setTargetTriple(tm->getTargetTriple().str());
     const Pipeline pipeline = pipeline_for(n.nest);
@@ -923,8 +931,18 @@ ProgramCache& program_cache() {
 
 }  // namespace
 
+void check_runs_here(const sched::Target& target) {
+  const std::vector<std::string> missing = missing_cpu_features(target.cpu_name);
+  if (missing.empty()) return;
+  std::string list;
+  for (const std::string& f : missing) list += (list.empty() ? "" : ", ") + f;
+  user_error("code for CPU ", target.cpu_name, " cannot run on this machine, which lacks ", list,
+             ": export it for that CPU instead (polytile compile --target cpu --cpu ", target.cpu_name, ")");
+}
+
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options) {
+  check_runs_here(options.target);
   auto fresh = [&] {
     return std::make_shared<const CompiledProgram>(options.tune ? tune(program, inputs, options) : build(program, inputs, options));
   };

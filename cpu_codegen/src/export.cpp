@@ -330,8 +330,8 @@ std::string header_text(const std::string& entry, const Plan& plan, const Progra
     << " * Returns 0, or 1 when workspace was NULL and malloc failed (nothing was written).\n"
     << " * Concurrent calls need disjoint outputs and workspaces.\n"
     << " *\n"
-    << " * Machine code for " << triple << ", CPU " << cpu << " (the machine that compiled it) and newer\n"
-    << " * CPUs with its instruction set. Link with -lm; nothing else is needed at run time.\n"
+    << " * Machine code for " << triple << ", CPU " << cpu << " (the compiling machine's unless another was\n"
+    << " * named) and newer CPUs with its instruction set. Link with -lm; nothing else is needed at run time.\n"
     << " *\n"
     << " * The program:\n";
   std::istringstream text(print(source));
@@ -399,7 +399,7 @@ ExportedObject export_object(const Program& program, const std::map<std::string,
   for (llvm::GlobalVariable& g : module->globals())
     if (!g.isDeclaration()) g.setLinkage(llvm::GlobalValue::InternalLinkage);
 
-  llvm::orc::JITTargetMachineBuilder machine = host_machine();
+  llvm::orc::JITTargetMachineBuilder machine = host_machine(options.target.cpu_name);
   machine.setRelocationModel(llvm::Reloc::PIC_);
   auto tm = check(machine.createTargetMachine(), "creating the target machine");
   module->setDataLayout(tm->createDataLayout());

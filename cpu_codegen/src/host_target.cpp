@@ -8,9 +8,14 @@
 #include <string>
 #include <thread>
 
+#include "internal.h"
 #include "polytile/cpu.h"
+#include "polytile/error.h"
 
+#include <llvm/ADT/StringMap.h>
 #include <llvm/ADT/StringRef.h>
+#include <llvm/MC/MCSubtargetInfo.h>
+#include <llvm/MC/TargetRegistry.h>
 #include <llvm/TargetParser/Host.h>
 
 namespace polytile::cpu {
@@ -39,7 +44,61 @@ long sysfs_cache_bytes(int level) {
   return 0;
 }
 
+// The instruction-set features LLVM reads from this machine ("avx512f" -> true, "amx-tile" -> false).
+const llvm::StringMap<bool>& host_features() {
+  static const llvm::StringMap<bool> features = [] {
+    llvm::StringMap<bool> f;
+    llvm::sys::getHostCPUFeatures(f);
+    return f;
+  }();
+  return features;
+}
+
+// The same features of the x86 CPU `name`, from LLVM's description of it; UserError for a name it does
+// not know (asked first: LLVM only warns on stderr and falls back to a generic CPU).
+std::map<std::string, bool> named_cpu_features(const std::string& name) {
+  initialize_llvm();
+  const std::string triple = llvm::sys::getProcessTriple();
+  std::string error;
+  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target) throw InternalError("LLVM has no target for " + triple + ": " + error);
+  std::unique_ptr<llvm::MCSubtargetInfo> generic(target->createMCSubtargetInfo(triple, "", ""));
+  if (!generic || !generic->isCPUStringValid(name))
+    user_error("unknown CPU '", name, "': give a CPU as LLVM names it (znver3, znver4, haswell, skylake-avx512, ",
+               "x86-64-v3, ...; llc -mcpu=help lists them) or host");
+  std::unique_ptr<llvm::MCSubtargetInfo> cpu(target->createMCSubtargetInfo(triple, name, ""));
+  std::map<std::string, bool> out;
+  for (const auto& feature : host_features()) out[feature.getKey().str()] = cpu->checkFeatures("+" + feature.getKey().str());
+  return out;
+}
+
+// Whether code polytile makes may use feature `f`: the vector, bit-manipulation and arithmetic
+// extensions LLVM selects instructions from on its own. The rest (pku, mwaitx, wbnoinvd, serialize, ...)
+// are system instructions no compiled program contains: a guest whose hypervisor hides them still runs
+// the code of its CPU's name.
+bool code_feature(const std::string& f) {
+  for (const char* prefix : {"sse", "ssse", "avx", "amx", "fma", "f16c", "bmi", "lzcnt", "popcnt", "movbe", "xop",
+                             "aes", "vaes", "pclmul", "vpclmulqdq", "gfni", "sha", "adx", "tbm", "prfchw", "cx16",
+                             "sahf", "cmov", "cx8", "mmx", "x87", "crc32"})
+    if (f.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 }  // namespace
+
+std::string cpu_feature_string(const std::string& name) {
+  std::string out;
+  for (const auto& [feature, on] : named_cpu_features(name)) out += (out.empty() ? "" : ",") + std::string(on ? "+" : "-") + feature;
+  return out;
+}
+
+std::vector<std::string> missing_cpu_features(const std::string& name) {
+  std::vector<std::string> missing;
+  if (name.empty() || name == "host") return missing;
+  for (const auto& [feature, on] : named_cpu_features(name))
+    if (on && code_feature(feature) && !host_features().lookup(feature)) missing.push_back(feature);
+  return missing;
+}
 
 sched::Target host_target() {
   sched::Target t;
@@ -63,6 +122,19 @@ sched::Target host_target() {
   // with them; on a 2-core Cascade Lake guest 0.81x and 0.92x, softmax forward and backward 0.84x and
   // 0.85x (interleaved, best of 5 each). Off where the vendor is not AMD.
   t.cpu.stream_stores = __builtin_cpu_is("amd");
+  return t;
+}
+
+sched::Target cpu_target(const std::string& name) {
+  sched::Target t = host_target();
+  if (name.empty() || name == "host") return t;
+  const std::map<std::string, bool> features = named_cpu_features(name);
+  const auto has = [&](const char* f) { return features.count(f) && features.at(f); };
+  t.name = "host:" + name;
+  t.cpu_name = name;
+  t.cpu.vector_bits = has("avx512f") ? 512 : has("avx2") ? 256 : 128;
+  t.cpu.vector_registers = has("avx512f") ? 32 : 16;
+  t.cpu.fma_per_cycle = has("avx512f") && name == "znver4" ? 1 : 2;  // as host_target says
   return t;
 }
 

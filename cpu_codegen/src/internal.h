@@ -134,8 +134,15 @@ inline void check(llvm::Error e, const std::string& what) {
 // of `m` carries "polytile-no-lsr" (a micro-kernel's border blocks, the brief nests), with it otherwise.
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm);
 
-// This machine's CPU, its features and the optimization level of every compilation.
-llvm::orc::JITTargetMachineBuilder host_machine();
+// This machine's CPU, its features and the optimization level of every compilation; with `cpu` (an
+// LLVM CPU name, Target::cpu_name), that CPU and its features instead.
+llvm::orc::JITTargetMachineBuilder host_machine(const std::string& cpu = "");
+
+// UserError where code for `target`'s CPU (Target::cpu_name) needs instructions this machine lacks.
+void check_runs_here(const sched::Target& target);
+
+// The target-feature string of CPU `name` over the features LLVM reads from hosts ("+avx2,-avx512f,...").
+std::string cpu_feature_string(const std::string& name);
 
 // Once per process: LLVM's native target, and glibc's vector math library where the system has it.
 void initialize_llvm();

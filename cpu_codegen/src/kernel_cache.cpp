@@ -294,7 +294,8 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
   if (options.tune) user_error("the kernel cache holds untuned programs: compile with tuning without it");
   if (options.target.gpu) user_error("the kernel cache holds programs for this CPU, not for ", options.target.name);
   auto t0 = std::chrono::steady_clock::now();
-  const llvm::orc::JITTargetMachineBuilder machine = host_machine();
+  check_runs_here(options.target);
+  const llvm::orc::JITTargetMachineBuilder machine = host_machine(options.target.cpu_name);
   const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +
                           machine.getFeatures().getString() + "|" + compiler_identity();
   const std::string hash = hex(fnv1a(key, key.size()));

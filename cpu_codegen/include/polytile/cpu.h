@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "polytile/interpreter.h"
 #include "polytile/scheduler.h"
@@ -27,6 +28,17 @@ namespace polytile::cpu {
 // The running machine as a target: its thread count, cache sizes and the widest SIMD registers the JIT
 // may use (asked at run time, not at build time).
 sched::Target host_target();
+
+// This machine as a target, its code made for the x86 CPU `name` as LLVM names it ("znver3", "haswell",
+// "skylake-avx512", "x86-64-v3"; "host" or empty: host_target()): the named CPU's instruction set (vector
+// width and registers, FMA rate) and scheduling model, this machine's threads and caches. Code for a CPU
+// that has instructions this one lacks can be exported (cpu::export_object) but not run here: compile()
+// refuses it, naming what is missing. UserError for a name LLVM does not know.
+sched::Target cpu_target(const std::string& name);
+
+// The instruction-set features of CPU `name` that compiled code may use ("avx512f", "fma", ...; not
+// system instructions such as "pku") and this machine lacks; empty when code for it runs here.
+std::vector<std::string> missing_cpu_features(const std::string& name);
 
 struct CompileOptions {
   // A GPU target (sched::gpu_target) compiles its kernels for this machine and runs them with GPU

@@ -161,6 +161,9 @@ struct Target {
   std::string name = "cpu";
   int threads = 2;
   CpuModel cpu;
+  // The CPU the machine code is for, as LLVM names it ("znver3", "skylake-avx512", "x86-64-v3"): its
+  // instruction set and scheduling model (cpu::cpu_target). Empty: the machine this process runs on.
+  std::string cpu_name;
   std::optional<GpuModel> gpu;
   // The loops of a box domain's plain nest (its variables permuted, tiled, two merged) are written by the
   // scheduler itself, as isl's AST build would write them but about a millisecond a loop level sooner
