@@ -40,8 +40,16 @@ def main():
     ap.add_argument("--binary", default=os.path.join(root, "build", "polytile_bench"))
     ap.add_argument("--out", default=here, help="folder for results.json and ratios.png")
     ap.add_argument("--frameworks", action="store_true", help="also time JAX and PyTorch on the same cases")
+    ap.add_argument("--cpu", help="polytile's code for this CPU as LLVM names it (e.g. znver3: AVX2 code on an AVX-512 machine)")
+    ap.add_argument("--peers-isa", choices=["avx2"],
+                    help="hold oneDNN, OpenBLAS and PyTorch to this instruction set (JAX's XLA keeps its own choice)")
     ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
+    if args.cpu:
+        os.environ["POLYTILE_BENCH_CPU"] = args.cpu
+    if args.peers_isa == "avx2":
+        amd = "AuthenticAMD" in open("/proc/cpuinfo").read()
+        os.environ.update(ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Zen" if amd else "Haswell", ATEN_CPU_CAPABILITY="avx2")
     # Every peer's large allocations on transparent huge pages, as polytile's buffers are (Buffer): glibc's
     # malloc advises its mmap'ed memory (the frameworks', oneDNN's own), PyTorch's CPU allocator its own
     # (THP_MEM_ALLOC_ENABLE); both are read at start, so the script runs itself again with them set.

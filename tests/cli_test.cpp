@@ -92,6 +92,17 @@ TEST(CliTest, CodeForANamedCpu) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("for CPU skylake-avx512"), std::string::npos) << r.out;
   EXPECT_NE(slurp(temp("mm_skx") + ".h").find("CPU skylake-avx512"), std::string::npos);
+  // lower shows the schedule made for the named CPU's vectors: SSE's 4 lanes, AVX2's 8, AVX-512's 16.
+  for (const auto& [name, lanes] : {std::pair{"x86-64-v2", "x4"}, std::pair{"x86-64-v3", "x8"}, std::pair{"skylake-avx512", "x16"}}) {
+    r = cli({"lower", mm, "--emit", "loops", "--shape", "A=96x64", "--shape", "B=64x64", "--cpu", name});
+    EXPECT_EQ(r.code, 0) << r.err;
+    const size_t at = r.out.find("micro-kernel ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string shape = r.out.substr(at + 13, r.out.find_first_not_of("0123456789x", at + 13) - at - 13);
+    EXPECT_EQ(shape.substr(shape.rfind('x')), lanes) << name << ": " << shape;
+  }
+  one_line_error(cli({"lower", mm, "--emit", "loops", "--shape", "A=96x64", "--shape", "B=64x64", "--cpu", "znver3", "--target", "sm_90"}),
+                 "--cpu names a CPU target's CPU, not sm_90's");
 }
 
 TEST(CliTest, RunReadsAndWritesNpy) {

@@ -63,7 +63,7 @@ domain is empty (they write nothing).
 )";
 
 const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--target cpu|sm_XY]
-                      [--gpu-model KEY=VALUE,...] [--verbose] [--verify]
+                      [--cpu NAME] [--gpu-model KEY=VALUE,...] [--verbose] [--verify]
 
 Prints one stage of the compiler for FILE.tile:
   tile        the normalized Tile text
@@ -84,6 +84,8 @@ Prints one stage of the compiler for FILE.tile:
   --shape NAME=DIMS[:DTYPE]   input shape; with shapes, reduce ranks basis candidates by their ranges
   --target T                  cpu (default: this machine) or an NVIDIA GPU sm_XY (sm_75 on): the schedule,
                               ast and loops stages then show the kernels' block and thread mapping
+  --cpu NAME                  a CPU target's CPU as LLVM names it (znver3, x86-64-v3, ...; default: this
+                              machine's): the schedule and LLVM IR made for its vector width and registers
   --gpu-model KEY=VALUE,...   with a GPU --target: the GPU strategy's sizes instead of the defaults, e.g.
                               threads=128,tile=4x2,shared=0 -- keys: threads (per block, default 256),
                               tile (register tile RxC, 4x4), shared (bytes of shared tiles per block, 49152;
@@ -414,6 +416,8 @@ int cmd_lower(const Args& a, std::ostream& out, std::ostream& err) {
       request.stage = value;
     } else if (opt == "--target") {
       request.target = value;
+    } else if (opt == "--cpu") {
+      request.cpu = value;
     } else if (opt == "--gpu-model") {
       request.gpu_model = parse_gpu_model(value);
     } else if (opt == "--verbose") {

@@ -35,6 +35,7 @@ std::string print_stage(const Program& program, const StageRequest& request, std
   if (std::find(stages().begin(), stages().end(), stage) == stages().end())
     user_error("unknown stage '", stage, "' (", stage_list(), ")");
   if (request.gpu_model && !gpu) user_error("stage ", stage, ": a GPU model needs a GPU target sm_XY");
+  if (!request.cpu.empty() && gpu) user_error("stage ", stage, ": --cpu names a CPU target's CPU, not ", request.target, "'s");
   std::optional<ProgramTypes> types;
   if (!request.inputs.empty()) types = infer_types(program, request.inputs);
   if (needs_input_types(stage) && !types) user_error("stage ", stage, " needs the dtype and shape of every input");
@@ -47,7 +48,7 @@ std::string print_stage(const Program& program, const StageRequest& request, std
   if (stage == "defracted") return print(poly::reduce_and_defract(program, ctx, &lines));
   if (stage == "lowered" || stage == "schedule" || stage == "ast" || stage == "loops") {
     sched::LowerOptions options;
-    options.target = gpu ? sched::gpu_target(request.target) : cpu::host_target();  // what a run compiles here
+    options.target = gpu ? sched::gpu_target(request.target) : cpu::cpu_target(request.cpu);  // what a run compiles
     if (request.gpu_model) options.target.gpu = request.gpu_model;
     options.verify = request.verify;
     sched::Lowered lowered = sched::lower(program, request.inputs, options);  // no code generation
@@ -67,6 +68,7 @@ std::string print_stage(const Program& program, const StageRequest& request, std
   }
   POLYTILE_CHECK(stage == "llvm", "print_stage: stage ", stage, " has no printer");
   cpu::CompileOptions options;
+  options.target = cpu::cpu_target(request.cpu);
   options.verify = request.verify;
   return cpu::optimized_llvm_ir(program, request.inputs, options);
 }

@@ -23,6 +23,7 @@ struct StageRequest {
   std::map<std::string, TensorType> inputs;
   std::string target;                       // "" or "cpu": this machine; "sm_XY": an NVIDIA GPU
   std::optional<sched::GpuModel> gpu_model;  // GPU targets only
+  std::string cpu;                          // CPU targets: the CPU the code is for (cpu::cpu_target); "": this one
   bool verify = false;                      // translation validation of every rewriting pass
 };
 
