@@ -1,15 +1,16 @@
 // The machine's own limits, measured in the same run as the kernels so that every rate can be read as a
 // fraction of them (bench/run_bench.py does): "peak/fma" -- the f32 FMA throughput of independent
 // register-resident FMA chains on every bench thread, with the widest vectors the CPU has (AVX-512, else
-// AVX2 + FMA, chosen when the program runs) -- and "peak/triad" -- STREAM's triad a[i] = b[i] + s * c[i] over
-// arrays of 128 MiB (STREAM's rule: each array at least 4x the last-level cache, 32 MiB on the machines
-// measured here; with 16 MiB arrays, the size of the softmax and max pool tensors, part of the 48 MiB stayed
-// in the L3 and a repetition measured anything from 35 to 78 GB/s), split across the bench threads,
-// counted as STREAM counts it (two reads and one write per element). And "peak/shared_writes": how fast
-// the threads write lines that every one of them has just read, the case of a micro-kernel's packed
-// panels, which every thread reads and the next run copies again. It tells a run's hours apart on a guest
-// whose host moves its vCPUs: on the 2-core Zen 4 guest of 2026-11-29, 1.2 MiB per thread took 0.05-0.10
-// ms where the two sat near each other and 0.48 ms where they sat far apart (docs/benchmarks.md).
+// AVX2 + FMA, chosen when the program runs; those of $POLYTILE_BENCH_CPU where it names one) -- and
+// "peak/triad" -- STREAM's triad a[i] = b[i] + s * c[i] over arrays of 128 MiB (STREAM's rule: each array at
+// least 4x the last-level cache, 32 MiB on the machines measured here; with 16 MiB arrays, the size of the
+// softmax and max pool tensors, part of the 48 MiB stayed in the L3 and a repetition measured anything from
+// 35 to 78 GB/s), split across the bench threads, counted as STREAM counts it (two reads and one write per
+// element). And "peak/shared_writes": how fast the threads write lines that every one of them has just read,
+// the case of a micro-kernel's packed panels, which every thread reads and the next run copies again. It
+// tells a run's hours apart on a guest whose host moves its vCPUs: on the 2-core Zen 4 guest of 2026-11-29,
+// 1.2 MiB per thread took 0.05-0.10 ms where the two sat near each other and 0.48 ms where they sat far apart
+// (docs/benchmarks.md).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -17,11 +18,13 @@
 #include <barrier>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "bench_threads.h"
 #include "polytile/buffer.h"
+#include "polytile/cpu.h"
 
 namespace {
 
@@ -82,9 +85,14 @@ Shape fma_chains_scalar(float* sink) {
 
 void BM_FmaPeak(benchmark::State& state) {
   __builtin_cpu_init();
-  auto kernel = __builtin_cpu_supports("avx512f")                                   ? fma_chains_avx512
-                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
-                                                                                   : fma_chains_scalar;
+  // With $POLYTILE_BENCH_CPU (cpu_bench.cpp), the widest vectors of the named CPU's instruction set: the
+  // peak of the code the bench times (AVX2's on an AVX-512 machine; half the AVX-512 peak on a core with
+  // two 512-bit FMA units, the same on a Zen 4, whose 512-bit FMAs run as two halves).
+  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
+  const int bits = cpu && *cpu ? polytile::cpu::cpu_target(cpu).cpu.vector_bits : 512;
+  auto kernel = bits >= 512 && __builtin_cpu_supports("avx512f")                                  ? fma_chains_avx512
+                : bits >= 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
+                                                                                                  : fma_chains_scalar;
   const int threads = bench_threads();
   std::vector<std::vector<float>> sinks(static_cast<size_t>(threads), std::vector<float>(16));
   Shape shape{1, kChains};
