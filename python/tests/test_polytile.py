@@ -104,6 +104,21 @@ def test_every_stage_is_the_command_lines():
     assert "domain: { S_O[n, y, x, co, j, i, ci]" in conv.lower("isl", **shapes)
 
 
+def test_code_for_a_named_cpu():
+    # target="cpu:NAME": SSE4.2 code (x86-64-v2, which every x86-64 machine of the last decade runs) gives
+    # numpy's product, lower shows its 4-lane micro-kernel as the command line does, an unknown CPU is an error.
+    p = polytile.Program.from_file(ROOT / "examples" / "matmul.tile")
+    A = rng(1).standard_normal((96, 64)).astype(np.float32)
+    B = rng(2).standard_normal((64, 64)).astype(np.float32)
+    np.testing.assert_allclose(p.compile(target="cpu:x86-64-v2", A=A, B=B)(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    text = p.lower("loops", target="cpu:x86-64-v2", A=A, B=B)
+    assert "micro-kernel 6x2x4" in text
+    expected = cli("lower", ROOT / "examples" / "matmul.tile", "--emit", "loops", "--shape", "A=96x64", "--shape", "B=64x64",
+                   "--cpu", "x86-64-v2")
+    assert text == expected.stdout
+    assert "unknown CPU 'pentium-9000'" in error(lambda: p.compile(target="cpu:pentium-9000", A=A, B=B))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 def test_matmul_matches_numpy(dtype):
     A = (rng(1).standard_normal((37, 19)) * 4).astype(dtype)
