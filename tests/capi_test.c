@@ -110,6 +110,15 @@ int main(void) {
   CHECK(polytile_run(NULL, inputs, 2, outputs, 1) == POLYTILE_USER_ERROR);
   polytile_compiled* nothing = NULL;
   CHECK(polytile_compile(layer, inputs, 2, "sm_90", &nothing) == POLYTILE_USER_ERROR && nothing == NULL);
+  /* The code for another CPU: SSE4.2 (x86-64-v2), which every x86-64 machine of the last decade runs. */
+  polytile_compiled* sse = NULL;
+  CHECK(polytile_compile(layer, inputs, 2, "cpu:x86-64-v2", &sse) == POLYTILE_OK);
+  memset(y, 0xff, sizeof y);
+  CHECK(polytile_run(sse, inputs, 2, outputs, 1) == POLYTILE_OK);
+  for (int i = 0; i < M * N; ++i) CHECK(fabsf(y[i] - want[i]) <= 1e-5f);
+  polytile_compiled_free(sse);
+  CHECK(polytile_compile(layer, inputs, 2, "cpu:pentium-9000", &nothing) == POLYTILE_USER_ERROR && nothing == NULL);
+  CHECK(strstr(polytile_last_error(), "unknown CPU 'pentium-9000'") != NULL);
   polytile_tensor bad_dtype[] = {{"A", a, 7, 2, a_shape}, {"B", b, POLYTILE_F32, 2, b_shape}};
   CHECK(polytile_compile(layer, bad_dtype, 2, "cpu", &nothing) == POLYTILE_USER_ERROR);
   CHECK(polytile_compile(layer, inputs, 1, "cpu", &nothing) == POLYTILE_USER_ERROR); /* B missing */

@@ -63,7 +63,9 @@ polytile_status polytile_check(const polytile_program* program, const polytile_t
  * outputs with respect to the `wrt_count` inputs named in `wrt` (all inputs when wrt_count is 0). */
 polytile_status polytile_gradient(const polytile_program* program, const char* const* wrt, size_t wrt_count,
                                   polytile_program** gradient);
-/* Compiles for the CPU ("cpu" or NULL: this machine) for inputs of the given dtypes and shapes. */
+/* Compiles for the CPU ("cpu" or NULL: this machine; "cpu:NAME": the code for the CPU LLVM calls NAME, such
+ * as "cpu:x86-64-v3", refused where this machine lacks its instructions) for inputs of the given dtypes and
+ * shapes. */
 polytile_status polytile_compile(const polytile_program* program, const polytile_tensor* input_types, size_t input_count,
                                  const char* target, polytile_compiled** compiled);
 /* An output's dtype and shape; `shape` stays valid until the compiled program is freed. */
