@@ -57,8 +57,7 @@ std::map<std::string, TensorType> types_of(const TensorMap& in) {
 // the same instructions); unset, this machine's.
 cpu::CompileOptions options() {
   cpu::CompileOptions o;
-  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
-  o.target = cpu::cpu_target(cpu ? cpu : "");
+  o.target = cpu::cpu_target(bench_cpu());
   o.threads = bench_threads();
   return o;
 }
@@ -517,9 +516,8 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", "Cooperlake", 1);
     execv("/proc/self/exe", argv);
   }
-  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
   std::cerr << "OpenBLAS core type: " << openblas_get_corename() << ", threads: " << bench_threads()
-            << ", polytile's code for CPU " << (cpu && *cpu ? cpu : "host") << "\n";
+            << ", polytile's code for CPU " << (*bench_cpu() ? bench_cpu() : "host") << "\n";
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -18,7 +18,6 @@
 #include <barrier>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -88,8 +87,7 @@ void BM_FmaPeak(benchmark::State& state) {
   // With $POLYTILE_BENCH_CPU (cpu_bench.cpp), the widest vectors of the named CPU's instruction set: the
   // peak of the code the bench times (AVX2's on an AVX-512 machine; half the AVX-512 peak on a core with
   // two 512-bit FMA units, the same on a Zen 4, whose 512-bit FMAs run as two halves).
-  const char* cpu = std::getenv("POLYTILE_BENCH_CPU");
-  const int bits = cpu && *cpu ? polytile::cpu::cpu_target(cpu).cpu.vector_bits : 512;
+  const int bits = *bench_cpu() ? polytile::cpu::cpu_target(bench_cpu()).cpu.vector_bits : 512;
   auto kernel = bits >= 512 && __builtin_cpu_supports("avx512f")                                  ? fma_chains_avx512
                 : bits >= 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
                                                                                                   : fma_chains_scalar;

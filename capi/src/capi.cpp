@@ -178,12 +178,11 @@ polytile_status polytile_compile(const polytile_program* program, const polytile
     if (!compiled) user_error("polytile_compile: the result pointer is NULL");
     *compiled = nullptr;
     const Program& p = need(program, "polytile_compile: the program")->program;
-    const std::string t = target ? target : "cpu";
-    const bool named = t.rfind("cpu:", 0) == 0;  // cpu:NAME, the code for CPU NAME (cpu::cpu_target)
-    if (t != "cpu" && !named) user_error("polytile_compile: unknown target '", t, "' (this build has: cpu, cpu:NAME)");
+    const std::optional<std::string> cpu_name = cpu::cpu_of_target(target ? target : "cpu");
+    if (!cpu_name) user_error("polytile_compile: unknown target '", target, "' (this build has: cpu, cpu:NAME)");
     const std::map<std::string, TensorType> types = types_of(input_types, input_count, "polytile_compile: input_types");
     cpu::CompileOptions options;
-    options.target = cpu::cpu_target(named ? t.substr(4) : "");
+    options.target = cpu::cpu_target(*cpu_name);
     auto out = std::make_unique<polytile_compiled>();
     out->compiled = cpu::compile(p, types, options);
     for (const std::string& o : p.outputs) out->outputs[o] = out->compiled->types().tensors.at(o);

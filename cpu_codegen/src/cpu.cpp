@@ -501,7 +501,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
 
 llvm::orc::JITTargetMachineBuilder host_machine(const std::string& cpu) {
   auto machine = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
-  if (!cpu.empty() && cpu != "host") {
+  if (!cpu.empty()) {
     machine.setCPU(cpu);
     machine.getFeatures() = llvm::SubtargetFeatures(cpu_feature_string(cpu));
   }
@@ -583,13 +583,13 @@ struct CompiledNest {
 
 // Compiles the nests added to it (`compile(nest, index, part, machine)` for each of their modules) on
 // threads - 1 worker threads as they come, and on the caller's thread too once it calls finish(). Each
-// thread holds a target machine while it works (`machine`, null until the first module it compiles takes
-// one from HostMachines; given back when the thread is done). Plain threads and one mutex-guarded queue:
+// thread holds a target machine for the target's CPU while it works (`machine`, taken from HostMachines
+// for the first module it compiles; given back when the thread is done). Plain threads and one mutex-guarded queue:
 // a ThreadSanitizer build follows every handoff (TBB's own, inside an uninstrumented libtbb, it cannot).
 // Destroyed unfinished (lowering threw), it starts nothing more and waits for what runs.
 class NestCompiler {
  public:
-  using Compile = std::function<void(CompiledNest&, size_t, size_t, std::unique_ptr<llvm::TargetMachine>&)>;
+  using Compile = std::function<void(CompiledNest&, size_t, size_t, llvm::TargetMachine&)>;
 
   NestCompiler(int threads, std::string cpu, Compile compile) : cpu_(std::move(cpu)), compile_(std::move(compile)) {
     const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -658,7 +658,8 @@ class NestCompiler {
       CompiledNest& n = nests_[k];  // a deque: the reference survives later additions
       lock.unlock();
       try {
-        compile_(n, k, part, machine);
+        if (!machine) machine = host_machines().take(cpu_);
+        compile_(n, k, part, *machine);
       } catch (...) {
         std::lock_guard<std::mutex> guard(mutex_);
         if (!failure_) failure_ = std::current_exception();
@@ -706,9 +707,8 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
   // LLVM work of a gradient's first nests overlaps the scheduling of the others.
   std::map<std::string, int> index;
   ProgramTypes types;
-  const std::string cpu = options.target.cpu_name;
-  NestCompiler compiler(impl.threads, cpu, [&index, &types, &cpu, objects, print_ir](CompiledNest& n, size_t k, size_t part,
-                                                                                std::unique_ptr<llvm::TargetMachine>& tm) {
+  NestCompiler compiler(impl.threads, options.target.cpu_name, [&index, &types, objects, print_ir](CompiledNest& n, size_t k, size_t part,
+                                                                                               llvm::TargetMachine& tm) {
     auto t0 = std::chrono::steady_clock::now();
     NestModule& m = n.modules[part];
     const std::string name = "nest_" + std::to_string(k);
@@ -727,17 +727,16 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
       if (border.at(part - 1)) without_lsr(*m.module);
     }
     m.emit_seconds = seconds_since(t0);
-    if (!tm) tm = host_machines().take(cpu);
-    m.module->setDataLayout(tm->createDataLayout());
-    m.module->setTargetTriple(tm->getTargetTriple().str());
+    m.module->setDataLayout(tm.createDataLayout());
+    m.module->setTargetTriple(tm.getTargetTriple().str());
     const Pipeline pipeline = pipeline_for(n.nest);
     if (pipeline == Pipeline::brief) without_lsr(*m.module);  // few points: little index arithmetic to save
-    optimize(*m.module, *tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
+    optimize(*m.module, tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     if (print_ir) {
       llvm::raw_string_ostream os(m.ir);
       m.module->print(os, nullptr);
     }
-    if (objects) m.object = machine_code(*m.module, *tm);
+    if (objects) m.object = machine_code(*m.module, tm);
   });
   sched::LowerObserver observer;
   observer.program = [&](const Program& program, const ProgramTypes& t) {

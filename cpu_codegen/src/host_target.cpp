@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -55,9 +57,9 @@ const llvm::StringMap<bool>& host_features() {
 }
 
 // The same features of the x86 CPU `name`, from LLVM's description of it; UserError for a name it does
-// not know (asked first: LLVM only warns on stderr and falls back to a generic CPU).
-std::map<std::string, bool> named_cpu_features(const std::string& name) {
-  initialize_llvm();
+// not know (asked first: LLVM only warns on stderr and falls back to a generic CPU). Kept per name: every
+// compile() for a named CPU asks (check_runs_here), and so does every target machine made for it.
+std::map<std::string, bool> read_cpu_features(const std::string& name) {
   const std::string triple = llvm::sys::getProcessTriple();
   std::string error;
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, error);
@@ -70,6 +72,28 @@ std::map<std::string, bool> named_cpu_features(const std::string& name) {
   std::map<std::string, bool> out;
   for (const auto& feature : host_features()) out[feature.getKey().str()] = cpu->checkFeatures("+" + feature.getKey().str());
   return out;
+}
+
+const std::map<std::string, bool>& named_cpu_features(const std::string& name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::map<std::string, bool>> known;
+  initialize_llvm();
+  std::lock_guard<std::mutex> guard(mutex);
+  if (auto it = known.find(name); it != known.end()) return it->second;
+  return known.emplace(name, read_cpu_features(name)).first->second;  // an unknown name throws, kept nowhere
+}
+
+// What the instruction set gives the micro-kernel plan (`has`: whether the CPU has a feature), for the
+// CPU LLVM calls `cpu`: the widest vectors, their registers and the FMAs a cycle.
+void set_instruction_set(sched::CpuModel& m, const std::function<bool(const char*)>& has, const std::string& cpu) {
+  const bool avx512 = has("avx512f");
+  m.vector_bits = avx512 ? 512 : has("avx2") ? 256 : 128;
+  m.vector_registers = avx512 ? 32 : 16;  // zmm0-31 with AVX-512, else ymm/xmm0-15
+  // Zen 4 runs a 512-bit FMA as two halves on its two 256-bit pipes: one per cycle, where Intel's cores
+  // (and Zen 5) issue two. The micro-kernel plan then counts a block's FMAs twice as dear against its loads
+  // and loop overhead, which turns a 128-channel conv weight gradient's 6 x 4 blocks (21 of 6 channels
+  // and a partial one of 2) into 4 x 4 ones (32 of 4).
+  m.fma_per_cycle = avx512 && cpu == "znver4" ? 1 : 2;
 }
 
 // Whether code polytile makes may use feature `f`: the vector, bit-manipulation and arithmetic
@@ -109,14 +133,7 @@ sched::Target host_target() {
   if (l3 <= 0) l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
   if (l3 > 0) t.cpu.l3_bytes = l3;
   t.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  t.cpu.vector_bits = avx512 ? 512 : __builtin_cpu_supports("avx2") ? 256 : 128;
-  t.cpu.vector_registers = avx512 ? 32 : 16;  // zmm0-31 with AVX-512, else ymm/xmm0-15
-  // Zen 4 runs a 512-bit FMA as two halves on its two 256-bit pipes: one per cycle, where Intel's cores
-  // (and Zen 5) issue two. The micro-kernel plan then counts a block's FMAs twice as dear against its loads
-  // and loop overhead, which turns a 128-channel conv weight gradient's 6 x 4 blocks (21 of 6 channels
-  // and a partial one of 2) into 4 x 4 ones (32 of 4).
-  t.cpu.fma_per_cycle = avx512 && llvm::sys::getHostCPUName() == "znver4" ? 1 : 2;
+  set_instruction_set(t.cpu, [](const char* f) { return host_features().lookup(f); }, llvm::sys::getHostCPUName().str());
   // Stores past the caches (CpuModel::stream_stores) pay on AMD's cores and cost on Intel's: on a 2-core
   // Zen 4 guest max pool's gradient ran 1.15-1.30x and the 1x1 conv's data gradient 1.06-1.09x as fast
   // with them; on a 2-core Cascade Lake guest 0.81x and 0.92x, softmax forward and backward 0.84x and
@@ -128,14 +145,17 @@ sched::Target host_target() {
 sched::Target cpu_target(const std::string& name) {
   sched::Target t = host_target();
   if (name.empty() || name == "host") return t;
-  const std::map<std::string, bool> features = named_cpu_features(name);
-  const auto has = [&](const char* f) { return features.count(f) && features.at(f); };
+  const std::map<std::string, bool>& features = named_cpu_features(name);
   t.name = "host:" + name;
   t.cpu_name = name;
-  t.cpu.vector_bits = has("avx512f") ? 512 : has("avx2") ? 256 : 128;
-  t.cpu.vector_registers = has("avx512f") ? 32 : 16;
-  t.cpu.fma_per_cycle = has("avx512f") && name == "znver4" ? 1 : 2;  // as host_target says
+  set_instruction_set(t.cpu, [&](const char* f) { auto it = features.find(f); return it != features.end() && it->second; }, name);
   return t;
+}
+
+std::optional<std::string> cpu_of_target(const std::string& spec) {
+  if (spec == "cpu") return std::string();
+  if (spec.rfind("cpu:", 0) == 0) return spec.substr(4);
+  return std::nullopt;
 }
 
 }  // namespace polytile::cpu

@@ -100,15 +100,15 @@ struct PyCompiled {
 
 PyCompiled* compile_program(const PyProgram& p, const std::map<std::string, PyType>& types, const std::string& target, int threads,
                     bool verify) {
-  const bool named = target.rfind("cpu:", 0) == 0;  // cpu:NAME, the code for CPU NAME (cpu::cpu_target)
-  if (target != "cpu" && !named)
+  const std::optional<std::string> cpu_name = cpu::cpu_of_target(target);
+  if (!cpu_name)
     user_error("compile: unknown target '", target, "' (the Python package runs on: cpu, or cpu:NAME for the code of a CPU LLVM names)");
   auto out = std::make_unique<PyCompiled>();
   out->input_types = types_of(types);
   for (const auto& in : p.program.inputs) out->inputs.push_back(in.name);
   out->outputs = p.program.outputs;
   cpu::CompileOptions options;
-  options.target = cpu::cpu_target(named ? target.substr(4) : "");
+  options.target = cpu::cpu_target(*cpu_name);
   options.threads = threads;
   options.verify = verify;
   {
@@ -220,9 +220,9 @@ NB_MODULE(_polytile, m) {
         r.stage = stage;
         r.inputs = types_of(inputs);
         r.target = target;
-        if (target.rfind("cpu:", 0) == 0) {  // cpu:NAME: the stage made for CPU NAME
+        if (const std::optional<std::string> cpu_name = cpu::cpu_of_target(target)) {  // cpu:NAME: made for CPU NAME
           r.target = "cpu";
-          r.cpu = target.substr(4);
+          r.cpu = *cpu_name;
         }
         r.verify = verify;
         nb::gil_scoped_release release;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ sched::Target host_target();
 // that has instructions this one lacks can be exported (cpu::export_object) but not run here: compile()
 // refuses it, naming what is missing. UserError for a name LLVM does not know.
 sched::Target cpu_target(const std::string& name);
+
+// The CPU of a target spelled "cpu" (this machine's: "") or "cpu:NAME" (NAME, for cpu_target), as the
+// Python and C interfaces take it; nullopt for any other spelling.
+std::optional<std::string> cpu_of_target(const std::string& spec);
 
 // The instruction-set features of CPU `name` that compiled code may use ("avx512f", "fma", ...; not
 // system instructions such as "pku") and this machine lacks; empty when code for it runs here.
