@@ -353,18 +353,19 @@ void without_lsr(llvm::Module& m) {
 }  // namespace
 
 // The object code of `m`, as orc::SimpleCompiler makes it, but without Loop Strength Reduction where every
-// function of `m` asks (kNoLoopStrengthReduction, without_lsr): a micro-kernel's border blocks, the loops
-// that call its separate blocks, and the nests of the brief pipeline. LSR (with the IVUsers analysis it
-// needs) was a third of the machine code's time on the conv's modules -- 4-12 ms of a border module's
-// 25-40, 30% of the weight transposition's (llc under callgrind) -- and half of it on a 3x3 conv's uniform
-// blocks while they were inside the nest's loops: IVUsers and scalar evolution over every address of the
-// eight loops deep function, not only the step's. In a border block it only turns a few index
-// computations into pointer bumps (3 lea and a shift per 8 FMAs in the fully covered path): the
-// border-heavy convs (3x3 256->256 on 14x14, about 40% border blocks; the seed's strided dilated conv) ran
-// as fast without it, interleaved medians of 7. A brief nest has at most 2^17 points. The uniform blocks
-// keep it: without it the convs' kernels ran 3-7% slower on a Zen 4 guest (3x3 96 and 128 channels'
-// data gradients 0.93 and 0.95), once a weight gradient at half speed. (A module of several nests'
-// functions, as export links them, keeps it.)
+// function of `m` asks (kNoLoopStrengthReduction, without_lsr): every module of a micro-kernel nest (its
+// loops, its uniform and border blocks) and the nests of the brief pipeline. LSR (with the IVUsers
+// analysis it needs) was a third of the machine code's time on the conv's modules -- 4-12 ms of a border
+// module's 25-40, 30% of the weight transposition's (llc under callgrind), 36.6 M of the 90 M
+// instructions of a 3x3 conv's uniform block module -- and in a border block it only turns a few index
+// computations into pointer bumps: the border-heavy convs (3x3 256->256 on 14x14, about 40% border
+// blocks; the seed's strided dilated conv) ran as fast without it. The uniform blocks' fma loops, where it
+// earned its time (3 lea and a shift per 8 FMAs without it, the convs' kernels 3-7% slower on a Zen 4
+// guest), now come from the emitter in the form it made of them (NestEmitter::fma_address: one base
+// register per operand, invariant in the loop, and the loop counter in the addressing mode), which made
+// the machine code without it the same but for a shift in place of a pointer bump, and the kernels as
+// fast (interleaved medians of 10 on one thread: 0.99-1.04 of LSR's, inside the noise). A brief nest has
+// at most 2^17 points. (A module of several nests' functions, as export links them, keeps it.)
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm) {
   static const llvm::AnalysisID lsr = [] {  // LLVM 16 exports no ID of the pass: one made and dropped says it
     return std::unique_ptr<llvm::Pass>(llvm::createLoopStrengthReducePass())->getPassID();
@@ -716,21 +717,17 @@ std::vector<NestModule> lower_and_emit(CompiledProgram::Impl& impl, const Progra
     m.module = std::make_unique<llvm::Module>(part == 0 ? name : name + ".part" + std::to_string(part - 1), *m.context);
     // A micro-kernel's uniform and border blocks (where it has both) are functions of their own, compiled
     // alongside the loops that call them: the forward conv's one nest is three modules on two threads.
-    // Only the uniform blocks' code gets Loop Strength Reduction (machine_code): their module's, or the
-    // nest's where they stay in it (llvm_ir::separate_parts).
-    const std::vector<bool> border = llvm_ir::predicated_parts(n.nest);
-    if (part == 0) {
+    if (part == 0)
       llvm_ir::emit_nest(*m.module, n.nest, name, types, index, /*outline=*/true);
-      if (std::find(border.begin(), border.end(), false) != border.end()) without_lsr(*m.module);  // only loops and calls
-    } else {
+    else
       llvm_ir::emit_nest_part(*m.module, n.nest, name, part - 1, types, index);
-      if (border.at(part - 1)) without_lsr(*m.module);
-    }
     m.emit_seconds = seconds_since(t0);
     m.module->setDataLayout(tm.createDataLayout());
     m.module->setTargetTriple(tm.getTargetTriple().str());
+    // Only the full pipeline's nests get Loop Strength Reduction (machine_code): a micro-kernel's blocks
+    // come with their addresses in the form it made of them, a brief nest has little index arithmetic.
     const Pipeline pipeline = pipeline_for(n.nest);
-    if (pipeline == Pipeline::brief) without_lsr(*m.module);  // few points: little index arithmetic to save
+    if (pipeline != Pipeline::full) without_lsr(*m.module);
     optimize(*m.module, tm, pipeline, pipeline == Pipeline::full && small_nest(n.nest, types));
     if (print_ir) {
       llvm::raw_string_ostream os(m.ir);

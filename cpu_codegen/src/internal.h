@@ -131,7 +131,7 @@ inline void check(llvm::Error e, const std::string& what) {
 }
 
 // The object code of module `m` for `tm` (cpu.cpp): without Loop Strength Reduction when every function
-// of `m` carries "polytile-no-lsr" (a micro-kernel's border blocks, the brief nests), with it otherwise.
+// of `m` carries "polytile-no-lsr" (a micro-kernel nest's modules, the brief nests), with it otherwise.
 std::unique_ptr<llvm::MemoryBuffer> machine_code(llvm::Module& m, llvm::TargetMachine& tm);
 
 // This machine's CPU, its features and the optimization level of every compilation; with `cpu` (an

@@ -773,12 +773,6 @@ void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string&
 
 size_t separate_parts(const sched::Nest& nest) { return NestEmitter::separate_blocks(nest).size(); }
 
-std::vector<bool> predicated_parts(const sched::Nest& nest) {
-  std::vector<bool> out;
-  for (const sched::LoopNode* block : NestEmitter::separate_blocks(nest)) out.push_back(NestEmitter::predicated(*block));
-  return out;
-}
-
 void emit_nest_part(llvm::Module& module, const sched::Nest& nest, const std::string& name, size_t part,
                     const ProgramTypes& types, const std::map<std::string, int>& buffer_index) {
   NestEmitter e(module, nest, types, buffer_index);

@@ -66,12 +66,16 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
 
 // The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h) at a reduction step:
 // `vars` are row 0's variables, `row0` the indices of the element it reads. Into all cache levels, for reading.
-void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars) {
+// With `innermost` (an unpredicated block; `row0_address` the element's address as fma_address makes it),
+// the addresses are made as the operands' are.
+void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars,
+                           const std::string* innermost, Value* row0_address) {
   const auto& mk = *nest_.microkernel;
   auto fetch = [&](Value* addr) {
     b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
   };
-  if (mk.prefetch_bytes > 0) fetch(b_.CreateGEP(b_.getInt8Ty(), element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
+  if (mk.prefetch_bytes > 0)
+    fetch(b_.CreateGEP(b_.getInt8Ty(), innermost ? row0_address : element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
   if (mk.prefetch_next_block) {
     // Row r mod rows of the next block, at this reduction point.
     const auto& names = nest_.variables;
@@ -79,11 +83,50 @@ void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row
     Value* r = vars.at(names[mk.reductions.back()]);
     Value* rows = b_.getInt64(mk.rows);
     Value* row = b_.CreateSRem(b_.CreateAdd(b_.CreateSRem(r, rows), rows), rows);
-    next[names[mk.block]] = b_.CreateAdd(b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows)), row);
+    next[names[mk.block]] = b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows));
+    if (innermost) {
+      Value* at = fma_address(a.tensor, a.indices, next, *innermost);
+      fetch(b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), at,
+                         b_.CreateNSWMul(row, ix(flat_step(a.tensor, a.indices, names[mk.block])))));
+      return;
+    }
+    next[names[mk.block]] = b_.CreateAdd(next[names[mk.block]], row);
     std::vector<Value*> at;
     for (const auto& p : a.indices) at.push_back(poly(p, next));
     fetch(element_address(a.tensor, at));
   }
+}
+
+// The address of tensor[idx] at `vars`, as the element at the innermost reduction variable r = 0 advanced
+// by r times the elements a step of r moves (the index polynomials of a micro-kernel are integral and
+// affine). In the innermost fma loop, where r is the loop's counter, the first part is invariant and
+// LICM takes it out of the loop: each operand is then a base register and r (scaled) in its addressing
+// mode, or a constant stride from the last element, which is what Loop Strength Reduction made of the
+// flattened index (3 lea and a shift per step in a 2x4 block without it), now without LSR, whose
+// analysis of every address took 40% of a uniform block module's machine code (machine_code).
+Value* NestEmitter::fma_address(const std::string& tensor, const std::vector<Polynomial>& idx,
+                                std::map<std::string, Value*> vars, const std::string& r) {
+  Value* counter = vars.at(r);
+  vars[r] = ix(0);
+  std::vector<Value*> at;
+  for (const auto& p : idx) at.push_back(poly(p, vars));
+  Value* base = element_address(tensor, at);
+  const int64_t step = flat_step(tensor, idx, r);
+  if (step == 0) return base;
+  return b_.CreateGEP(storage_type(types_.tensors.at(tensor).dtype), base, b_.CreateNSWMul(counter, ix(step)));
+}
+
+// The elements between tensor[idx] at v and at v + 1 (idx integral and affine in v).
+int64_t NestEmitter::flat_step(const std::string& tensor, const std::vector<Polynomial>& idx, const std::string& v) const {
+  const auto& shape = types_.tensors.at(tensor).shape;
+  int64_t step = 0, stride = 1;
+  for (size_t k = idx.size(); k-- > 0;) {
+    const Rational c = idx[k].bind_dims(types_.dims).coefficient(v);
+    if (c.den() != 1) throw InternalError("a micro-kernel index of " + tensor + " is not integral in " + v);
+    step += c.num() * stride;
+    stride *= shape[k];
+  }
+  return step;
 }
 
 // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
@@ -157,6 +200,24 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
     for (const auto& p : idx) at.push_back(poly(p, vars));
     return element_address(tensor, at);
   };
+  // An fma operand's address in an unpredicated block: row 0's and chunk 0's (see fma_address: invariant
+  // in the innermost fma loop but for that loop's counter), then a constant offset for row d and chunk k
+  // -- one base register for all rows and chunks of an operand, as Loop Strength Reduction made them.
+  const std::string* innermost = n.statement == St::fma && !mk.reductions.empty() && !valid_at && !nest_.kernel
+                                     ? &names[mk.reductions.back()]
+                                     : nullptr;
+  std::vector<Value*> first(c.inputs.size(), nullptr);
+  auto operand_address = [&](size_t i, int d, int k) {
+    const TensorAccess& a = c.inputs[i];
+    if (!first[i]) {
+      std::map<std::string, Value*> at = vars;
+      at[names[mk.block]] = b0;
+      at[names[mk.vector]] = v0;
+      first[i] = fma_address(a.tensor, a.indices, at, *innermost);
+    }
+    const int64_t offset = d * flat_step(a.tensor, a.indices, names[mk.block]) + k * lanes * flat_step(a.tensor, a.indices, names[mk.vector]);
+    return offset == 0 ? first[i] : b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), first[i], ix(offset));
+  };
   // Per input: read along v (a vector operand), and different for every row.
   auto depends = [](const Polynomial& p, const std::string& v) { return p.coefficient(v) != Rational(0); };
   auto uses = [&](const TensorAccess& a, const std::string& v) {
@@ -186,8 +247,12 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
           Value* x = poly(p, vars);
           at.push_back(row && by_row(p) ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
         }
-        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor)) prefetch(c.inputs[i], at, vars);
-        scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(input(c.inputs[i].tensor, at), t));
+        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor))
+          prefetch(c.inputs[i], at, vars, innermost, innermost ? operand_address(i, 0, 0) : nullptr);
+        const Typed x = innermost && !nest_.inlined.count(c.inputs[i].tensor)
+                            ? load_address(types_.tensors.at(c.inputs[i].tensor).dtype, operand_address(i, d, 0))
+                            : input(c.inputs[i].tensor, at);
+        scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(x, t));
       }
     }
     for (int k = 0; k < mk.chunks; ++k) {
@@ -217,7 +282,7 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
             if (scalars[i]) {
               x[i] = scalars[i];
             } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
-              x[i] = vload(address(c.inputs[i].tensor, c.inputs[i].indices), m);
+              x[i] = vload(innermost ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
             } else {  // the producer, on the lanes
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {

@@ -37,10 +37,6 @@ void emit_nest(llvm::Module& module, const sched::Nest& nest, const std::string&
 // nest that stores past the caches, Nest::stream, keeps its uniform blocks, only its border ones apart).
 size_t separate_parts(const sched::Nest& nest);
 
-// Per separate block, in order: whether it runs predicated statements (a micro-kernel's border blocks), not
-// the uniform blocks' unpredicated ones.
-std::vector<bool> predicated_parts(const sched::Nest& nest);
-
 // Adds `void <name>.part<j>(ptr tensors..., i64 iterators...)`, separate block j of `nest` (its tensors
 // in nest_tensors order, then the values of the loop iterators around it that it reads), as called by
 // emit_nest(..., outline = true). InternalError if LLVM's verifier rejects it.
