@@ -66,16 +66,16 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
 
 // The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h) at a reduction step:
 // `vars` are row 0's variables, `row0` the indices of the element it reads. Into all cache levels, for reading.
-// With `innermost` (an unpredicated block; `row0_address` the element's address as fma_address makes it),
-// the addresses are made as the operands' are.
+// With `row0_address` (an unpredicated block: that element's address as fma_address makes it; `row0` then
+// unused), the addresses are made as the operands' are.
 void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars,
-                           const std::string* innermost, Value* row0_address) {
+                           Value* row0_address) {
   const auto& mk = *nest_.microkernel;
   auto fetch = [&](Value* addr) {
     b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
   };
   if (mk.prefetch_bytes > 0)
-    fetch(b_.CreateGEP(b_.getInt8Ty(), innermost ? row0_address : element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
+    fetch(b_.CreateGEP(b_.getInt8Ty(), row0_address ? row0_address : element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
   if (mk.prefetch_next_block) {
     // Row r mod rows of the next block, at this reduction point.
     const auto& names = nest_.variables;
@@ -84,8 +84,8 @@ void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row
     Value* rows = b_.getInt64(mk.rows);
     Value* row = b_.CreateSRem(b_.CreateAdd(b_.CreateSRem(r, rows), rows), rows);
     next[names[mk.block]] = b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows));
-    if (innermost) {
-      Value* at = fma_address(a.tensor, a.indices, next, *innermost);
+    if (row0_address) {
+      Value* at = fma_address(a.tensor, a.indices, next);
       fetch(b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), at,
                          b_.CreateNSWMul(row, ix(flat_step(a.tensor, a.indices, names[mk.block])))));
       return;
@@ -104,8 +104,8 @@ void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row
 // mode, or a constant stride from the last element, which is what Loop Strength Reduction made of the
 // flattened index (3 lea and a shift per step in a 2x4 block without it), now without LSR, whose
 // analysis of every address took 40% of a uniform block module's machine code (machine_code).
-Value* NestEmitter::fma_address(const std::string& tensor, const std::vector<Polynomial>& idx,
-                                std::map<std::string, Value*> vars, const std::string& r) {
+Value* NestEmitter::fma_address(const std::string& tensor, const std::vector<Polynomial>& idx, std::map<std::string, Value*> vars) {
+  const std::string& r = nest_.variables[nest_.microkernel->reductions.back()];
   Value* counter = vars.at(r);
   vars[r] = ix(0);
   std::vector<Value*> at;
@@ -203,20 +203,25 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
   // An fma operand's address in an unpredicated block: row 0's and chunk 0's (see fma_address: invariant
   // in the innermost fma loop but for that loop's counter), then a constant offset for row d and chunk k
   // -- one base register for all rows and chunks of an operand, as Loop Strength Reduction made them.
-  const std::string* innermost = n.statement == St::fma && !mk.reductions.empty() && !valid_at && !nest_.kernel
-                                     ? &names[mk.reductions.back()]
-                                     : nullptr;
-  std::vector<Value*> first(c.inputs.size(), nullptr);
+  const bool split = n.statement == St::fma && !mk.reductions.empty() && !valid_at && !nest_.kernel;
+  struct Operand {
+    Value* base = nullptr;            // row 0, chunk 0
+    int64_t row_step = 0, chunk_step = 0;  // elements from one row (chunk) to the next
+  };
+  std::vector<Operand> operands(c.inputs.size());
   auto operand_address = [&](size_t i, int d, int k) {
     const TensorAccess& a = c.inputs[i];
-    if (!first[i]) {
+    Operand& o = operands[i];
+    if (!o.base) {
       std::map<std::string, Value*> at = vars;
       at[names[mk.block]] = b0;
       at[names[mk.vector]] = v0;
-      first[i] = fma_address(a.tensor, a.indices, at, *innermost);
+      o.base = fma_address(a.tensor, a.indices, at);
+      o.row_step = flat_step(a.tensor, a.indices, names[mk.block]);
+      o.chunk_step = lanes * flat_step(a.tensor, a.indices, names[mk.vector]);
     }
-    const int64_t offset = d * flat_step(a.tensor, a.indices, names[mk.block]) + k * lanes * flat_step(a.tensor, a.indices, names[mk.vector]);
-    return offset == 0 ? first[i] : b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), first[i], ix(offset));
+    const int64_t offset = d * o.row_step + k * o.chunk_step;
+    return offset == 0 ? o.base : b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), o.base, ix(offset));
   };
   // Per input: read along v (a vector operand), and different for every row.
   auto depends = [](const Polynomial& p, const std::string& v) { return p.coefficient(v) != Rational(0); };
@@ -242,16 +247,16 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
     if (n.statement == St::fma) {
       for (size_t i = 0; i < c.inputs.size(); ++i) {
         if (along_v[i]) continue;
-        std::vector<Value*> at;
-        for (const auto& p : c.inputs[i].indices) {
-          Value* x = poly(p, vars);
-          at.push_back(row && by_row(p) ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
-        }
-        if (d == 0 && per_row[i] && !nest_.inlined.count(c.inputs[i].tensor))
-          prefetch(c.inputs[i], at, vars, innermost, innermost ? operand_address(i, 0, 0) : nullptr);
-        const Typed x = innermost && !nest_.inlined.count(c.inputs[i].tensor)
-                            ? load_address(types_.tensors.at(c.inputs[i].tensor).dtype, operand_address(i, d, 0))
-                            : input(c.inputs[i].tensor, at);
+        const bool loaded = !nest_.inlined.count(c.inputs[i].tensor);
+        std::vector<Value*> at;  // the element's indices (a safe one for an invalid row), but for a split address
+        if (!split || !loaded)
+          for (const auto& p : c.inputs[i].indices) {
+            Value* x = poly(p, vars);
+            at.push_back(row && by_row(p) ? b_.CreateSelect(row, x, b_.getInt64(0)) : x);
+          }
+        if (d == 0 && per_row[i] && loaded) prefetch(c.inputs[i], at, vars, split ? operand_address(i, 0, 0) : nullptr);
+        const Typed x = split && loaded ? load_address(types_.tensors.at(c.inputs[i].tensor).dtype, operand_address(i, d, 0))
+                                        : input(c.inputs[i].tensor, at);
         scalars[i] = b_.CreateVectorSplat(static_cast<unsigned>(lanes), convert(x, t));
       }
     }
@@ -282,7 +287,7 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
             if (scalars[i]) {
               x[i] = scalars[i];
             } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
-              x[i] = vload(innermost ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
+              x[i] = vload(split ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
             } else {  // the producer, on the lanes
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {

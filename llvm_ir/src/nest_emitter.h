@@ -249,11 +249,10 @@ class NestEmitter {
   };
   void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
                         const BlockValidity* valid_at);
-  Value* fma_address(const std::string& tensor, const std::vector<Polynomial>& idx, std::map<std::string, Value*> vars,
-                     const std::string& r);
+  Value* fma_address(const std::string& tensor, const std::vector<Polynomial>& idx, std::map<std::string, Value*> vars);
   int64_t flat_step(const std::string& tensor, const std::vector<Polynomial>& idx, const std::string& v) const;
   void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars,
-                const std::string* innermost, Value* row0_address);
+                Value* row0_address);
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
   // Folds as it builds (x * 1, x + 0, constants): the optimizer has less to clean up.
