@@ -105,6 +105,36 @@ TEST(CliTest, CodeForANamedCpu) {
                  "--cpu names a CPU target's CPU, not sm_90's");
 }
 
+// Cache sizes after --cpu's name block the schedule for that machine's caches: a padded 3x3 conv's
+// reduction tiles shrink with a smaller L1 and L2, in lower's loops, and run and compile take them too;
+// a malformed size is a one-line error naming it.
+TEST(CliTest, CacheSizesAfterTheCpusName) {
+  const std::string conv = temp("conv3x3.tile");
+  std::ofstream(conv) << "function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O) {\n"
+                         "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]);\n}\n";
+  const std::vector<std::string> shapes{"--shape", "I=2x12x12x64", "--shape", "K=3x3x64x64"};
+  auto lower = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args{"lower", conv, "--emit", "loops"};
+    args.insert(args.end(), shapes.begin(), shapes.end());
+    args.insert(args.end(), more.begin(), more.end());
+    return cli(args);
+  };
+  const Result mine = lower({}), small = lower({"--cpu", "host,l1=8K,l2=96K"}), same = lower({"--cpu", "host"});
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_EQ(same.out, mine.out);
+  EXPECT_NE(small.out, mine.out) << "the caches changed nothing:\n" << mine.out;
+  Result r = cli({"run", conv, "--random", "I=2x12x12x64", "--random", "K=3x3x64x64", "--cpu", "host,l1=8K,l2=96K", "--no-cache",
+                  "--limit", "2"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("O: f32[2, 12, 12, 64]", 0), 0u) << r.out;
+  r = cli({"compile", conv, "--shape", "I=2x12x12x64", "--shape", "K=3x3x64x64", "--target", "cpu", "--cpu", "znver3,l2=512K",
+           "-o", temp("conv_zen3")});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("for CPU znver3"), std::string::npos) << r.out;
+  one_line_error(lower({"--cpu", "znver3,l2=512"}), "CPU 'znver3,l2=512': l2=512 is not a cache size");
+  one_line_error(lower({"--cpu", "znver3,size=1M"}), "CPU 'znver3,size=1M': 'size=1M' is not a cache size");
+}
+
 TEST(CliTest, RunReadsAndWritesNpy) {
   Buffer a = testing::random_buffer({3, 4}, 1), b = testing::random_buffer({4, 2}, 2);
   write_npy(temp("a.npy"), a);

@@ -1365,6 +1365,55 @@ TEST(CpuTest, CodeForANamedCpu) {
   }
 }
 
+// Cache sizes after a CPU's name (cpu_target("znver3,l2=512K")) replace this machine's: the named CPU's
+// instruction set with those caches, the schedule blocked for them (a smaller L2 gives a 3x3 conv shorter
+// reduction tiles, in the loop IR), the results the interpreter's; and a malformed or shrinking size is a
+// UserError that names the spec and what is wrong with it.
+TEST(CpuTest, CacheSizesAfterACpusName) {
+  const sched::Target host = host_target();
+  const sched::Target zen3 = cpu_target("znver3,l1=16K,l2=256k,l3=8M");
+  EXPECT_EQ(zen3.cpu_name, "znver3");
+  EXPECT_EQ(zen3.cpu.vector_bits, 256);
+  EXPECT_EQ(zen3.cpu.l1_bytes, 16 * 1024);
+  EXPECT_EQ(zen3.cpu.l2_bytes, 256 * 1024);
+  EXPECT_EQ(zen3.cpu.l3_bytes, 8 * 1024 * 1024);
+  const sched::Target small = cpu_target("host,l1=8K,l2=96K");
+  EXPECT_EQ(small.cpu_name, "");
+  EXPECT_EQ(small.cpu.vector_bits, host.cpu.vector_bits);
+  EXPECT_EQ(small.cpu.l1_bytes, 8 * 1024);
+  EXPECT_EQ(small.cpu.l2_bytes, 96 * 1024);
+  EXPECT_EQ(small.cpu.l3_bytes, host.cpu.l3_bytes);
+  EXPECT_EQ(cpu_target(",l2=131072").cpu.l2_bytes, 128 * 1024);  // an empty name is this machine's CPU
+  const Program p = parse_program(
+      "function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O) {\n"
+      "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]);\n}\n");
+  const TensorMap in = inputs_for({{"I", {2, 12, 12, 64}}, {"K", {3, 3, 64, 64}}}, DType::f32, 3);
+  CompileOptions o;
+  o.threads = 2;
+  o.cache = false;
+  const std::string loops = sched::print_loops(compile(p, types_of(in), o)->schedule());
+  o.target = small;
+  const std::string small_loops = sched::print_loops(compile(p, types_of(in), o)->schedule());
+  EXPECT_NE(loops, small_loops) << "the caches changed nothing:\n" << loops;
+  expect_same(p, in, "host,l1=8K,l2=96K", o);
+  for (const auto& [spec, message] : std::vector<std::pair<std::string, std::string>>{
+           {"znver3,l9=1K", "CPU 'znver3,l9=1K': 'l9=1K' is not a cache size"},
+           {"znver3,l2", "CPU 'znver3,l2': 'l2' is not a cache size"},
+           {"host,l2=abc", "CPU 'host,l2=abc': l2=abc is not a cache size"},
+           {"host,l1=512", "l1=512 is not a cache size"},
+           {"host,l3=2000G", "l3=2000G is not a cache size"},
+           {"host,l2=1M,l2=2M", "l2 is given twice"},
+           {"host,l1=2M,l2=1M", "the caches must grow from level to level, but l1 is 2097152, l2 1048576"},
+           {"pentium-9000,l2=1M", "unknown CPU 'pentium-9000'"}}) {
+    try {
+      cpu_target(spec);
+      ADD_FAILURE() << "no error for " << spec;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << spec << ": " << e.what();
+    }
+  }
+}
+
 // A CPU LLVM does not know is a UserError naming it; one with instructions this machine lacks is
 // refused to run here (the error names the CPU and what is missing) but exported for, its header naming it.
 TEST(CpuTest, NamedCpusThatDoNotRunHere) {

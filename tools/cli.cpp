@@ -63,7 +63,7 @@ domain is empty (they write nothing).
 )";
 
 const char* kLowerHelp = R"(usage: polytile lower FILE.tile --emit STAGE [--shape NAME=DIMS[:DTYPE]]... [--target cpu|sm_XY]
-                      [--cpu NAME] [--gpu-model KEY=VALUE,...] [--verbose] [--verify]
+                      [--cpu NAME[,l1=SIZE,l2=SIZE,l3=SIZE]] [--gpu-model KEY=VALUE,...] [--verbose] [--verify]
 
 Prints one stage of the compiler for FILE.tile:
   tile        the normalized Tile text
@@ -85,7 +85,10 @@ Prints one stage of the compiler for FILE.tile:
   --target T                  cpu (default: this machine) or an NVIDIA GPU sm_XY (sm_75 on): the schedule,
                               ast and loops stages then show the kernels' block and thread mapping
   --cpu NAME                  a CPU target's CPU as LLVM names it (znver3, x86-64-v3, ...; default: this
-                              machine's): the schedule and LLVM IR made for its vector width and registers
+                              machine's): the schedule and LLVM IR made for its vector width and registers;
+                              cache sizes after it, e.g. znver3,l2=512K or host,l1=32K,l2=1M,l3=32M
+                              (bytes, K, M or G), block the schedule for those caches instead of this
+                              machine's
   --gpu-model KEY=VALUE,...   with a GPU --target: the GPU strategy's sizes instead of the defaults, e.g.
                               threads=128,tile=4x2,shared=0 -- keys: threads (per block, default 256),
                               tile (register tile RxC, 4x4), shared (bytes of shared tiles per block, 49152;
@@ -120,7 +123,7 @@ Prints one stage of the compiler for FILE.tile:
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--inputs FILE.npz] [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
-                    [--threads N] [--cpu NAME] [--time] [--repeat N] [--no-cache]
+                    [--threads N] [--cpu NAME[,l1=SIZE,...]] [--time] [--repeat N] [--no-cache]
 
 Runs FILE.tile. Every input comes from a .npy file (--input), from a .npz archive (--inputs) or is
 generated deterministically (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools;
@@ -149,7 +152,9 @@ seeded by --seed and the input's name). Outputs named with --output are written 
   --cpu NAME                   cpu: make the code for CPU NAME as LLVM names it (znver3, haswell,
                                skylake-avx512, x86-64-v3, ...; default host): its instruction set and
                                scheduling model, e.g. AVX2 code on an AVX-512 machine; a CPU with
-                               instructions this machine lacks is refused (export for it instead)
+                               instructions this machine lacks is refused (export for it instead);
+                               cache sizes after the name (znver3,l2=512K; l1, l2, l3 in bytes, K, M or G)
+                               replace this machine's in the schedule
   --time                       print to stderr the compile time of every stage (cpu) and the run time:
                                the median of --repeat runs (the compiled program is reused)
   --repeat N                   run N times (default 1); the outputs are those of the last run
@@ -173,7 +178,7 @@ entry is detected (each holds its key and a checksum), removed and compiled agai
 )";
 
 const char* kCompileHelp = R"(usage: polytile compile FILE.tile --shape NAME=DIMS[:DTYPE]... -o PATH [--target sm_XY|cpu]
-                        [--name ENTRY] [--cpu NAME] [--gpu-model KEY=VALUE,...] [--verify]
+                        [--name ENTRY] [--cpu NAME[,l1=SIZE,...]] [--gpu-model KEY=VALUE,...] [--verify]
 
 With a GPU target (sm_XY, the default sm_90), compiles FILE.tile for an NVIDIA GPU (no GPU needed) and
 writes a kernel bundle to the directory PATH: kernels.ptx and manifest.txt (the target, the buffers with
@@ -195,7 +200,9 @@ no LLVM, isl, NTL or polytile library.
   --name ENTRY                cpu: the entry point's C name (default: PATH's file name)
   --cpu NAME                  cpu: the CPU the object is for, as LLVM names it (znver3, haswell,
                               skylake-avx512, x86-64-v3, ...; default: this machine's), also one with
-                              instructions this machine lacks
+                              instructions this machine lacks; cache sizes after the name
+                              (znver3,l1=32K,l2=512K,l3=32M: bytes, K, M or G) block the code for that
+                              machine's caches instead of this one's
   --gpu-model KEY=VALUE,...   the GPU strategy's sizes (see lower --help)
   --verify                    prove every rewriting pass with isl
 )";

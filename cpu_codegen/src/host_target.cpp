@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <map>
+#include <optional>
+#include <set>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -142,13 +146,58 @@ sched::Target host_target() {
   return t;
 }
 
-sched::Target cpu_target(const std::string& name) {
+namespace {
+
+// A cache size of a CPU spec: bytes, or a count of KiB, MiB or GiB ("48K", "1M"; the suffix in either
+// case), from 1 KiB to 1 TiB; nullopt for anything else.
+std::optional<int64_t> cache_size(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 13 || text.size() > digits + 1) return std::nullopt;
+  int64_t bytes = std::stoll(text.substr(0, digits));
+  if (digits < text.size()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(text[digits])));
+    const int shift = unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : -1;
+    if (shift < 0 || bytes > (int64_t{1} << 40) >> shift) return std::nullopt;
+    bytes <<= shift;
+  }
+  if (bytes < 1024 || bytes > int64_t{1} << 40) return std::nullopt;
+  return bytes;
+}
+
+}  // namespace
+
+sched::Target cpu_target(const std::string& spec) {
+  // NAME[,l1=SIZE][,l2=SIZE][,l3=SIZE]: the name up to the first comma, then the caches it overrides.
+  const size_t comma = spec.find(',');
+  const std::string name = spec.substr(0, comma);
   sched::Target t = host_target();
-  if (name.empty() || name == "host") return t;
-  const std::map<std::string, bool>& features = named_cpu_features(name);
-  t.name = "host:" + name;
-  t.cpu_name = name;
-  set_instruction_set(t.cpu, [&](const char* f) { auto it = features.find(f); return it != features.end() && it->second; }, name);
+  if (!name.empty() && name != "host") {
+    const std::map<std::string, bool>& features = named_cpu_features(name);
+    t.name = "host:" + name;
+    t.cpu_name = name;
+    set_instruction_set(t.cpu, [&](const char* f) { auto it = features.find(f); return it != features.end() && it->second; }, name);
+  }
+  std::map<std::string, int64_t*> caches{{"l1", &t.cpu.l1_bytes}, {"l2", &t.cpu.l2_bytes}, {"l3", &t.cpu.l3_bytes}};
+  std::set<std::string> given;
+  for (size_t at = comma; at != std::string::npos;) {
+    const size_t next = spec.find(',', at + 1);
+    const std::string item = spec.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    at = next;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const auto cache = caches.find(key);
+    if (eq == std::string::npos || cache == caches.end())
+      user_error("CPU '", spec, "': '", item, "' is not a cache size (l1=SIZE, l2=SIZE or l3=SIZE after the CPU's name, e.g. znver3,l2=512K)");
+    if (!given.insert(key).second) user_error("CPU '", spec, "': ", key, " is given twice");
+    const std::optional<int64_t> bytes = cache_size(item.substr(eq + 1));
+    if (!bytes)
+      user_error("CPU '", spec, "': ", key, "=", item.substr(eq + 1), " is not a cache size (bytes, or KiB, MiB or GiB with K, M or G: 48K, 1M; from 1K to 1024G)");
+    *cache->second = *bytes;
+  }
+  if (t.cpu.l1_bytes > t.cpu.l2_bytes || t.cpu.l2_bytes > t.cpu.l3_bytes)
+    user_error("CPU '", spec, "': the caches must grow from level to level, but l1 is ", t.cpu.l1_bytes, ", l2 ", t.cpu.l2_bytes,
+               " and l3 ", t.cpu.l3_bytes, " bytes");
   return t;
 }
 

@@ -131,14 +131,16 @@ class Program:
         """The text of one compiler stage (see :func:`stages`): tile, isl, reduced, defracted, lowered,
         schedule, ast, loops, llvm, ptx. From isl on, give every input's type as a keyword argument
         (an array, a (shape, dtype) pair or a shape). ``target``: "cpu" (this machine), "cpu:NAME" (what
-        is made for the CPU LLVM calls NAME, e.g. "cpu:x86-64-v3") or a GPU, "sm_XY"."""
+        is made for the CPU LLVM calls NAME, e.g. "cpu:x86-64-v3"; cache sizes may follow the name,
+        "cpu:znver3,l2=512K", for a machine whose caches differ from this one's) or a GPU, "sm_XY"."""
         return self._program.lower(stage, _types(types), target or "", verify)
 
     def compile(self, target="cpu", threads=0, verify=False, **types):
         """Compiles for inputs of the given types (keyword arguments: an array, a (shape, dtype) pair
         or a shape) and returns a :class:`Compiled` callable. ``threads=0`` uses every core.
         ``target="cpu:NAME"`` makes the code for the CPU LLVM calls NAME ("znver3", "x86-64-v3": AVX2
-        code on an AVX-512 machine); one with instructions this machine lacks is refused."""
+        code on an AVX-512 machine); one with instructions this machine lacks is refused. Cache sizes
+        after the name ("cpu:host,l1=32K,l2=1M,l3=32M": bytes, or K, M, G) block the code for them."""
         return Compiled(self._program.compile(_types(types), target, int(threads), verify))
 
     def interpret(self, *args, **kwargs):

@@ -119,6 +119,30 @@ def test_code_for_a_named_cpu():
     assert "unknown CPU 'pentium-9000'" in error(lambda: p.compile(target="cpu:pentium-9000", A=A, B=B))
 
 
+def test_cache_sizes_after_the_cpus_name(tmp_path):
+    # target="cpu:NAME,l1=SIZE,...": the schedule blocked for those caches (a padded 3x3 conv's reduction
+    # tiles shorter in a smaller L1 and L2), the same loops as the command line's, numpy's results; a
+    # malformed size is an error naming it.
+    text = """function (I[N, H, W, C], K[KH, KW, C, CO]) -> (O) {
+  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c, co]);
+}"""
+    conv = polytile.Program(text)
+    I = rng(3).standard_normal((2, 12, 12, 64)).astype(np.float32)
+    K = rng(4).standard_normal((3, 3, 64, 64)).astype(np.float32)
+    small = conv.lower("loops", target="cpu:host,l1=8K,l2=96K", I=I, K=K)
+    assert small != conv.lower("loops", I=I, K=K)
+    path = tmp_path / "conv.tile"
+    path.write_text(text)
+    expected = cli("lower", path, "--emit", "loops", "--shape", "I=2x12x12x64", "--shape", "K=3x3x64x64",
+                   "--cpu", "host,l1=8K,l2=96K")
+    assert small == expected.stdout, expected.stderr
+    padded = np.pad(I, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = sum(np.einsum("nhwc,cd->nhwd", padded[:, j:j + 12, i:i + 12, :], K[j, i]) for j in range(3) for i in range(3))
+    got = conv.compile(target="cpu:host,l1=8K,l2=96K", I=I, K=K)(I, K)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    assert "l2=1Q is not a cache size" in error(lambda: conv.compile(target="cpu:host,l2=1Q", I=I, K=K))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 def test_matmul_matches_numpy(dtype):
     A = (rng(1).standard_normal((37, 19)) * 4).astype(dtype)

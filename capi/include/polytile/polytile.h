@@ -64,8 +64,9 @@ polytile_status polytile_check(const polytile_program* program, const polytile_t
 polytile_status polytile_gradient(const polytile_program* program, const char* const* wrt, size_t wrt_count,
                                   polytile_program** gradient);
 /* Compiles for the CPU ("cpu" or NULL: this machine; "cpu:NAME": the code for the CPU LLVM calls NAME, such
- * as "cpu:x86-64-v3", refused where this machine lacks its instructions) for inputs of the given dtypes and
- * shapes. */
+ * as "cpu:x86-64-v3", refused where this machine lacks its instructions; cache sizes after the name, as in
+ * "cpu:znver3,l2=512K" or "cpu:host,l1=32K,l2=1M,l3=32M", block it for those caches instead of this
+ * machine's) for inputs of the given dtypes and shapes. */
 polytile_status polytile_compile(const polytile_program* program, const polytile_tensor* input_types, size_t input_count,
                                  const char* target, polytile_compiled** compiled);
 /* An output's dtype and shape; `shape` stays valid until the compiled program is freed. */

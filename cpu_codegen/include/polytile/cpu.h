@@ -30,15 +30,19 @@ namespace polytile::cpu {
 // may use (asked at run time, not at build time).
 sched::Target host_target();
 
-// This machine as a target, its code made for the x86 CPU `name` as LLVM names it ("znver3", "haswell",
-// "skylake-avx512", "x86-64-v3"; "host" or empty: host_target()): the named CPU's instruction set (vector
-// width and registers, FMA rate) and scheduling model, this machine's threads and caches. Code for a CPU
-// that has instructions this one lacks can be exported (cpu::export_object) but not run here: compile()
-// refuses it, naming what is missing. UserError for a name LLVM does not know.
-sched::Target cpu_target(const std::string& name);
+// This machine as a target, its code made for the x86 CPU `spec` names as LLVM names it ("znver3",
+// "haswell", "skylake-avx512", "x86-64-v3"; "host" or empty: host_target()): the named CPU's instruction
+// set (vector width and registers, FMA rate) and scheduling model, this machine's threads and caches.
+// After the name, comma-separated cache sizes replace this machine's, for a CPU whose caches differ:
+// "znver3,l2=512K", "host,l1=32K,l2=1M,l3=32M" (bytes, or K, M, G for KiB, MiB, GiB; each level at least
+// the one before). Code for a CPU that has instructions this one lacks can be exported
+// (cpu::export_object) but not run here: compile() refuses it, naming what is missing. UserError for a
+// name LLVM does not know and for a malformed or shrinking cache size.
+sched::Target cpu_target(const std::string& spec);
 
-// The CPU of a target spelled "cpu" (this machine's: "") or "cpu:NAME" (NAME, for cpu_target), as the
-// Python and C interfaces take it; nullopt for any other spelling.
+// The CPU of a target spelled "cpu" (this machine's: "") or "cpu:SPEC" (SPEC, for cpu_target: a name and
+// any cache sizes, "cpu:znver3,l2=512K"), as the Python and C interfaces take it; nullopt for any other
+// spelling.
 std::optional<std::string> cpu_of_target(const std::string& spec);
 
 // The instruction-set features of CPU `name` that compiled code may use ("avx512f", "fma", ...; not
