@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <map>
-#include <optional>
-#include <set>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -195,7 +195,8 @@ sched::Target cpu_target(const std::string& spec) {
       user_error("CPU '", spec, "': ", key, "=", item.substr(eq + 1), " is not a cache size (bytes, or KiB, MiB or GiB with K, M or G: 48K, 1M; from 1K to 1024G)");
     *cache->second = *bytes;
   }
-  if (t.cpu.l1_bytes > t.cpu.l2_bytes || t.cpu.l2_bytes > t.cpu.l3_bytes)
+  // Only sizes given are checked: this machine's own, as its kernel reports them, are taken as they are.
+  if (!given.empty() && (t.cpu.l1_bytes > t.cpu.l2_bytes || t.cpu.l2_bytes > t.cpu.l3_bytes))
     user_error("CPU '", spec, "': the caches must grow from level to level, but l1 is ", t.cpu.l1_bytes, ", l2 ", t.cpu.l2_bytes,
                " and l3 ", t.cpu.l3_bytes, " bytes");
   return t;
