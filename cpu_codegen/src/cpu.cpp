@@ -627,8 +627,8 @@ class NestCompiler {
       // compile case (a 3x3 conv and its gradient) took 0.94-0.96 of its time in the order the parts are
       // numbered (78.4-78.9 -> 73.9-75.4 ms, 14 interleaved rounds; AVX2 code 79.7 -> 76.1), where the forward
       // conv's border blocks (13 ms) started after its loops (5 ms) while its uniform blocks (11 ms) ran
-      // beside them, and the other thread then waited. Ordering every job by an
-      // estimate of its size instead (a nest with blocks inline before the others) did no better (76.1).
+      // beside them, and the other thread then waited. Ordering every job by an estimate of its size
+      // instead (a nest with blocks inline before the others) did no better (76.1).
       for (size_t part = parts; part-- > 0;) jobs_.emplace_back(nests_.size() - 1, part);
     }
     ready_.notify_all();

@@ -28,6 +28,23 @@ namespace polytile::cpu {
 
 namespace {
 
+// A cache size as a CPU spec (cpu_target) or Linux's sysfs writes it: bytes, or a count of KiB, MiB or GiB
+// ("48K", "32768K", "1M"; the suffix in either case), from 1 KiB to 1 TiB; nullopt for anything else.
+std::optional<int64_t> cache_size(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 13 || text.size() > digits + 1) return std::nullopt;
+  int64_t bytes = std::stoll(text.substr(0, digits));
+  if (digits < text.size()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(text[digits])));
+    const int shift = unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : -1;
+    if (shift < 0 || bytes > (int64_t{1} << 40) >> shift) return std::nullopt;
+    bytes <<= shift;
+  }
+  if (bytes < 1024 || bytes > int64_t{1} << 40) return std::nullopt;
+  return bytes;
+}
+
 // The size of the level-`level` cache of CPU 0 as Linux describes it (sysfs: "32768K"), 0 where it does
 // not. glibc's sysconf reports an AMD processor's L3 for the whole package (320 MiB on a 2-core virtual
 // EPYC whose cores share one 32 MiB L3); the kernel's cache information names the one the cores share.
@@ -38,14 +55,7 @@ long sysfs_cache_bytes(int level) {
     int l = 0;
     std::string size;
     if (!(level_file >> l) || l != level || !(size_file >> size)) continue;
-    try {
-      size_t end = 0;
-      const long value = std::stol(size, &end);
-      const char unit = end < size.size() ? size[end] : ' ';
-      return unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : value;
-    } catch (const std::exception&) {
-      return 0;
-    }
+    return static_cast<long>(cache_size(size).value_or(0));
   }
   return 0;
 }
@@ -145,27 +155,6 @@ sched::Target host_target() {
   t.cpu.stream_stores = __builtin_cpu_is("amd");
   return t;
 }
-
-namespace {
-
-// A cache size of a CPU spec: bytes, or a count of KiB, MiB or GiB ("48K", "1M"; the suffix in either
-// case), from 1 KiB to 1 TiB; nullopt for anything else.
-std::optional<int64_t> cache_size(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  if (digits == 0 || digits > 13 || text.size() > digits + 1) return std::nullopt;
-  int64_t bytes = std::stoll(text.substr(0, digits));
-  if (digits < text.size()) {
-    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(text[digits])));
-    const int shift = unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : -1;
-    if (shift < 0 || bytes > (int64_t{1} << 40) >> shift) return std::nullopt;
-    bytes <<= shift;
-  }
-  if (bytes < 1024 || bytes > int64_t{1} << 40) return std::nullopt;
-  return bytes;
-}
-
-}  // namespace
 
 sched::Target cpu_target(const std::string& spec) {
   // NAME[,l1=SIZE][,l2=SIZE][,l3=SIZE]: the name up to the first comma, then the caches it overrides.
