@@ -832,6 +832,20 @@ TEST(AutodiffTest, RefusalsNameTheStatement) {
   o.wrt = {"O"};
   EXPECT_THROW(vjp(p, o), UserError);
   EXPECT_THROW(differentiate(p, "Q"), UserError);
+  // An input named twice: one gradient each would be two outputs of the same name.
+  Program two = parse_program("function (A[N], B[N]) -> (O) { O[i : N] = +(A[i] * B[i]); }");
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  o.wrt = {"A", "B", "A"};
+  EXPECT_EQ(message([&] { vjp(two, o); }), "cannot differentiate with respect to A twice: it is named more than once");
+  EXPECT_EQ(message([&] { differentiate(two, "O", o); }), "cannot differentiate with respect to A twice: it is named more than once");
+  EXPECT_EQ(message([&] { jvp(two, {"B", "B"}); }), "cannot take a tangent of B twice: it is named more than once");
 }
 
 }  // namespace

@@ -228,6 +228,8 @@ TEST(CliTest, RunWithGeneratedInputsIsDeterministicAndPrints) {
   Result limited = cli({"run", kExamples + "max_pool_1d.tile", "--random", "I=9:f64", "--limit", "2", "--backend", "interp"});
   EXPECT_NE(limited.out.find("O: f64[4] = ["), std::string::npos) << limited.out;
   EXPECT_NE(limited.out.find(", ... (2 more)]"), std::string::npos) << limited.out;
+  Result none = cli({"run", kExamples + "max_pool_1d.tile", "--random", "I=9:f64", "--limit", "0", "--backend", "interp"});
+  EXPECT_EQ(none.out, "O: f64[4] = [... (4 more)]\n");
 }
 
 // grad leaves out the softmax maxima's adjoint (proven zero) unless asked to keep it; both run and agree.
@@ -613,6 +615,8 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"check", POLYTILE_SOURCE_DIR "/tests/data/syntax_error.tile"}, "syntax_error.tile:3:14: expected an aggregation"},
       {{"check", mm, "--shape", "A=3x4"}, "missing input B"},
       {{"check", mm, "--shape", "A=3xq"}, "input A: bad shape '3xq'"},
+      {{"check", mm, "--shape", "A=3x4x"}, "input A: bad shape '3x4x'"},
+      {{"check", "/tmp"}, "cannot read Tile file /tmp: it is a directory"},
       {{"check", mm, "--bogus", "1"}, "check: unknown option --bogus"},
       {{"run", mm, "--random", "A=3x4"}, "missing input B"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--tune", "--backend", "interp"}, "--tune needs the cpu or cuda backend"},
@@ -622,6 +626,8 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"run", mm, "--input", "A=" + temp("v.npy"), "--random", "B=3x2"}, "input A is declared with rank 2 but got shape (3)"},
       {{"run", mm, "--input", "A=" + bad_npy}, "is not a .npy file"},
       {{"run", mm, "--input", "A=/nonexistent.npy"}, "cannot open .npy file /nonexistent.npy"},
+      {{"run", mm, "--input", "A=/tmp", "--random", "B=4x2"}, "cannot read .npy file /tmp: it is a directory"},
+      {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--limit", "-1"}, "--limit -1: give a count of values from 0"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--backend", "gpu"}, "unknown backend 'gpu'"},
       {{"run", mm, "--random", "A=3x4", "--random", "B=4x2", "--output", "Z=z.npy"}, "the program has no output named Z"},
       {{"run", mm, "--random", "A=3x4", "--random", "A=3x4"}, "input A is given twice"},
@@ -640,6 +646,7 @@ TEST(CliTest, UserErrorsAreOneLineWithExitCodeOne) {
       {{"grad", mm, "--emit", "ptx"}, "grad: unknown stage 'ptx'"},
       {{"grad", mm, "--wrt", "C"}, "cannot differentiate with respect to C: it is not an input"},
       {{"grad", kExamples + "max_over_axis.tile", "--wrt", "Q"}, "cannot differentiate with respect to Q"},
+      {{"grad", mm, "--wrt", "A,B,A"}, "cannot differentiate with respect to A twice"},
       {{"lower", mm, "--emit", "sass"}, "lower: unknown stage 'sass'"},
       {{"lower", mm, "--emit", "isl"}, "lower --emit isl needs --shape"},
       {{"lower", mm, "--emit", "isl", "--shape", "A=3x4", "--shape", "B=5x2"}, "dims disagree"},

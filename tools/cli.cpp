@@ -250,6 +250,7 @@ TensorType parse_shape_spec(const std::string& name, const std::string& spec) {
     dims = spec.substr(0, colon);
   }
   if (dims.empty() || dims == "scalar") return t;
+  if (dims.back() == 'x') user_error("input ", name, ": bad shape '", dims, "' (write dims as 2x3x4, each >= 0)");
   std::stringstream ss(dims);
   std::string item;
   while (std::getline(ss, item, 'x')) {
@@ -302,7 +303,7 @@ std::string format_element(const Buffer& b, int64_t i) {
 void print_buffer(std::ostream& out, const std::string& name, const Buffer& b, int64_t limit) {
   out << name << ": " << b.type_str() << " = [";
   for (int64_t i = 0; i < b.size() && i < limit; ++i) out << (i ? ", " : "") << format_element(b, i);
-  if (b.size() > limit) out << ", ... (" << b.size() - limit << " more)";
+  if (b.size() > limit) out << (limit > 0 ? ", " : "") << "... (" << b.size() - limit << " more)";
   out << "]\n";
 }
 
@@ -650,6 +651,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       seed = static_cast<uint64_t>(parse_int(opt, value));
     } else if (opt == "--limit") {
       limit = parse_int(opt, value);
+      if (limit < 0) user_error("--limit ", value, ": give a count of values from 0 on");
     } else {
       user_error("run: unknown option ", opt);
     }

@@ -40,6 +40,7 @@ class ForwardMode {
       for (const auto& p : forward_.inputs)
         if (p.name == name) param = &p;
       if (!param) user_error("cannot take a tangent of ", name, ": it is not an input of the program");
+      if (tangent_.count(name)) user_error("cannot take a tangent of ", name, " twice: it is named more than once");
       std::string t = b_.fresh("T" + name);
       b_.program.inputs.push_back(Param{t, param->dims});
       b_.shapes[t] = param->dims;

@@ -50,6 +50,7 @@ class ReverseMode {
       bool is_input = false;
       for (const auto& p : forward_.inputs) is_input |= p.name == w;
       if (!is_input) user_error("cannot differentiate with respect to ", w, ": it is not an input of the program");
+      if (std::count(wrt.begin(), wrt.end(), w) > 1) user_error("cannot differentiate with respect to ", w, " twice: it is named more than once");
     }
     std::map<std::string, std::string> reserved;  // wrt input -> D<input>
     for (const auto& w : wrt) reserved[w] = b_.fresh("D" + w);

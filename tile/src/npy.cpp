@@ -1,6 +1,7 @@
 #include "polytile/npy.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -141,6 +142,8 @@ std::string format_npy(const Buffer& b) {
 Buffer read_npy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) user_error("cannot open .npy file ", path);
+  std::error_code ec;  // a directory opens as a stream that reads nothing
+  if (std::filesystem::is_directory(path, ec)) user_error("cannot read .npy file ", path, ": it is a directory");
   std::ostringstream ss;
   ss << in.rdbuf();
   return parse_npy(ss.str(), path);

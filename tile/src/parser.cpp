@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -577,6 +578,8 @@ std::vector<Statement> parse_statements(const std::string& body, const Program& 
 Program parse_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) user_error("cannot open Tile file ", path);
+  std::error_code ec;  // a directory opens as a stream that reads nothing
+  if (std::filesystem::is_directory(path, ec)) user_error("cannot read Tile file ", path, ": it is a directory");
   std::ostringstream ss;
   ss << in.rdbuf();
   return parse_program(ss.str(), path);
