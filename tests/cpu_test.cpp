@@ -2673,6 +2673,17 @@ TEST(CpuTest, RunTimeErrorsAreUserErrors) {
   EXPECT_THROW(compiled->run({{"A", Buffer(DType::f32, {5})}}), UserError);
   EXPECT_THROW(compiled->run({{"A", Buffer(DType::f64, {4})}}), UserError);
   EXPECT_THROW(compiled->run({}), UserError);
+  for (int threads : {-1, 1025}) {  // 0 is the target's count; TBB would warn about and ignore 1025
+    CompileOptions o;
+    o.threads = threads;
+    try {
+      compile(p, {{"A", {DType::f32, {4}}}}, o);
+      ADD_FAILURE() << threads << " threads compiled";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()), "threads " + std::to_string(threads) +
+                                           ": give 0 (the target's thread count) or a thread count from 1 to 1024");
+    }
+  }
   EXPECT_THROW(run(parse_program("function (I[N]) -> (O) { O[i : N] = =(I[i + j]), j < 2; }"), {{"I", Buffer(DType::f32, {4})}}),
                UserError);
 }

@@ -242,6 +242,10 @@ TEST(KernelCacheTest, UserErrorsAndAnUnwritableCache) {
   auto loaded = cache.get(p, types_of(in)).program;
   EXPECT_THROW(loaded->run({{"A", in.at("A")}}), UserError);
   EXPECT_THROW(loaded->run({{"A", in.at("A")}, {"B", Buffer(DType::f32, {5, 4})}}), UserError);
+  EXPECT_THROW(loaded->run(in, -1), UserError);
+  CompileOptions negative;
+  negative.threads = -2;
+  EXPECT_THROW(cache.get(p, types_of(in), negative), UserError);
   // A cache directory that cannot be made (a file is in the way): the program still compiles and runs.
   const std::string file = fresh_dir("a_file");
   std::ofstream(file) << "x";

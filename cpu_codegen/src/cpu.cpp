@@ -944,8 +944,14 @@ void check_runs_here(const sched::Target& target) {
              ": export it for that CPU instead (polytile compile --target cpu --cpu ", target.cpu_name, ")");
 }
 
+void check_threads(int threads) {
+  if (threads < 0 || threads > kMaxThreads)
+    user_error("threads ", threads, ": give 0 (the target's thread count) or a thread count from 1 to ", kMaxThreads);
+}
+
 std::shared_ptr<const CompiledProgram> compile(const Program& program, const std::map<std::string, TensorType>& inputs,
                                                const CompileOptions& options) {
+  check_threads(options.threads);
   check_runs_here(options.target);
   auto fresh = [&] {
     return std::make_shared<const CompiledProgram>(options.tune ? tune(program, inputs, options) : build(program, inputs, options));

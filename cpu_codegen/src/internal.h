@@ -140,6 +140,9 @@ llvm::orc::JITTargetMachineBuilder host_machine(const std::string& cpu = "");
 
 // UserError where code for `target`'s CPU (Target::cpu_name) needs instructions this machine lacks.
 void check_runs_here(const sched::Target& target);
+// A UserError unless CompileOptions::threads is 0 (the target's) or 1 to kMaxThreads.
+constexpr int kMaxThreads = 1024;
+void check_threads(int threads);
 
 // The target-feature string of CPU `name` over the features LLVM reads from hosts ("+avx2,-avx512f,...").
 std::string cpu_feature_string(const std::string& name);

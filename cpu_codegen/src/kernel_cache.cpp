@@ -85,6 +85,7 @@ TensorMap LoadedProgram::run(const TensorMap& inputs, int threads) const {
 }
 
 void LoadedProgram::run(const TensorMap& inputs, TensorMap& outputs, int threads) const {
+  check_threads(threads);
   const ExportedObject& e = impl_->exported;
   std::vector<void*> arguments;
   TensorMap made;  // outputs allocated by this run, moved into `outputs` once it is done
@@ -294,6 +295,7 @@ KernelCache::Result KernelCache::get(const Program& program, const std::map<std:
   if (options.tune) user_error("the kernel cache holds untuned programs: compile with tuning without it");
   if (options.target.gpu) user_error("the kernel cache holds programs for this CPU, not for ", options.target.name);
   auto t0 = std::chrono::steady_clock::now();
+  check_threads(options.threads);
   check_runs_here(options.target);
   const llvm::orc::JITTargetMachineBuilder machine = host_machine(options.target.cpu_name);
   const std::string key = cache_key(program, inputs, options) + "|host " + machine.getCPU() + " " +

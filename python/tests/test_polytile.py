@@ -358,6 +358,10 @@ def test_user_errors_are_polytile_errors_naming_the_object(tmp_path):
     assert "tensor A" in error(lambda: p.compile(A="not a type", B=B))
     assert "B" in error(lambda: p.compile(A=A))
     assert "K" in error(lambda: p.compile(A=A, B=np.ones((4, 4), np.float32)))
+    assert "threads -1: give 0" in error(lambda: p.compile(threads=-1, A=A, B=B))
+    assert "threads 1025: give 0" in error(lambda: p.compile(threads=1025, A=A, B=B))
+    assert "directory" in error(lambda: polytile.Program.from_file(tmp_path))
+    assert "with respect to A twice" in error(lambda: p.grad(wrt=["A", "B", "A"]))
     # A failed call loses nothing: the compiled program still runs.
     np.testing.assert_allclose(f(A, B), A @ B)
 

@@ -55,7 +55,7 @@ struct CompileOptions {
   // the host's threads. It checks what the GPU code generator maps, where no GPU is at hand.
   sched::Target target = host_target();
   bool reduce_and_defract = true;
-  int threads = 0;  // 0: the target's thread count
+  int threads = 0;  // 0: the target's thread count; else 1 to 1024 (compile throws a UserError otherwise)
   // Tuning: compile a few variants of the target (cache budgets, register budget, loop nests instead of
   // micro-kernels), time each on deterministic inputs and keep the fastest; the winner is cached per
   // (program, shapes, target) like any compilation. The default schedule needs no tuning.

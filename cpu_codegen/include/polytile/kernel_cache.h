@@ -26,7 +26,7 @@ class LoadedProgram {
  public:
   ~LoadedProgram();
   // Runs on inputs of exactly the compiled types (UserError naming the input otherwise); `threads` (0:
-  // the machine's) run the parallel loops through TBB.
+  // the machine's; at most 1024, a UserError otherwise) run the parallel loops through TBB.
   TensorMap run(const TensorMap& inputs, int threads = 0) const;
   // The same, writing into `outputs`: an output buffer already there with the compiled dtype and shape is
   // overwritten in place (the way to run in a loop: no allocation, and no page faults on fresh memory at
