@@ -113,6 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"function (I[N]) -> (O) {\n  O = foo(I);\n}", "2:7", "unknown intrinsic foo"},
         ErrorCase{"function (I[N]) -> (O) {\n  O = exp(I, I);\n}", "2:7", "takes 1 argument"},
         ErrorCase{"function (I[N]) -> (O) {\n  O = I;\n  O = I;\n}", "3:3", "tensor O is assigned more than once"},
+        ErrorCase{"function (I[N], J[N], I[N]) -> (O) { O = I; }", "1:23", "input I is declared twice"},
         ErrorCase{"function (I[N]) -> (O, P) {\n  O = I;\n}", "1:24", "output P is never defined"},
         ErrorCase{"function (I[N]) -> (O) {\n  O = I + X;\n}", "2:11", "undefined name X"},
         ErrorCase{"function (I[N], N[N]) -> (O) {\n  O = I;\n}", "1:17", "has the name of a dim"},

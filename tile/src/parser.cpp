@@ -404,6 +404,7 @@ class Parser {
   // ---------------------------------------------------------------------------- declarations
   Param parse_param() {
     Token name = expect_ident("an input name");
+    if (tensors_.count(name.text)) fail(name, "input " + name.text + " is declared twice");
     declare_tensor(name);
     Param p{name.text, {}};
     expect("[");
