@@ -1542,6 +1542,50 @@ TEST(CpuTest, UniformBlocksAddressEachInputFromOneInvariantBase) {
   }
 }
 
+// Border blocks (rows that differ: a padded conv's first and last columns) mask their lanes only where a
+// lane can leave the vector variable's range: with 64 output channels in column blocks of 8-lane vectors,
+// isl proves every lane of every block in range (Microkernel::lanes_in_range) and the border module
+// compares no lanes (the column block is an argument of it, so such compares would stay); with 60, the
+// last column block's lanes are masked. Both compute what the interpreter does.
+TEST(CpuTest, BorderBlocksMaskLanesOnlyWhereALaneCanLeaveTheRange) {
+  for (int64_t channels : {64, 60}) {
+    SCOPED_TRACE(std::to_string(channels) + " channels");
+    const Program p = parse_program(
+        "function (I[N, H, W, CI], K[KH, KW, CI, CO]) -> (O) {"
+        "  O[n, y, x, co : N, H, W, CO] = +(I[n, y + j - 1, x + i - 1, ci] * K[j, i, ci, co]); }");
+    const TensorMap in = inputs_for({{"I", {2, 8, 56, 16}}, {"K", {3, 3, 16, channels}}}, DType::f32, 47);
+    const CompileOptions o = microkernels_forced(256, 16);
+    auto compiled = compile(p, types_of(in), o);
+    const sched::Nest& nest = compiled->schedule().nests.back();
+    ASSERT_TRUE(nest.microkernel);
+    ASSERT_GT(channels, int64_t{nest.microkernel->chunks} * nest.microkernel->lanes) << "one column block: its lanes fold";
+    EXPECT_EQ(nest.microkernel->lanes_in_range, channels == 64);
+    const std::string ir = optimized_llvm_ir(p, types_of(in), o);
+    // The border blocks' module: the one with masked stores (their rows are masked either way).
+    std::string border;
+    for (size_t at = ir.find("; ModuleID = '"); at != std::string::npos && border.empty(); at = ir.find("; ModuleID = '", at + 1)) {
+      const std::string module = module_of(ir, ir.substr(at + 14, ir.find('\'', at + 14) - at - 14));
+      if (module.find("masked.store") != std::string::npos) border = module;
+    }
+    ASSERT_FALSE(border.empty()) << ir.substr(0, 3000);
+    const bool compares_lanes = border.find("icmp ult <8 x i64>") != std::string::npos ||
+                                border.find("icmp slt <8 x i64>") != std::string::npos ||
+                                border.find("icmp sgt <8 x i64>") != std::string::npos ||
+                                border.find("icmp ugt <8 x i64>") != std::string::npos;
+    EXPECT_EQ(compares_lanes, channels != 64) << border;
+    expect_same(p, in, std::to_string(channels) + " channels", o);
+    // Nothing written past the output: its last pixel's lanes past channel 59 would land there (earlier
+    // pixels' stray lanes can be overwritten by their neighbours' blocks before the run ends).
+    const std::vector<int64_t> shape{2, 8, 56, channels};
+    const size_t elements = static_cast<size_t>(2 * 8 * 56 * channels);
+    std::vector<float> out(elements + 64, 12345.0f);
+    ViewMap inputs;
+    for (const auto& [name, b] : in) inputs[name] = {const_cast<void*>(b.data()), DType::f32, b.shape(), {}};
+    compiled->run(inputs, ViewMap{{"O", {out.data(), DType::f32, shape, {}}}});
+    for (size_t e = elements; e < out.size(); ++e) ASSERT_EQ(out[e], 12345.0f) << "element " << e - elements << " past the output";
+  }
+}
+
 // A micro-kernel nest whose parallel dimension the threads cannot share evenly takes the next dimension's
 // values in where both are plain variables: the seed conv's data gradient's 19 rows (10 + 9 on two threads,
 // 7 + 6 + 6 on three) with their residues mod 3 (0 and 2: 57 values, a third of them empty). The forward's

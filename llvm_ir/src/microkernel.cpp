@@ -154,7 +154,10 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
     vars[names[mk.vector]] = v0;
     valid_at.rows.push_back(valid(vars, n.statement != St::fma));
   }
-  for (int k = 0; k < mk.chunks; ++k) valid_at.lanes.push_back(lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
+  // Lanes the scheduler proved in range in every block (Microkernel::lanes_in_range) need no mask.
+  for (int k = 0; k < mk.chunks; ++k)
+    valid_at.lanes.push_back(mk.lanes_in_range ? llvm::Constant::getAllOnesValue(llvm::FixedVectorType::get(b_.getInt1Ty(), static_cast<unsigned>(lanes)))
+                                               : lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
   if (n.statement != St::fma) {
     microkernel_rows(n, vars, b0, v0, &valid_at);
     return;

@@ -182,11 +182,12 @@ class MicrokernelNest {
     const Tuple Y = lane_tuple();
     const isl::map lane_points =
         to_blocks(Y).intersect_domain(Y.where("dd", 0, 0).intersect(Y.where("l", 0, VL_ - 1))).reverse().apply_range(lane_points_of());
-    isl::set bad = differ.apply(to_blocks(X))
-                       .unite(lane_points.subtract(lane_points.intersect_range(lanes)).domain())
-                       .intersect(blocks_);
-    good_ = blocks_.subtract(bad).coalesce();
+    const isl::set bad_lanes = lane_points.subtract(lane_points.intersect_range(lanes)).domain().intersect(blocks_);
+    lanes_in_range_ = bad_lanes.is_empty();
+    good_ = blocks_.subtract(differ.apply(to_blocks(X)).intersect(blocks_).unite(bad_lanes)).coalesce();
   }
+  // After classify_blocks: no block has a lane outside v's range (Microkernel::lanes_in_range).
+  bool lanes_in_range() const { return lanes_in_range_; }
 
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
   // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
@@ -600,6 +601,7 @@ class MicrokernelNest {
   const int64_t eb_, R_, VL_;
   std::vector<std::string> others_, reds_, tiles_, block_dims_;
   int64_t n_bb_ = 0, n_bv_ = 0;
+  bool lanes_in_range_ = false;
   isl::set hull_, blocks_, good_, steps_;
   std::vector<int64_t> tile_, red_lo_;
   std::vector<isl::aff> outer_, inner_;  // over step_tuple()
@@ -612,6 +614,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
                                         const std::vector<isl::map>& reads, const MicrokernelChoices& choices) {
   MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
   mk.classify_blocks(domain, choices.lanes);
+  nest.microkernel->lanes_in_range = mk.lanes_in_range();
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value());
   mk.block_bands(choices.weight_mode, choices.picks_columns, choices.block_strides);

@@ -269,6 +269,9 @@ struct Microkernel {
   // page apart, span a page or more: each block then reads pages of its own, and the hardware prefetchers
   // stop at page boundaries, so without it every block would start its rows' streams cold.
   bool prefetch_next_block = false;
+  // Every lane of every block is in the vector variable's range (isl: no block has a lane outside it, as
+  // with 64 channels in blocks of 16): predicated blocks then mask their rows only, never their lanes.
+  bool lanes_in_range = false;
 };
 
 // A vectorized row reduction: a float sum, max or min over a reduction variable r that every input reads
