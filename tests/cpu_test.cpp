@@ -2679,6 +2679,32 @@ TEST(CpuTest, MicrokernelRowsFollowTheCoresFmaRate) {
   }
 }
 
+// CpuModel::fma_latency: a step's FMAs wait on their accumulators' chains where a block has fewer than
+// latency x rate of them. The small CNN's first weight gradient (one input channel, 32 output channels in
+// two vectors) took blocks of one row over ci, 2 accumulators, and ran at half the FMA peak of a Zen 4
+// (0.258 ms); with the latency counted its blocks take 3 rows over i, border rows and all (0.136 ms).
+// Where the chains do not bind (latency 0, or a block of 4 x 2 accumulators) the choice is as before.
+TEST(CpuTest, MicrokernelBlocksHideTheFmaLatency) {
+  Program grad = parse_program(
+      "function (X[N, H, W, C0], DZ[N, H, W, C1]) -> (DK) {"
+      "  DK[j, i, ci, c : 3, 3, C0, C1] = +(X[n, y + j - 1, x + i - 1, ci] * DZ[n, y, x, c]); }");
+  TensorMap in = inputs_for({{"X", {4, 14, 14, 1}}, {"DZ", {4, 14, 14, 32}}}, DType::f32, 73);
+  for (int latency : {4, 0}) {
+    CompileOptions o = microkernels_forced(512);
+    o.target.cpu.fma_per_cycle = 1;  // as on Zen 4, where it was measured
+    o.target.cpu.fma_latency = latency;
+    auto compiled = compile(grad, types_of(in), o);
+    const sched::Nest* kernel = nullptr;
+    for (const auto& nest : compiled->schedule().nests)
+      if (nest.microkernel) kernel = &nest;
+    ASSERT_NE(kernel, nullptr) << sched::print_loops(compiled->schedule());
+    EXPECT_EQ(kernel->variables.at(kernel->microkernel->block), latency ? "i" : "ci") << sched::print_loops(compiled->schedule());
+    EXPECT_EQ(kernel->microkernel->rows, latency ? 3 : 1) << "latency " << latency;
+    EXPECT_EQ(kernel->microkernel->chunks, 2);
+    expect_same(grad, in, "latency " + std::to_string(latency), o);
+  }
+}
+
 // A core of one FMA a cycle takes reduction tiles within an eighth of L2 (reduction_tile_budget): a 3x3
 // conv's 128 input channels, about 272 bytes of inputs each (a row of 64 filter values, a row of pixels'),
 // in three tiles of 43 within three quarters of a 16 KiB L1 at two FMAs a cycle, in one at one.

@@ -526,7 +526,8 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
   key += "|" + o.target.name + "/" + std::to_string(m.vector_bits) + "/" + std::to_string(m.l1_bytes) + "/" +
          std::to_string(m.l2_bytes) + "/" + std::to_string(o.target.threads) + "/" +
          std::to_string(m.microkernel_min_points) + "/" + std::to_string(m.vector_registers) + "/" +
-         std::to_string(m.fma_per_cycle) + "fma/" + std::to_string(m.microkernel_chunks) + "/" +
+         std::to_string(m.fma_per_cycle) + "fma/" + std::to_string(m.fma_latency) + "latency/" +
+         std::to_string(m.microkernel_chunks) + "/" +
          std::to_string(m.reduction_tile_percent) + "%tiles/" +
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
          std::to_string(m.split_line_min_points) + "/" +

@@ -408,7 +408,9 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
       for (int64_t rows = 1; rows <= std::min<int64_t>(max_rows, e); ++rows) {
         int64_t blocks = (e + rows - 1) / rows;
         int64_t predicated = std::min<int64_t>(blocks, (cand.border ? 2 : 0) + (e % rows != 0 && !cand.border ? 1 : 0));
-        double fast = static_cast<double>(rows) * chunks / fma_rate + 0.5 * (static_cast<double>(rows) + chunks) + 2;
+        // The FMAs' cycles, at least the latency of one accumulator's chain (a step's FMAs are independent).
+        const double fma_cycles = std::max(static_cast<double>(rows) * chunks / fma_rate, static_cast<double>(target.cpu.fma_latency));
+        double fast = fma_cycles + 0.5 * (static_cast<double>(rows) + chunks) + 2;
         double slow = fast + static_cast<double>(rows) * chunks / fma_rate + (cand.border ? static_cast<double>(rows) : 0.0);
         double cost = static_cast<double>(blocks - predicated) * fast + static_cast<double>(predicated) * slow;
         double efficiency = static_cast<double>(e) * chunks / fma_rate / cost * used;

@@ -31,6 +31,11 @@ struct CpuModel {
   // 512-bit operation takes both 256-bit pipes (Zen 4). The micro-kernel plan's throughput model weighs a
   // block's FMAs against its loads and loop overhead with it.
   int fma_per_cycle = 2;
+  // Cycles from an FMA to the next FMA on the same accumulator (4 on Zen 3 and 4, Skylake and its
+  // successors): a micro-kernel step with fewer than fma_latency x fma_per_cycle accumulators waits on
+  // them, and the plan's model counts that (a 3x3x1x32 weight gradient's 1 x 2 blocks ran at half the FMA
+  // peak of a Zen 4).
+  int fma_latency = 4;
   // Micro-kernel columns of this many vectors (a last column past the vector variable's range is masked),
   // where they leave registers for two rows and the range has that many (0, or where they do not: the
   // plan's throughput model chooses; CompileOptions::tune tries 2 and 4).
