@@ -335,8 +335,9 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
   // Registers: rows x chunks accumulators, `chunks` vector operands and one broadcast.
   const int64_t lanes = plan.lanes;
   // The block variable and the rows per block, by a small throughput model. A reduction step of a block
-  // costs rows x chunks FMAs (CpuModel::fma_per_cycle of them per cycle), rows + chunks loads (two per
-  // cycle) and loop overhead; a predicated block (a border of a variable coupled to the reduction through
+  // costs rows x chunks FMAs (CpuModel::fma_per_cycle of them per cycle, and at least one FMA's latency,
+  // CpuModel::fma_latency, where they are few), rows + chunks loads (two per cycle) and loop overhead; a
+  // predicated block (a border of a variable coupled to the reduction through
   // an index or constraint, or a partial last block) adds a select per FMA and, at borders, a validity
   // test per row. Rows should read distinct broadcast values and share the vector operand; ties go to the
   // later (more contiguous) variable.
