@@ -2654,6 +2654,17 @@ TEST(CpuTest, MicrokernelColumnsOfAGivenWidth) {
   }
 }
 
+// The program's (last) micro-kernel blocks `rows` rows of `block` by `chunks` vectors.
+void expect_microkernel_block(const CompiledProgram& compiled, const std::string& block, int rows, int chunks, const std::string& what) {
+  const sched::Nest* kernel = nullptr;
+  for (const auto& nest : compiled.schedule().nests)
+    if (nest.microkernel) kernel = &nest;
+  ASSERT_NE(kernel, nullptr) << what << "\n" << sched::print_loops(compiled.schedule());
+  EXPECT_EQ(kernel->variables.at(kernel->microkernel->block), block) << what << "\n" << sched::print_loops(compiled.schedule());
+  EXPECT_EQ(kernel->microkernel->rows, rows) << what;
+  EXPECT_EQ(kernel->microkernel->chunks, chunks) << what;
+}
+
 // CpuModel::fma_per_cycle weighs a block's FMAs against its loads and loop overhead. A 64-channel weight
 // gradient's blocks of rows over ci: where two FMAs issue per cycle, 6 rows (a partial last block of 4)
 // amortize the loads best; where one does (Zen 4's 512-bit FMAs), the FMAs dominate and 4 rows waste none
@@ -2667,14 +2678,7 @@ TEST(CpuTest, MicrokernelRowsFollowTheCoresFmaRate) {
   for (int rate : {2, 1}) {
     CompileOptions o = microkernels_forced(512);
     o.target.cpu.fma_per_cycle = rate;
-    auto compiled = compile(grad, types_of(in), o);
-    const sched::Nest* kernel = nullptr;
-    for (const auto& nest : compiled->schedule().nests)
-      if (nest.microkernel) kernel = &nest;
-    ASSERT_NE(kernel, nullptr) << sched::print_loops(compiled->schedule());
-    EXPECT_EQ(kernel->variables.at(kernel->microkernel->block), "ci") << sched::print_loops(compiled->schedule());
-    EXPECT_EQ(kernel->microkernel->rows, rate == 2 ? 6 : 4) << rate << " FMAs per cycle";
-    EXPECT_EQ(kernel->microkernel->chunks, 4);
+    expect_microkernel_block(*compile(grad, types_of(in), o), "ci", rate == 2 ? 6 : 4, 4, std::to_string(rate) + " FMAs per cycle");
     expect_same(grad, in, std::to_string(rate) + " FMAs per cycle", o);
   }
 }
@@ -2693,14 +2697,7 @@ TEST(CpuTest, MicrokernelBlocksHideTheFmaLatency) {
     CompileOptions o = microkernels_forced(512);
     o.target.cpu.fma_per_cycle = 1;  // as on Zen 4, where it was measured
     o.target.cpu.fma_latency = latency;
-    auto compiled = compile(grad, types_of(in), o);
-    const sched::Nest* kernel = nullptr;
-    for (const auto& nest : compiled->schedule().nests)
-      if (nest.microkernel) kernel = &nest;
-    ASSERT_NE(kernel, nullptr) << sched::print_loops(compiled->schedule());
-    EXPECT_EQ(kernel->variables.at(kernel->microkernel->block), latency ? "i" : "ci") << sched::print_loops(compiled->schedule());
-    EXPECT_EQ(kernel->microkernel->rows, latency ? 3 : 1) << "latency " << latency;
-    EXPECT_EQ(kernel->microkernel->chunks, 2);
+    expect_microkernel_block(*compile(grad, types_of(in), o), latency ? "i" : "ci", latency ? 3 : 1, 2, "latency " + std::to_string(latency));
     expect_same(grad, in, "latency " + std::to_string(latency), o);
   }
 }
