@@ -59,6 +59,8 @@ int run(const std::vector<std::string>& args) {
       poison = true;
       continue;
     }
+    if (a != "--input" && a != "--output" && a != "--expect" && a != "--tolerance" && a != "--repeat")
+      user_error("unknown option ", a, " (see --help)");
     if (k + 1 >= args.size()) user_error(a, " needs a value");
     if (a == "--input") {
       auto [name, file] = name_and_file(args[++k], "--input");
@@ -74,10 +76,11 @@ int run(const std::vector<std::string>& args) {
       tolerance = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(tolerance >= 0)) user_error("--tolerance expects a number >= 0, not '", v, "'");
     } else if (a == "--repeat") {
-      repeat = std::atoi(args[++k].c_str());
-      if (repeat < 1 || repeat > 100000) user_error("--repeat expects a count from 1 to 100000");
-    } else {
-      user_error("unknown option ", a, " (see --help)");
+      char* end = nullptr;
+      const std::string& v = args[++k];
+      const long count = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || count < 1 || count > 100000) user_error("--repeat expects a count from 1 to 100000, not '", v, "'");
+      repeat = static_cast<int>(count);
     }
   }
   cuda::KernelBundle bundle = cuda::KernelBundle::read(dir);
