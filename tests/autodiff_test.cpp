@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -799,18 +800,23 @@ TEST(AutodiffTest, DeterministicText) {
 }
 
 TEST(AutodiffTest, RefusalsNameTheStatement) {
-  auto error_of = [](const std::string& text, bool forward = false) {
+  auto message = [](const std::function<void()>& f) {  // the UserError f throws
     try {
+      f();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto error_of = [&message](const std::string& text, bool forward = false) {
+    return message([&] {
       Program p = parse_program(text);
       if (forward) {
         jvp(p);
       } else {
         vjp(p);
       }
-    } catch (const UserError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    });
   };
   EXPECT_NE(error_of("function (A[N], B[N]) -> (O) { O[] = >(A[i] * B[i]); }").find(
                 "cannot differentiate contraction O: max of a mul combination"),
@@ -834,14 +840,6 @@ TEST(AutodiffTest, RefusalsNameTheStatement) {
   EXPECT_THROW(differentiate(p, "Q"), UserError);
   // An input named twice: one gradient each would be two outputs of the same name.
   Program two = parse_program("function (A[N], B[N]) -> (O) { O[i : N] = +(A[i] * B[i]); }");
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const UserError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   o.wrt = {"A", "B", "A"};
   EXPECT_EQ(message([&] { vjp(two, o); }), "cannot differentiate with respect to A twice: it is named more than once");
   EXPECT_EQ(message([&] { differentiate(two, "O", o); }), "cannot differentiate with respect to A twice: it is named more than once");

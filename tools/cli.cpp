@@ -250,10 +250,10 @@ TensorType parse_shape_spec(const std::string& name, const std::string& spec) {
     dims = spec.substr(0, colon);
   }
   if (dims.empty() || dims == "scalar") return t;
-  if (dims.back() == 'x') user_error("input ", name, ": bad shape '", dims, "' (write dims as 2x3x4, each >= 0)");
-  std::stringstream ss(dims);
-  std::string item;
-  while (std::getline(ss, item, 'x')) {
+  // Every dim between the x's, an empty one included (getline would drop a trailing one: "3x4x").
+  for (size_t begin = 0, end = 0; end != std::string::npos; begin = end + 1) {
+    end = dims.find('x', begin);
+    const std::string item = dims.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     try {
       size_t used = 0;
       long long v = std::stoll(item, &used);

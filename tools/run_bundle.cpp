@@ -59,28 +59,32 @@ int run(const std::vector<std::string>& args) {
       poison = true;
       continue;
     }
-    if (a != "--input" && a != "--output" && a != "--expect" && a != "--tolerance" && a != "--repeat")
-      user_error("unknown option ", a, " (see --help)");
-    if (k + 1 >= args.size()) user_error(a, " needs a value");
+    // The option's value, asked for only once the option is known (an unknown last option is named as such).
+    auto value = [&]() -> const std::string& {
+      if (k + 1 >= args.size()) user_error(a, " needs a value");
+      return args[++k];
+    };
     if (a == "--input") {
-      auto [name, file] = name_and_file(args[++k], "--input");
+      auto [name, file] = name_and_file(value(), "--input");
       inputs[name] = read_npy(file);
     } else if (a == "--output") {
-      outputs.push_back(name_and_file(args[++k], "--output"));
+      outputs.push_back(name_and_file(value(), "--output"));
     } else if (a == "--expect") {
-      auto [name, file] = name_and_file(args[++k], "--expect");
+      auto [name, file] = name_and_file(value(), "--expect");
       expected[name] = read_npy(file);
     } else if (a == "--tolerance") {
       char* end = nullptr;
-      const std::string& v = args[++k];
+      const std::string& v = value();
       tolerance = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(tolerance >= 0)) user_error("--tolerance expects a number >= 0, not '", v, "'");
     } else if (a == "--repeat") {
       char* end = nullptr;
-      const std::string& v = args[++k];
+      const std::string& v = value();
       const long count = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end || count < 1 || count > 100000) user_error("--repeat expects a count from 1 to 100000, not '", v, "'");
       repeat = static_cast<int>(count);
+    } else {
+      user_error("unknown option ", a, " (see --help)");
     }
   }
   cuda::KernelBundle bundle = cuda::KernelBundle::read(dir);

@@ -1,12 +1,12 @@
 #include "polytile/npy.h"
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "polytile/error.h"
+#include "read_file.h"
 
 namespace polytile {
 namespace {
@@ -140,13 +140,7 @@ std::string format_npy(const Buffer& b) {
 }
 
 Buffer read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("cannot open .npy file ", path);
-  std::error_code ec;  // a directory opens as a stream that reads nothing
-  if (std::filesystem::is_directory(path, ec)) user_error("cannot read .npy file ", path, ": it is a directory");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_npy(ss.str(), path);
+  return parse_npy(internal::read_whole_file(path, ".npy file"), path);
 }
 
 void write_npy(const std::string& path, const Buffer& buffer) {

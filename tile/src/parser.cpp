@@ -9,14 +9,12 @@
 #include <cmath>
 #include <cctype>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 #include "polytile/error.h"
+#include "read_file.h"
 
 namespace polytile {
 namespace {
@@ -577,13 +575,7 @@ std::vector<Statement> parse_statements(const std::string& body, const Program& 
 }
 
 Program parse_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("cannot open Tile file ", path);
-  std::error_code ec;  // a directory opens as a stream that reads nothing
-  if (std::filesystem::is_directory(path, ec)) user_error("cannot read Tile file ", path, ": it is a directory");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_program(ss.str(), path);
+  return parse_program(internal::read_whole_file(path, "Tile file"), path);
 }
 
 }  // namespace polytile
