@@ -336,13 +336,13 @@ TEST(CliTest, CheckWarnsAboutEmptyDomainsAndProvesAssign) {
 }
 
 // --tune: the same values (up to rounding) as the interpreter, from the fastest of the timed variants,
-// with each variant's time reported as it is measured.
+// with each variant's fastest run reported.
 TEST(CliTest, RunTunedMatchesTheInterpreter) {
   std::string mm = kExamples + "matmul.tile";
   std::string tuned = temp("tuned.npy"), oracle = temp("oracle.npy");
   Result r = cli({"run", mm, "--random", "A=40x70:f64", "--random", "B=70x90:f64", "--tune", "--output", "C=" + tuned});
   ASSERT_EQ(r.code, 0) << r.err;
-  // Progress as each variant is timed, then the winner.
+  // Each variant's time, then the winner.
   EXPECT_NE(r.err.find("tuning: default: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tuning: loop nests only: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tuning: kept "), std::string::npos) << r.err;

@@ -2622,6 +2622,44 @@ TEST(CpuTest, TuningKeepsTheFastestCandidate) {
   expect_same(conv, in, "tuned convolution", o);
 }
 
+// time_in_rounds on a machine whose speed drifts: candidate 1 is the fastest (0.9 against 1.0 and 1.1), but
+// the machine runs at half speed for a stretch as long as three runs, right where timing each candidate three
+// times in a row would have put all of candidate 1's runs. Interleaved, every candidate meets the slow
+// stretch once and its fastest run is its own speed; a candidate far slower than the others (here 5.0,
+// over 3x the fastest in round 0) is timed in round 0 only.
+TEST(CpuTest, TuningRoundsInterleaveTheCandidates) {
+  const std::vector<double> speed{1.0, 0.9, 1.1, 5.0};
+  std::vector<size_t> order;  // every run, untimed first runs included
+  auto run = [&](size_t k) {
+    const size_t at = order.size();
+    order.push_back(k);
+    const bool slow = at >= 4 + 3 && at < 4 + 6;  // after the first runs, the stretch of runs 3 to 5
+    return speed[k] * (slow ? 2.0 : 1.0);
+  };
+  const std::vector<double> fastest = time_in_rounds(speed.size(), 5, run);
+  ASSERT_EQ(fastest.size(), 4u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(fastest[k], speed[k]) << k;
+  EXPECT_EQ(fastest[3], 10.0);  // its one run fell in the slow stretch
+  EXPECT_EQ(std::min_element(fastest.begin(), fastest.end()) - fastest.begin(), 1);
+  // The first runs in order, then round r from candidate r mod 4 on, the pruned candidate 3 after round 0
+  // left out.
+  const std::vector<size_t> expected{0, 1, 2, 3, /*round 0*/ 0, 1, 2, 3, /*1*/ 1, 2, 0, /*2*/ 2, 0, 1,
+                                     /*3*/ 0, 1, 2, /*4*/ 0, 1, 2};
+  EXPECT_EQ(order, expected);
+  // Three runs of each in a row, as tuning did before: the slow stretch falls on candidate 1's runs, and
+  // candidate 0 looks fastest.
+  order.clear();
+  std::vector<double> in_a_row(speed.size(), 1e300);
+  for (size_t k = 0; k < 4; ++k) run(k);
+  for (size_t k = 0; k < 3; ++k) {
+    for (int i = 0; i < 3; ++i) in_a_row[k] = std::min(in_a_row[k], run(k));
+  }
+  EXPECT_EQ(std::min_element(in_a_row.begin(), in_a_row.begin() + 3) - in_a_row.begin(), 0);
+  EXPECT_THROW(time_in_rounds(2, 0, run), UserError);
+  EXPECT_THROW(time_in_rounds(2, 3, run, 0.5), UserError);
+  EXPECT_TRUE(time_in_rounds(0, 3, run).empty());
+}
+
 // CpuModel::microkernel_chunks: micro-kernel columns of that many vectors where they leave registers for
 // two rows and the vector variable has that many (3 of 8 lanes on 64 channels: the last column masked),
 // else the plan's own choice; the same values as the interpreter either way.

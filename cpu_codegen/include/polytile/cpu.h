@@ -57,11 +57,12 @@ struct CompileOptions {
   bool reduce_and_defract = true;
   int threads = 0;  // 0: the target's thread count; else 1 to 1024 (compile throws a UserError otherwise)
   // Tuning: compile a few variants of the target (cache budgets, register budget, loop nests instead of
-  // micro-kernels), time each on deterministic inputs and keep the fastest; the winner is cached per
-  // (program, shapes, target) like any compilation. The default schedule needs no tuning.
+  // micro-kernels), time each on deterministic inputs in interleaved rounds (time_in_rounds) and keep the
+  // fastest; the winner is cached per (program, shapes, target) like any compilation. The default schedule
+  // needs no tuning.
   bool tune = false;
-  // Called after each tuning variant is timed (its description and best run time in seconds), so that a
-  // caller can show progress; not part of the cache key.
+  // Called for each tuning variant once its rounds are timed (its description and fastest run in seconds),
+  // so that a caller can show progress; not part of the cache key.
   std::function<void(const std::string& variant, double seconds)> tuning_progress;
   // Translation validation: every rewriting pass (reduce, defract, cond-miss lowering, fusion, layouts)
   // proves its result denotes the same computation (poly::verify_rewrite, sched::verify_fusion); a failed
@@ -76,6 +77,15 @@ struct CompileOptions {
 struct TuningReport {
   std::vector<std::pair<std::string, double>> candidates;
 };
+
+// How tuning times its candidates, for any caller comparing variants on a machine whose speed drifts (a
+// shared guest: 2x within minutes). `run(k)` runs candidate k once and returns its seconds. Every candidate
+// first runs once untimed (its outputs and scratch allocated and faulted in), then once a round for
+// `rounds` rounds, round r starting at candidate r mod n and going on in order, so that a slow stretch of
+// the machine slows each candidate alike instead of the ones that happened to be timed in it; a candidate
+// slower than `prune` times the fastest in round 0 is not run again. Returns each one's fastest run.
+// UserError unless rounds >= 1 and prune >= 1.
+std::vector<double> time_in_rounds(size_t candidates, int rounds, const std::function<double(size_t)>& run, double prune = 3);
 
 // Seconds spent in each stage of one compilation, on the compiling thread (optimize_and_jit: optimizing
 // and compiling the nests, concurrently, and linking them in the JIT -- what of it was left once the
