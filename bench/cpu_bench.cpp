@@ -7,7 +7,7 @@
 // oneDNN's reorder (GB/s), compile time per stage
 // (its peer, JAX compiling the same conv, is timed by framework_peers.py in the same run_bench.py --frameworks run), and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
-// and weight gradients against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
+// and weight gradients and sgemm 2048 against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
 // + relu with the consumer fused into the conv against the same layer unfused, the bias gradient against
 // itself without split reductions ("unsplit"), softmax against itself without row groups ("alone"), and
 // softmax and the max pool gradient against themselves with every store through the caches ("cached").
@@ -239,12 +239,12 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
 // ---------------------------------------------------------------------------------------------- sgemm
 
 // sgemm/N: C = A B; sgemm_tn/N: C = A^T B (the product of every matmul's gradient with respect to B).
-void BM_PolytileSgemm(benchmark::State& state, bool transposed_a) {
+void BM_PolytileSgemm(benchmark::State& state, bool transposed_a, cpu::CompileOptions o) {
   int64_t n = state.range(0);
   Program p = parse_program(transposed_a ? "function (A[K, M], B[K, N]) -> (C) { C[i, j : M, N] = +(A[k, i] * B[k, j]); }"
                                          : "function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   TensorMap in{{"A", random_f32({n, n}, 1)}, {"B", random_f32({n, n}, 2)}};
-  auto compiled = cpu::compile(p, types_of(in), options());
+  auto compiled = cpu::compile(p, types_of(in), o);
   TensorMap out;  // outputs stay allocated across iterations, as the peers' destinations do
   compiled->run(in, out);  // warm-up: the outputs and scratch tensors are allocated (and faulted in) once
   for (auto _ : state) {
@@ -430,14 +430,17 @@ void register_all() {
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, Direction::backward_data, options())->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/no_defract").c_str(), BM_PolytileConv, c, Direction::backward_data, no_defract)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  // With and without the micro-kernels' prefetches: of the next block's rows (the 1x1 forward) and along
-  // the broadcast operand's lines (the weight gradients).
+  // With and without the micro-kernels' prefetches: of the next block's rows (the 1x1 forward), along
+  // the broadcast operand's lines (the weight gradients) and of the vector operand's lines ahead (sgemm
+  // 2048, whose reduction tiles are L2-sized).
   for (auto [c, d] : {std::pair{kConvs[3], Direction::forward}, std::pair{kConvs[3], Direction::backward_weights},
                       std::pair{kConvs[2], Direction::backward_weights}}) {
     std::string base = std::string("prefetch/") + c.name + "/" + direction_name(d);
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, c, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/no_prefetch").c_str(), BM_PolytileConv, c, d, no_prefetch)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  benchmark::RegisterBenchmark("prefetch/sgemm/2048/polytile", BM_PolytileSgemm, false, options())->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("prefetch/sgemm/2048/no_prefetch", BM_PolytileSgemm, false, no_prefetch)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const Conv& c : {kConvs[0], kConvs[3]}) {
     std::string base = std::string("fusion/") + c.name + "/fwd_bias_relu";
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConvBiasRelu, c, true)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -446,12 +449,12 @@ void register_all() {
   // 1000 and 2000: sizes that the micro-kernel's blocks (6 rows, 64 columns) do not divide.
   for (int64_t n : {256, 512, 1000, 1024, 2000, 2048}) {
     std::string base = "sgemm/" + std::to_string(n);
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, false)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, false, options())->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm, false)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (int64_t n : {1024, 2048}) {
     std::string base = "sgemm_tn/" + std::to_string(n);
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileSgemm, true, options())->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((base + "/openblas").c_str(), BM_OpenBlasSgemm, true)->Arg(n)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   // GB/s of the least memory a case moves: its inputs read once and its outputs written once. Max pool

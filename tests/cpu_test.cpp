@@ -1305,6 +1305,34 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
   EXPECT_FALSE(overlapping->schedule().nests.back().microkernel->prefetch_next_block);
 }
 
+// A product whose output overflows L2 and whose reduction is long takes reduction tiles sized for L2
+// (sgemm 2048's packed panels): its vector operand streams from L2 at every block, and each step of a
+// uniform block prefetches the operand's lines 8 steps ahead, and computes the interpreter's values. With
+// an output that fits L2, or without the target's prefetch, it emits none.
+TEST(CpuTest, L2TiledProductsPrefetchTheirVectorOperandAhead) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in = inputs_for({{"A", {96, 800}}, {"B", {800, 256}}}, DType::f32, 13);
+  for (bool prefetch : {true, false}) {
+    for (int64_t l2 : {int64_t{64} << 10, int64_t{4} << 20}) {  // C's 96 KiB overflow half of two 64 KiB L2s
+      CompileOptions o;
+      o.threads = 2;
+      o.target.threads = 2;
+      o.target.cpu.prefetch = prefetch;
+      o.target.cpu.l2_bytes = l2;
+      o.target.cpu.l3_bytes = std::max(o.target.cpu.l3_bytes, l2);
+      auto compiled = compile(mm, types_of(in), o);
+      const sched::Nest& product = compiled->schedule().nests.back();
+      ASSERT_TRUE(product.microkernel.has_value());
+      const bool expected = prefetch && l2 < (int64_t{1} << 20);
+      const std::string what = std::string(prefetch ? "prefetching" : "not prefetching") + ", L2 " + std::to_string(l2);
+      EXPECT_EQ(product.microkernel->prefetch_vector_steps, expected ? 8 : 0) << what;
+      EXPECT_EQ(compiled->llvm_ir().find("@llvm.prefetch") != std::string::npos, expected) << what;
+      EXPECT_EQ(sched::print_loops(compiled->schedule()).find(", prefetch vector +8 steps") != std::string::npos, expected) << what;
+      if (expected) expect_same(mm, in, what, o);  // the other three are programs other tests run
+    }
+  }
+}
+
 // The text of module `name` in a compiled program's LLVM IR ("" when it has none).
 std::string module_of(const std::string& ir, const std::string& name) {
   const size_t begin = ir.find("; ModuleID = '" + name + "'");

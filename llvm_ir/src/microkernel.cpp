@@ -242,6 +242,17 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
     along_v.push_back(uses(in, names[mk.vector]));
     per_row.push_back(uses(in, names[mk.block]));
   }
+  // Microkernel::prefetch_vector_steps: chunk k of vector input i, that many steps of the innermost
+  // reduction variable ahead, once per cache line (chunks of 8 floats share one where they are consecutive).
+  auto prefetch_vector = [&](size_t i, int k, Value* at, int64_t chunk_step) {
+    const TensorAccess& a = c.inputs[i];
+    const DType dt = types_.tensors.at(a.tensor).dtype;
+    const int64_t eb = static_cast<int64_t>(dtype_bytes(dt));
+    if (chunk_step == lanes && (k * lanes * eb) % 64 != 0) return;
+    const int64_t ahead = mk.prefetch_vector_steps * flat_step(a.tensor, a.indices, names[mk.reductions.back()]);
+    Value* addr = b_.CreateGEP(storage_type(dt), at, ix(ahead));
+    b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+  };
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
     vars[names[mk.vector]] = v0;
@@ -291,6 +302,11 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
               x[i] = scalars[i];
             } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
               x[i] = vload(split ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
+              if (split && d == 0 && !per_row[i] && mk.prefetch_vector_steps > 0) prefetch_vector(i, k, operand_address(i, 0, k), operands[i].chunk_step);
+              if (split && d == 0 && getenv("PT_PFB")) {  // EXPERIMENT: the vector operand ahead
+                Value* ahead = b_.CreateGEP(b_.getInt8Ty(), operand_address(i, d, k), b_.getInt64(atoi(getenv("PT_PFB"))));
+                b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ahead->getType()}, {ahead, b_.getInt32(0), b_.getInt32(getenv("PT_PFL") ? atoi(getenv("PT_PFL")) : 3), b_.getInt32(1)});
+              }
             } else {  // the producer, on the lanes
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {

@@ -118,9 +118,14 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     longest = std::max(longest, range[k].second - range[k].first + 1);
   }
   const bool weights = weight_mode(out_bytes, reduction_points, target);
+  const bool l2_tiles = long_tiles(out_bytes, longest, target);
   if (target.cpu.prefetch) {
     mk.prefetch_bytes = broadcast_prefetch_bytes(c, types, *plan);
     if (!mk.prefetch_bytes && !mk.reductions.empty()) mk.prefetch_next_block = reads_pages_once(c, types, *plan, analysis, mk);
+    // The vector operand 8 steps ahead where its tiles stream from L2: sgemm 2048 on one core of an
+    // Emerald Rapids guest, 8 rounds of both binaries in turn, 2.2% faster (median of the paired rounds; 1024,
+    // whose tiles are L2-sized too, 1.1%).
+    if (l2_tiles) mk.prefetch_vector_steps = 8;
   }
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
@@ -128,7 +133,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.picks_columns = std::move(picks_columns);
-  choices.long_tiles = long_tiles(out_bytes, longest, target);
+  choices.long_tiles = l2_tiles;
   choices.block_strides = block_strides(c, types, nest.variables, mk);
   choices.lanes = lanes;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
