@@ -303,10 +303,6 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
             } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
               x[i] = vload(split ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
               if (split && d == 0 && !per_row[i] && mk.prefetch_vector_steps > 0) prefetch_vector(i, k, operand_address(i, 0, k), operands[i].chunk_step);
-              if (split && d == 0 && getenv("PT_PFB")) {  // EXPERIMENT: the vector operand ahead
-                Value* ahead = b_.CreateGEP(b_.getInt8Ty(), operand_address(i, d, k), b_.getInt64(atoi(getenv("PT_PFB"))));
-                b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {ahead->getType()}, {ahead, b_.getInt32(0), b_.getInt32(getenv("PT_PFL") ? atoi(getenv("PT_PFL")) : 3), b_.getInt32(1)});
-              }
             } else {  // the producer, on the lanes
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {
