@@ -676,7 +676,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   cpu::CompileOptions options;
   options.tune = tune && backend == "cpu";
   if (options.tune) {
-    err << "tuning: timing schedule variants on this machine (the fastest of 5 interleaved rounds)\n";
+    err << "tuning: timing schedule variants on this machine (interleaved rounds, the fastest run of each)\n";
     options.tuning_progress = [&err](const std::string& variant, double seconds) {
       err << "tuning: " << variant << ": " << ms(seconds * 1e3) << "\n";
     };

@@ -64,18 +64,20 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   return ok;
 }
 
+// The line holding `addr`, into all cache levels, for reading (every micro-kernel prefetch).
+void NestEmitter::prefetch_line(Value* addr) {
+  b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+}
+
 // The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h) at a reduction step:
-// `vars` are row 0's variables, `row0` the indices of the element it reads. Into all cache levels, for reading.
+// `vars` are row 0's variables, `row0` the indices of the element it reads.
 // With `row0_address` (an unpredicated block: that element's address as fma_address makes it; `row0` then
 // unused), the addresses are made as the operands' are.
 void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars,
                            Value* row0_address) {
   const auto& mk = *nest_.microkernel;
-  auto fetch = [&](Value* addr) {
-    b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
-  };
   if (mk.prefetch_bytes > 0)
-    fetch(b_.CreateGEP(b_.getInt8Ty(), row0_address ? row0_address : element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
+    prefetch_line(b_.CreateGEP(b_.getInt8Ty(), row0_address ? row0_address : element_address(a.tensor, row0), b_.getInt64(mk.prefetch_bytes)));
   if (mk.prefetch_next_block) {
     // Row r mod rows of the next block, at this reduction point.
     const auto& names = nest_.variables;
@@ -86,14 +88,14 @@ void NestEmitter::prefetch(const TensorAccess& a, const std::vector<Value*>& row
     next[names[mk.block]] = b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows));
     if (row0_address) {
       Value* at = fma_address(a.tensor, a.indices, next);
-      fetch(b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), at,
-                         b_.CreateNSWMul(row, ix(flat_step(a.tensor, a.indices, names[mk.block])))));
+      prefetch_line(b_.CreateGEP(storage_type(types_.tensors.at(a.tensor).dtype), at,
+                                 b_.CreateNSWMul(row, ix(flat_step(a.tensor, a.indices, names[mk.block])))));
       return;
     }
     next[names[mk.block]] = b_.CreateAdd(next[names[mk.block]], row);
     std::vector<Value*> at;
     for (const auto& p : a.indices) at.push_back(poly(p, next));
-    fetch(element_address(a.tensor, at));
+    prefetch_line(element_address(a.tensor, at));
   }
 }
 
@@ -242,16 +244,15 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
     along_v.push_back(uses(in, names[mk.vector]));
     per_row.push_back(uses(in, names[mk.block]));
   }
-  // Microkernel::prefetch_vector_steps: chunk k of vector input i, that many steps of the innermost
+  // Microkernel::prefetch_vector_steps: chunk k of vector input i (at `at`), that many steps of the innermost
   // reduction variable ahead, once per cache line (chunks of 8 floats share one where they are consecutive).
-  auto prefetch_vector = [&](size_t i, int k, Value* at, int64_t chunk_step) {
+  auto prefetch_vector = [&](size_t i, int k, Value* at) {
     const TensorAccess& a = c.inputs[i];
     const DType dt = types_.tensors.at(a.tensor).dtype;
-    const int64_t eb = static_cast<int64_t>(dtype_bytes(dt));
-    if (chunk_step == lanes && (k * lanes * eb) % 64 != 0) return;
+    const int64_t bytes = k * lanes * static_cast<int64_t>(dtype_bytes(dt));
+    if (operands[i].chunk_step == lanes && bytes % 64 != 0) return;
     const int64_t ahead = mk.prefetch_vector_steps * flat_step(a.tensor, a.indices, names[mk.reductions.back()]);
-    Value* addr = b_.CreateGEP(storage_type(dt), at, ix(ahead));
-    b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
+    prefetch_line(b_.CreateGEP(storage_type(dt), at, ix(ahead)));
   };
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
@@ -301,8 +302,9 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
             if (scalars[i]) {
               x[i] = scalars[i];
             } else if (!nest_.inlined.count(c.inputs[i].tensor)) {
-              x[i] = vload(split ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices), m);
-              if (split && d == 0 && !per_row[i] && mk.prefetch_vector_steps > 0) prefetch_vector(i, k, operand_address(i, 0, k), operands[i].chunk_step);
+              Value* at = split ? operand_address(i, d, k) : address(c.inputs[i].tensor, c.inputs[i].indices);
+              x[i] = vload(at, m);
+              if (split && d == 0 && !per_row[i] && mk.prefetch_vector_steps > 0) prefetch_vector(i, k, at);
             } else {  // the producer, on the lanes
               std::vector<Value*> at;
               for (const auto& p : c.inputs[i].indices) {
