@@ -1857,6 +1857,98 @@ TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
   expect_same(ab, skinny, "a skinny matmul", wide);
 }
 
+// Nest::permuted_copy: the assign that moves a permuted output into place (an NCHW convolution's O_L, or a
+// user's own permuting assign of a contraction nothing else reads) is done by the micro-kernel's blocks at
+// their last reduction tile, each lane's rows transposed in registers into one vector of the output,
+// instead of by a nest of its own: with one reduction tile (zero, fmas, epilogue) and several (partial
+// sums stored to the scratch output and loaded back between them), border blocks predicated, rows that
+// are not a power of two (7 and 12), f32 and f64, vectors of 128 and 512 bits. The assign keeps its nest
+// where the block variable is not contiguous in its output (blocks of y), where the blocks leave elements
+// unstored (a constraint), and where another statement reads the contraction's output too. Each against
+// the interpreter, every rewrite proven with isl (expect_same).
+TEST(CpuTest, PermutedOutputsAreStoredByTheirBlocks) {
+  struct Seen {
+    int fused = 0;
+    bool copy_nest = false, stores = false, epilogues = false;
+    std::string block, loops;
+  };
+  auto seen = [](const Program& p, const TensorMap& in, const CompileOptions& o) {
+    auto compiled = compile(p, types_of(in), o);
+    Seen s;
+    for (const auto& nest : compiled->schedule().nests) {
+      s.fused += nest.permuted_copy.has_value();
+      s.copy_nest = s.copy_nest || nest.tensor == "O";
+      if (nest.microkernel && nest.contraction.output != "K_T") s.block = nest.variables[nest.microkernel->block];
+    }
+    s.loops = sched::print_loops(compiled->schedule());
+    s.stores = s.loops.find("Store(") != std::string::npos || s.loops.find("Storep(") != std::string::npos;
+    s.epilogues = s.loops.find("Epilogue") != std::string::npos;
+    return s;
+  };
+  auto fixed_caches = [](CompileOptions o, int64_t l1) {
+    o.target.cpu.l1_bytes = l1;
+    o.target.cpu.l2_bytes = 2 << 20;
+    o.target.cpu.l3_bytes = 32 << 20;
+    return o;
+  };
+  Program nchw = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  const CompileOptions wide = fixed_caches(microkernels_forced(512), 48 << 10);
+  TensorMap small = inputs_for({{"I", {2, 16, 14, 14}}, {"K", {32, 16, 3, 3}}}, DType::f32, 91);
+  Seen one_tile = seen(nchw, small, wide);
+  EXPECT_TRUE(one_tile.fused == 1 && !one_tile.copy_nest && one_tile.block == "x") << one_tile.loops;
+  EXPECT_NE(one_tile.loops.find("last tiles stored permuted into O"), std::string::npos) << one_tile.loops;
+  EXPECT_TRUE(one_tile.epilogues && !one_tile.stores) << one_tile.loops;
+  expect_same(nchw, small, "NCHW convolution, one reduction tile, stored permuted", wide);
+  const CompileOptions tiny_l1 = fixed_caches(microkernels_forced(512), 4096);
+  Seen tiles = seen(nchw, small, tiny_l1);
+  EXPECT_TRUE(tiles.fused == 1 && !tiles.copy_nest && tiles.epilogues && tiles.stores) << tiles.loops;
+  expect_same(nchw, small, "NCHW convolution, several reduction tiles, stored permuted", tiny_l1);
+  TensorMap doubles = inputs_for({{"I", {2, 8, 10, 10}}, {"K", {16, 8, 3, 3}}}, DType::f64, 92);
+  Seen f64 = seen(nchw, doubles, wide);
+  EXPECT_TRUE(f64.fused == 1 && !f64.copy_nest) << f64.loops;
+  expect_same(nchw, doubles, "f64 NCHW convolution, stored permuted", wide);
+  const CompileOptions narrow = fixed_caches(microkernels_forced(128), 48 << 10);
+  TensorMap one_image = inputs_for({{"I", {1, 16, 14, 14}}, {"K", {32, 16, 3, 3}}}, DType::f32, 97);
+  Seen f32_narrow = seen(nchw, one_image, narrow);
+  EXPECT_TRUE(f32_narrow.fused == 1 && !f32_narrow.copy_nest) << f32_narrow.loops;
+  expect_same(nchw, one_image, "NCHW convolution in vectors of 128 bits, stored permuted", narrow);
+  // A user's permuting assign: blocks of x (7 or 12 rows) store it; blocks of y cannot (a lane's rows
+  // are 7 columns apart there), nor blocks that skip the rows y >= 5.
+  Program mine = parse_program(
+      "function (I[N, H, W, CI], K[CI, CO]) -> (O) {"
+      "  T[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co]);"
+      "  O[n, co, y, x : N, CO, H, W] = =(T[n, y, x, co]); }");
+  for (const auto& [shape, rows] : std::vector<std::pair<std::vector<int64_t>, int>>{{{2, 5, 7, 64}, 7}, {{2, 3, 12, 64}, 12}}) {
+    TensorMap in = inputs_for({{"I", shape}, {"K", {64, 32}}}, DType::f32, 94);
+    Seen s = seen(mine, in, wide);
+    EXPECT_TRUE(s.fused == 1 && !s.copy_nest && s.block == "x") << s.loops;
+    EXPECT_NE(s.loops.find("micro-kernel " + std::to_string(rows) + "x"), std::string::npos) << s.loops;
+    expect_same(mine, in, "a permuting assign stored by blocks of " + std::to_string(rows) + " rows", wide);
+  }
+  TensorMap tall = inputs_for({{"I", {2, 8, 7, 64}}, {"K", {64, 32}}}, DType::f32, 95);
+  Seen by_y = seen(mine, tall, wide);
+  EXPECT_TRUE(by_y.fused == 0 && by_y.copy_nest && by_y.block == "y") << by_y.loops;
+  expect_same(mine, tall, "a permuting assign of blocks of y", wide);
+  Program partial = parse_program(
+      "function (I[N, H, W, CI], K[CI, CO]) -> (O) {"
+      "  T[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co]), y < 5;"
+      "  O[n, co, y, x : N, CO, H, W] = =(T[n, y, x, co]); }");
+  Seen unstored = seen(partial, tall, wide);
+  EXPECT_TRUE(unstored.fused == 0 && unstored.copy_nest && unstored.block == "x") << unstored.loops;
+  expect_same(partial, tall, "a permuting assign of a contraction whose blocks skip elements", wide);
+  Program shared = parse_program(
+      "function (I[N, H, W, CI], K[CI, CO]) -> (O, R) {"
+      "  T[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co]);"
+      "  O[n, co, y, x : N, CO, H, W] = =(T[n, y, x, co]);"
+      "  R = relu(T); }");
+  TensorMap seven = inputs_for({{"I", {2, 5, 7, 64}}, {"K", {64, 32}}}, DType::f32, 96);
+  Seen read_twice = seen(shared, seven, wide);
+  EXPECT_TRUE(read_twice.fused == 0 && read_twice.copy_nest) << read_twice.loops;
+  expect_same(shared, seven, "a permuting assign of a contraction read by another statement", wide);
+}
+
 // The blocks of one column of the vector operand run one after another inside a reduction tile, so the
 // column's part of the tile is read from L1 by all of them. A convolution whose weights are packed into
 // panels has output channels in blocks (co_blk) that only pick columns; its block step's arguments are

@@ -189,6 +189,10 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
 void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
                                    const BlockValidity* valid_at) {
   using St = sched::LoopNode::Statement;
+  if (n.statement == St::epilogue && nest_.permuted_copy) {
+    permuted_store(vars, b0, v0, valid_at);
+    return;
+  }
   const auto& mk = *nest_.microkernel;
   const Contraction& c = nest_.contraction;
   const DType t = types_.tensors.at(nest_.tensor).dtype;
@@ -363,6 +367,74 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
         case St::acc_load:
         case St::acc_store: break;
       }
+    }
+  }
+}
+
+// The block's accumulators into the assign's output P, whose dims are the contraction output's in another
+// order, with the block variable contiguous in P (the scheduler's condition: an NCHW conv's columns x,
+// with its channels in the lanes). The rows of each lane are then one short vector in P: each chunk's
+// rows x lanes are transposed in registers by one shuffle (LLVM makes it a few two-source permutes) and
+// stored lane by lane, rows wide (4 rows of floats: a 128-bit lane of the shuffled vectors). A predicated
+// block masks its invalid rows and its lanes out of range.
+void NestEmitter::permuted_store(std::map<std::string, Value*> vars, Value* b0, Value* v0, const BlockValidity* valid_at) {
+  const auto& mk = *nest_.microkernel;
+  const Contraction& c = nest_.contraction;
+  const Contraction& copy = *nest_.permuted_copy;
+  const auto& names = nest_.variables;
+  const DType t = types_.tensors.at(nest_.tensor).dtype;
+  const unsigned lanes = static_cast<unsigned>(mk.lanes), rows = static_cast<unsigned>(mk.rows);
+  auto* ety = value_type(t);
+  auto* vty = llvm::FixedVectorType::get(ety, lanes);
+  const llvm::Align align(dtype_bytes(t));
+  const std::vector<Polynomial> at = sched::permuted_indices(c, copy);
+  const int64_t row_step = flat_step(copy.output, at, names[mk.block]), lane_step = flat_step(copy.output, at, names[mk.vector]);
+  if (row_step != 1) throw InternalError("the permuted copy " + copy.output + " of " + c.output + " is not contiguous in its block variable");
+  vars[names[mk.block]] = b0;
+  auto* i1 = b_.getInt1Ty();
+  for (int k = 0; k < mk.chunks; ++k) {
+    vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * mk.lanes));
+    std::vector<Value*> idx;
+    for (const auto& p : at) idx.push_back(poly(p, vars));
+    Value* base = element_address(copy.output, idx);  // row 0, lane 0 of the chunk
+    std::vector<Value*> acc;
+    for (unsigned d = 0; d < rows; ++d) acc.push_back(b_.CreateLoad(vty, acc_[d * static_cast<unsigned>(mk.chunks) + static_cast<unsigned>(k)]));
+    Value* lane_mask = valid_at ? valid_at->lanes[static_cast<size_t>(k)] : nullptr;
+    // All rows in one vector (padded to a power of two of rows), then lane-major: [lane][row].
+    unsigned width = 1;
+    while (width < rows) width *= 2;
+    std::vector<Value*> parts = acc;
+    parts.resize(width, llvm::PoisonValue::get(vty));
+    for (unsigned n = width; n > 1; n /= 2) {
+      std::vector<Value*> joined;
+      for (unsigned j = 0; j < n; j += 2) {
+        const unsigned len = static_cast<unsigned>(llvm::cast<llvm::FixedVectorType>(parts[j]->getType())->getNumElements());
+        std::vector<int> concat(2 * len);
+        for (unsigned e = 0; e < 2 * len; ++e) concat[e] = static_cast<int>(e);
+        joined.push_back(b_.CreateShuffleVector(parts[j], parts[j + 1], concat));
+      }
+      parts = std::move(joined);
+    }
+    std::vector<int> transpose;
+    for (unsigned l = 0; l < lanes; ++l)
+      for (unsigned d = 0; d < rows; ++d) transpose.push_back(static_cast<int>(d * lanes + l));
+    Value* by_lane = b_.CreateShuffleVector(parts[0], transpose);
+    Value* row_mask = nullptr;
+    if (valid_at) {
+      row_mask = llvm::PoisonValue::get(llvm::FixedVectorType::get(i1, rows));
+      for (unsigned d = 0; d < rows; ++d) row_mask = b_.CreateInsertElement(row_mask, valid_at->rows[d], b_.getInt64(d));
+    }
+    for (unsigned l = 0; l < lanes; ++l) {
+      std::vector<int> piece;
+      for (unsigned d = 0; d < rows; ++d) piece.push_back(static_cast<int>(l * rows + d));
+      Value* value = b_.CreateShuffleVector(by_lane, piece);
+      Value* addr = b_.CreateGEP(storage_type(t), base, ix(static_cast<int64_t>(l) * lane_step));
+      if (!valid_at) {
+        b_.CreateAlignedStore(value, addr, align);
+        continue;
+      }
+      Value* mask = b_.CreateAnd(row_mask, b_.CreateVectorSplat(rows, b_.CreateExtractElement(lane_mask, b_.getInt64(l))));
+      b_.CreateMaskedStore(value, addr, align, mask);
     }
   }
 }

@@ -249,6 +249,8 @@ class NestEmitter {
   };
   void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
                         const BlockValidity* valid_at);
+  // Sched::Nest::permuted_copy: a block's accumulators stored into the permuted tensor (the epilogue step).
+  void permuted_store(std::map<std::string, Value*> vars, Value* b0, Value* v0, const BlockValidity* valid_at);
   Value* fma_address(const std::string& tensor, const std::vector<Polynomial>& idx, std::map<std::string, Value*> vars);
   int64_t flat_step(const std::string& tensor, const std::vector<Polynomial>& idx, const std::string& v) const;
   void prefetch_line(Value* addr);

@@ -64,7 +64,7 @@ std::vector<double> block_strides(const Contraction& c, const ProgramTypes& type
 bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types,
                                   const poly::internal::IslAnalysis& analysis, const isl::set& domain,
                                   const std::vector<std::string>& positional, int64_t out_bytes, isl::set* stored_elements,
-                                  const Elementwise* epilogue) {
+                                  const Elementwise* epilogue, const Contraction* permuted_copy) {
   const poly::ContractionAnalysis& a = analysis.summary;
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::optional<MicroPlan> plan = plan_microkernel(c, types, a.bounds, target, false);
@@ -128,6 +128,14 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   }
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
+  // The permuted copy where the block variable is contiguous in its output (the emitter stores each lane's
+  // rows as one vector there); elsewhere the copy keeps a nest of its own.
+  if (permuted_copy && stored_elements) {
+    const std::vector<Polynomial> at = permuted_indices(c, *permuted_copy);
+    bool contiguous = !at.empty() && at.back().coefficient(plan->block) == Rational(1);
+    for (size_t d = 0; d + 1 < at.size(); ++d) contiguous = contiguous && at[d].coefficient(plan->block) == Rational(0);
+    if (contiguous) nest.permuted_copy = *permuted_copy;
+  }
   MicrokernelChoices choices;
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
@@ -620,7 +628,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
   mk.classify_blocks(domain, choices.lanes);
   nest.microkernel->lanes_in_range = mk.lanes_in_range();
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
-  BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value());
+  BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value() || nest.permuted_copy.has_value());
   mk.block_bands(choices.weight_mode, choices.picks_columns, choices.block_strides);
   nest.parallel_outer = true;
   generate(nest, mk.tree(choices.weight_mode), &step);

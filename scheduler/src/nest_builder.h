@@ -272,10 +272,10 @@ struct NestBuilder {
   static void finish_parallel(Nest& nest);
   // Schedules `nest` (an update of `c`) as a micro-kernel when the plan and the isl checks allow it; with
   // `stored_elements`, blocks start from zero and it receives the output elements the blocks store (a set
-  // over S); `epilogue` is fused when given.
+  // over S); `epilogue` and `permuted_copy` (Nest::permuted_copy) are fused when given.
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::internal::IslAnalysis& analysis,
                        const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
-                       isl::set* stored_elements, const Elementwise* epilogue);
+                       isl::set* stored_elements, const Elementwise* epilogue, const Contraction* permuted_copy = nullptr);
   // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
   bool try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                          const isl::set& domain, const std::vector<std::string>& positional, bool parallel);

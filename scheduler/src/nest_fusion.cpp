@@ -61,6 +61,33 @@ NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types) {
   }
   for (size_t i = 0; i < statements.size(); ++i) {
     const auto* c = std::get_if<Contraction>(&statements[i]);
+    if (!c || c->aggregation != AggregationOp::assign || c->combination != CombinationOp::none || c->inputs.size() != 1 ||
+        c->init || !c->constraints.empty())
+      continue;
+    const std::string& x = c->inputs[0].tensor;
+    auto p = produced.find(x);
+    if (p == produced.end() || p->second >= i || !std::holds_alternative<Contraction>(statements[p->second]) ||
+        outputs.count(x) || reads[x] != 1 || out.epilogue_of.count(p->second) || out.permuted_copy_of.count(p->second))
+      continue;
+    const TensorType &from = types.tensors.at(x), &to = types.tensors.at(c->output);
+    if (from.dtype != to.dtype || (from.dtype != DType::f32 && from.dtype != DType::f64) || from.shape.size() != to.shape.size() ||
+        c->output_indices.size() != to.shape.size() || c->inputs[0].indices.size() != from.shape.size())
+      continue;
+    // Each output index one variable of its own, the input's indices those variables in some order, dims alike.
+    std::map<std::string, size_t> dim_of;
+    for (size_t q = 0; q < c->output_indices.size(); ++q)
+      if (auto v = c->output_indices[q].variable()) dim_of.emplace(*v, q);
+    bool permutation = dim_of.size() == to.shape.size();
+    std::set<size_t> seen;
+    for (size_t d = 0; permutation && d < from.shape.size(); ++d) {
+      auto v = c->inputs[0].indices[d].variable();
+      auto q = v ? dim_of.find(*v) : dim_of.end();
+      permutation = q != dim_of.end() && seen.insert(q->second).second && to.shape[q->second] == from.shape[d];
+    }
+    if (permutation) out.permuted_copy_of[p->second] = i;
+  }
+  for (size_t i = 0; i < statements.size(); ++i) {
+    const auto* c = std::get_if<Contraction>(&statements[i]);
     if (!c) continue;
     for (const auto& a : c->inputs) {
       auto p = produced.find(a.tensor);

@@ -23,6 +23,11 @@ struct NestFusion {
   // read, not recomputed.
   std::map<size_t, std::map<std::string, size_t>> inlined_into;
   std::set<size_t> inlined;  // the producers of inlined_into: they get no nest of their own
+  // Assigns that only permute a contraction's output into another tensor (contraction -> assign; see
+  // Nest::permuted_copy): the assign's one input is that output, read at a permutation of the assign's
+  // plain index variables, the same dtype (f32 or f64), no program output and read by nothing else, and the
+  // contraction has no epilogue consumer. The micro-kernel decides whether it takes it.
+  std::map<size_t, size_t> permuted_copy_of;
 };
 
 NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "nest_builder.h"
+#include "polytile/error.h"
 
 namespace polytile::sched {
 
@@ -33,7 +34,19 @@ std::vector<std::string> nest_tensors(const Nest& nest) {
     add(nest.epilogue->output);
     add_leaves(nest.epilogue->expr);
   }
+  if (nest.permuted_copy) add(nest.permuted_copy->output);
   return used;
+}
+
+std::vector<Polynomial> permuted_indices(const Contraction& c, const Contraction& copy) {
+  std::vector<Polynomial> at;
+  for (const auto& q : copy.output_indices) {
+    size_t d = 0;
+    while (d < copy.inputs[0].indices.size() && copy.inputs[0].indices[d].variable() != q.variable()) ++d;
+    if (d >= c.output_indices.size()) throw InternalError("the permuted copy " + copy.output + " does not read every dim of " + c.output);
+    at.push_back(c.output_indices[d]);
+  }
+  return at;
 }
 
 }  // namespace polytile::sched

@@ -153,6 +153,7 @@ std::string print_loops(const Schedule& schedule) {
       out += "; transposed by " + std::to_string(nest.transpose_lanes) + "x" + std::to_string(nest.transpose_lanes) + " squares";
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
+    if (nest.permuted_copy) out += "; last tiles stored permuted into " + nest.permuted_copy->output;
     if (nest.kernel) {
       const KernelLaunch& k = *nest.kernel;
       auto dims = [](const auto& d) {  // "AxBxC"

@@ -188,7 +188,7 @@ class ProgramScheduler {
     const Nest& n = out_.nests[k];
     if (target_.gpu || !target_.cpu.stream_stores || n.reduction || n.kernel || n.accumulators || n.transpose_lanes) return false;
     if (n.microkernel) {
-      if (n.epilogue || has_statement(n.root, LoopNode::Statement::load)) return false;
+      if (n.epilogue || n.permuted_copy || has_statement(n.root, LoopNode::Statement::load)) return false;
     } else if (n.points < 0 ||
                (n.kind == Nest::Kind::update && !n.stores && n.contraction.aggregation != AggregationOp::assign)) {
       return false;
@@ -504,22 +504,40 @@ class ProgramScheduler {
   }
 
   // Blocks start from zero, so the init nest shrinks to the elements no block stores (or disappears), and
-  // an elementwise consumer runs in the blocks (and as a nest over the unstored elements).
+  // an elementwise consumer runs in the blocks (and as a nest over the unstored elements), as does an assign
+  // that permutes the output (Nest::permuted_copy) where the blocks store every element.
   bool microkernel(size_t index, const Contraction& c, const poly::internal::IslAnalysis& analysis, Nest& update,
                    const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
                    const isl::set& elements, std::optional<isl::set>& init_domain) {
     auto consumer = fusion_.epilogue_of.find(index);
     const Elementwise* epilogue =
         consumer == fusion_.epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program_.statements[consumer->second]);
+    auto copy = fusion_.permuted_copy_of.find(index);
+    const Contraction* permuted =
+        copy == fusion_.permuted_copy_of.end() || c.init ? nullptr : &std::get<Contraction>(program_.statements[copy->second]);
+    const std::optional<Nest> before = permuted ? std::optional(update) : std::nullopt;
     isl::set stored;
-    if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &stored, epilogue))
+    if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &stored, epilogue,
+                                  permuted))
       return false;
     if (!c.init) init_outside(init_domain, elements, stored);
+    if (!update.permuted_copy) {
+      permuted = nullptr;
+    } else if (init_domain) {
+      // Elements no block stores hold the identity in the contraction's output, and the assign would have
+      // to move them too: it keeps a nest of its own, and the blocks store as usual.
+      update = *before;
+      permuted = nullptr;
+      if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, &stored, epilogue))
+        throw InternalError("micro-kernel of " + c.output + " refused without its permuted copy");
+      init_outside(init_domain, elements, stored);
+    }
     add(std::move(update), std::nullopt);
     if (epilogue) {
       inside_other_nests_.insert(consumer->second);
       if (init_domain) elementwise(*epilogue, *init_domain);  // the elements no block stores
     }
+    if (permuted) inside_other_nests_.insert(copy->second);
     return true;
   }
 

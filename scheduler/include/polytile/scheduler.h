@@ -400,6 +400,13 @@ struct Nest {
   std::optional<Microkernel> microkernel;  // update nests only
   std::optional<RowReduction> reduction;   // update nests only
   std::optional<Elementwise> epilogue;     // micro-kernel nests: the fused elementwise consumer
+  // Micro-kernel nests: an assign that only moves the output's dims into another order (an NCHW conv's
+  // output, which its micro-kernel computes with the channels last, prepare_layouts' permuted output),
+  // done by the blocks instead of a nest of its own: at a block's last reduction tile (the epilogue's
+  // statement) the accumulators are stored into that assign's output, transposed in registers where the
+  // block variable is contiguous there (each lane's rows one vector), else scattered lane by lane. The
+  // contraction's output is then only scratch for the earlier tiles' partial sums.
+  std::optional<Contraction> permuted_copy;
   std::optional<KernelLaunch> kernel;      // GPU targets: every nest is a kernel
   std::vector<SharedTile> shared;          // kernels: inputs of the update read from shared memory
   std::optional<Accumulators> accumulators;  // update kernels: the output kept in registers
@@ -415,6 +422,10 @@ struct Nest {
 // The tensors a nest's code reads or writes (its buffers): the tensor written first, then the others in
 // the order its statement names them.
 std::vector<std::string> nest_tensors(const Nest& nest);
+
+// Nest::permuted_copy: the indices into the copy's output of the element that `c` writes at its output
+// indices -- dim q of the copy's output is the dim of c's output that the copy's input index names.
+std::vector<Polynomial> permuted_indices(const Contraction& c, const Contraction& copy);
 
 // Nests that run together, a few rows at a time (the CPU): consecutive nests first..last, each with a
 // parallel outer loop over the same range, where isl proves that iteration c of every nest reads and writes
