@@ -417,13 +417,16 @@ void register_all() {
     }
   // The first conv with PyTorch's default layouts (NCHW, OIHW) on both sides: polytile computes it in the
   // layout its micro-kernel wants and moves the output into place; oneDNN reorders into its blocked
-  // layouts and back (onednn_reorders, the same work for a caller holding NCHW tensors).
-  Conv nchw = kConvs[0];
-  nchw.nchw = true;
-  for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
-    std::string base = std::string("conv_nchw/") + nchw.name + "/" + direction_name(d);
-    benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, nchw, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, nchw, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+  // layouts and back (onednn_reorders, the same work for a caller holding NCHW tensors). Also on images 32
+  // columns wide, two vectors of 16 floats exactly (a CIFAR ResNet's layer): with padding, x's lanes follow
+  // the reduction there, which once left it a nest of plain loops.
+  for (Conv nchw : {kConvs[0], Conv{"conv3x3_64_32", 8, 32, 32, 64, 64, 3, 3, 1, 1, 1}}) {
+    nchw.nchw = true;
+    for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
+      std::string base = std::string("conv_nchw/") + nchw.name + "/" + direction_name(d);
+      benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, nchw, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, nchw, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
   }
   for (const Conv& c : {kConvs[5], kConvs[4]}) {
     std::string base = std::string("defract/") + c.name + "/bwd_data";

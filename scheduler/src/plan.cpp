@@ -516,23 +516,46 @@ struct PermutedOutput {
   size_t moved = 0;
 };
 
+// Whether the range of variable v in `domain` (over c's index variables) depends on the reduction
+// variables: a padded NCHW convolution's x, with x + i - 1 in the image. No micro-kernel takes such a v as
+// its vector variable (try_microkernel: a lane's validity would change from one reduction point to the next).
+bool lanes_follow_reductions(const Contraction& c, const poly::internal::IslAnalysis& analysis, const std::string& v) {
+  const std::vector<poly::VariableBounds>& vars = analysis.summary.bounds;  // the domain's dims, in order
+  std::set<std::string> in_output;
+  for (const auto& p : c.output_indices)
+    for (const auto& [u, coeff] : p.index_terms()) in_output.insert(u);
+  isl::set others = analysis.domain;
+  std::optional<unsigned> at;
+  for (size_t k = 0; k < vars.size(); ++k) {
+    if (vars[k].name == v) at = static_cast<unsigned>(k);
+    if (!in_output.count(vars[k].name)) others = isl_support::eliminate(others, static_cast<unsigned>(k));
+  }
+  POLYTILE_CHECK(at.has_value(), "layouts: ", v, " is no variable of ", c.output);
+  return !isl_support::eliminate(analysis.domain, *at).intersect(others).is_equal(analysis.domain);
+}
+
 // Output permutation: where the output's contiguous variable leaves an eighth or more of its vectors'
 // lanes empty (an NCHW convolution's 54 columns x: vectors of 16 at 32 + 22, its image read as the vector
-// operand, 64 channels a page apart at every step) and another output variable u fills two vectors or more
+// operand, 64 channels a page apart at every step), or its range follows the reduction variables (a padded
+// NCHW convolution's x of any width: without the permutation, 32 columns in two vectors of 16 made it a
+// nest of plain loops at 17 GFLOP/s), and another output variable u fills two vectors or more
 // exactly (its 64 channels), the contraction writes a copy of the output with u's dim last -- the layout
 // the micro-kernel wants, an NHWC convolution's -- and one assign contraction moves it into place. Only where the output is small next
 // to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted
 // contraction does take u as its vector variable (its inputs read u contiguously, or one small one
 // transposed: each element 64 points or more).
 std::optional<PermutedOutput> permuted_output(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
-                                              const std::vector<poly::VariableBounds>& bounds, const Target& target,
+                                              const poly::internal::IslAnalysis& analysis, const Target& target,
                                               std::set<std::string>& names) {
   if (c.init) return std::nullopt;
+  const std::vector<poly::VariableBounds>& bounds = analysis.summary.bounds;
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
-  // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in vectors of 16).
+  // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in
+  // vectors of 16); or lanes whose validity follows the reduction.
   const int64_t v_extent = extent[plan.vector], lanes = plan.lanes;
-  if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7) return std::nullopt;
+  if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7 && !lanes_follow_reductions(c, analysis, plan.vector))
+    return std::nullopt;
   const TensorType& out = types.tensors.at(c.output);
   if (elements_of(out) * 16 > box_points(bounds)) return std::nullopt;
   // The candidates, the longest first (the most vectors filled).
@@ -609,19 +632,22 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
   Program out = program;
   out.statements.clear();
   std::set<std::string> names = tensor_names(program);
+  const isl_support::IslContext ctx;
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
-    std::optional<MicroPlan> plan;
-    poly::ContractionAnalysis a;
-    if (c) {
-      a = poly::internal::bounds_of(*c, types);
-      if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
+    if (!c) {
+      out.statements.push_back(st);
+      continue;
     }
+    const poly::internal::IslAnalysis analysis = poly::internal::analyze(*c, types, ctx.get(), /*accesses=*/false);
+    const poly::ContractionAnalysis& a = analysis.summary;
+    std::optional<MicroPlan> plan;
+    if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
     if (!plan) {
       out.statements.push_back(st);
       continue;
     }
-    if (std::optional<PermutedOutput> p = permuted_output(*c, types, *plan, a.bounds, target, names)) {
+    if (std::optional<PermutedOutput> p = permuted_output(*c, types, *plan, analysis, target, names)) {
       lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements);
       out.statements.push_back(p->copy);
       if (permuted) (*permuted)[p->inner.output] = {c->output, p->moved};
