@@ -419,10 +419,13 @@ void register_all() {
   // layout its micro-kernel wants and moves the output into place; oneDNN reorders into its blocked
   // layouts and back (onednn_reorders, the same work for a caller holding NCHW tensors). Also on images 32
   // columns wide, two vectors of 16 floats exactly (a CIFAR ResNet's layer): with padding, x's lanes follow
-  // the reduction there, which once left it a nest of plain loops.
-  for (Conv nchw : {kConvs[0], Conv{"conv3x3_64_32", 8, 32, 32, 64, 64, 3, 3, 1, 1, 1}}) {
+  // the reduction there; the stride-2 conv and a ResNet's stem (7x7, stride 2, 3 channels), whose input
+  // no micro-kernel reads along x (2 * x + i - 3). Each of those three once ran as a nest of plain loops.
+  for (Conv nchw : {kConvs[0], Conv{"conv3x3_64_32", 8, 32, 32, 64, 64, 3, 3, 1, 1, 1}, kConvs[4],
+                    Conv{"conv7x7_s2_3to64_224", 8, 224, 224, 3, 64, 7, 7, 2, 1, 3}}) {
     nchw.nchw = true;
     for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
+      if (nchw.ci == 3 && d == Direction::backward_data) continue;  // a stem's image needs no gradient
       std::string base = std::string("conv_nchw/") + nchw.name + "/" + direction_name(d);
       benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_PolytileConv, nchw, d, options())->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark((base + "/onednn_reorders").c_str(), BM_OneDnnConv, nchw, d, true)->Unit(benchmark::kMillisecond)->UseRealTime();

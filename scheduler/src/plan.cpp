@@ -544,19 +544,23 @@ bool lanes_follow_reductions(const Contraction& c, const poly::internal::IslAnal
 // to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted
 // contraction does take u as its vector variable (its inputs read u contiguously, or one small one
 // transposed: each element 64 points or more).
-std::optional<PermutedOutput> permuted_output(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
+std::optional<PermutedOutput> permuted_output(const Contraction& c, const ProgramTypes& types, const std::optional<MicroPlan>& plan,
                                               const poly::internal::IslAnalysis& analysis, const Target& target,
                                               std::set<std::string>& names) {
   if (c.init) return std::nullopt;
   const std::vector<poly::VariableBounds>& bounds = analysis.summary.bounds;
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
-  // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in
-  // vectors of 16); or lanes whose validity follows the reduction.
-  const int64_t v_extent = extent[plan.vector], lanes = plan.lanes;
-  if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7 && !lanes_follow_reductions(c, analysis, plan.vector))
-    return std::nullopt;
   const TensorType& out = types.tensors.at(c.output);
+  const int64_t lanes = plan ? plan->lanes : std::max<int64_t>(1, target.cpu.vector_bits / (8 * static_cast<int64_t>(dtype_bytes(out.dtype))));
+  // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in
+  // vectors of 16); or lanes whose validity follows the reduction. Without a plan (no input reads the
+  // output's contiguous variable contiguously: a stride-2 NCHW conv's 2*x + i - 1), any.
+  if (plan) {
+    const int64_t v_extent = extent[plan->vector];
+    if (v_extent * 8 > (v_extent + lanes - 1) / lanes * lanes * 7 && !lanes_follow_reductions(c, analysis, plan->vector))
+      return std::nullopt;
+  }
   if (elements_of(out) * 16 > box_points(bounds)) return std::nullopt;
   // The candidates, the longest first (the most vectors filled).
   std::vector<size_t> dims;
@@ -641,16 +645,19 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
     }
     const poly::internal::IslAnalysis analysis = poly::internal::analyze(*c, types, ctx.get(), /*accesses=*/false);
     const poly::ContractionAnalysis& a = analysis.summary;
-    std::optional<MicroPlan> plan;
-    if (!a.empty) plan = plan_microkernel(*c, types, a.bounds, target, true);
-    if (!plan) {
+    if (a.empty) {
       out.statements.push_back(st);
       continue;
     }
-    if (std::optional<PermutedOutput> p = permuted_output(*c, types, *plan, analysis, target, names)) {
+    const std::optional<MicroPlan> plan = plan_microkernel(*c, types, a.bounds, target, true);
+    if (std::optional<PermutedOutput> p = permuted_output(*c, types, plan, analysis, target, names)) {
       lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements);
       out.statements.push_back(p->copy);
       if (permuted) (*permuted)[p->inner.output] = {c->output, p->moved};
+      continue;
+    }
+    if (!plan) {
+      out.statements.push_back(st);
       continue;
     }
     lay_out(*c, types, *plan, a.bounds, target, names, out.statements);
