@@ -20,6 +20,9 @@ CONVS = {
     "conv3x3_s2_64_56": (8, 56, 56, 64, 64, 3, 3, 2, 1, 1),
     "conv2x2_s3_d2_seed": (8, 57, 57, 64, 64, 2, 2, 3, 2, 0),
     "conv3x3_96_28": (8, 28, 28, 96, 96, 3, 3, 1, 1, 1),
+    # conv_nchw/<name> only (cpu_bench.cpp's NCHW cases): PyTorch's default layouts on both sides.
+    "conv3x3_64_32": (8, 32, 32, 64, 64, 3, 3, 1, 1, 1),
+    "conv7x7_s2_3to64_224": (8, 224, 224, 3, 64, 7, 7, 2, 1, 3),
 }
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
 POOL_GRAD_BYTES = 4.0 * 8 * 112 * 112 * 64 * 2.25  # I and DO read, DI written (as cpu_bench.cpp counts)
@@ -51,8 +54,8 @@ def parse(case):
     # work * 1e-9 per second: here, compilations of the pair per second.
     if parts[0] == "compile" and len(parts) == 3 and parts[1] in CONVS and parts[2] == "fwd+bwd":
         return "compile", (CONVS[parts[1]],), 1e9, "compiles/s"
-    if parts[0] == "conv" and len(parts) == 3 and parts[1] in CONVS and parts[2] in ("fwd", "bwd_data", "bwd_weights"):
-        return "conv", (CONVS[parts[1]], parts[2]), conv_flops(CONVS[parts[1]]), "GFLOP/s"
+    if parts[0] in ("conv", "conv_nchw") and len(parts) == 3 and parts[1] in CONVS and parts[2] in ("fwd", "bwd_data", "bwd_weights"):
+        return parts[0], (CONVS[parts[1]], parts[2]), conv_flops(CONVS[parts[1]]), "GFLOP/s"
     if parts[0] in ("sgemm", "sgemm_tn") and len(parts) in (2, 3) and parts[1].isdigit():  # sgemm/N or sgemm/N/N
         n = int(parts[1])
         return "sgemm", (n, parts[0] == "sgemm_tn"), 2.0 * n ** 3, "GFLOP/s"
@@ -112,14 +115,16 @@ def jax_step(kind, args):
             return jnp.zeros(())
 
         return compile_pair
-    if kind == "conv":
+    if kind in ("conv", "conv_nchw"):
         (n, h, w, ci, co, kh, kw, s, d, p), direction = args
-        x = jax.random.normal(key, (n, h, w, ci), jnp.float32)
-        k = jax.random.normal(jax.random.PRNGKey(1), (kh, kw, ci, co), jnp.float32)
+        nchw = kind == "conv_nchw"
+        x = jax.random.normal(key, (n, ci, h, w) if nchw else (n, h, w, ci), jnp.float32)
+        k = jax.random.normal(jax.random.PRNGKey(1), (co, ci, kh, kw) if nchw else (kh, kw, ci, co), jnp.float32)
+        numbers = ("NCHW", "OIHW", "NCHW") if nchw else ("NHWC", "HWIO", "NHWC")
 
         def conv(x, k):
             return lax.conv_general_dilated(x, k, (s, s), [(p, p), (p, p)], rhs_dilation=(d, d),
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                                            dimension_numbers=numbers)
 
         if direction == "fwd":
             f = jax.jit(conv)
@@ -177,6 +182,8 @@ def torch_step(kind, args):
     for a case eager PyTorch has no step for (compiling)."""
     if kind in ("conv", "maxpool", "bias_grad"):
         return {layout: torch_step_in(kind, args, layout) for layout in TORCH_LAYOUTS}
+    if kind == "conv_nchw":  # the tensors a caller holds in PyTorch's default layouts
+        return torch_step_in("conv", args, "nchw")
     return torch_step_in(kind, args, "nchw")
 
 
