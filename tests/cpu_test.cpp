@@ -1812,6 +1812,27 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   Program ab = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   TensorMap plain = inputs_for({{"A", {260, 600}}, {"B", {600, 40}}}, DType::f64, 74);
   EXPECT_EQ(lowered(ab, plain).find("A_T["), std::string::npos) << lowered(ab, plain);
+  // An NCHW conv's input channels are its longest reduction, a plane (32 x 32 floats, 4 KB) apart: read
+  // from an NHWC copy, the channels the innermost reduction. Its data gradient reads the output gradient
+  // after the weights, so a copy would not make the channels innermost there: none.
+  const CompileOptions avx512 = microkernels_forced(512);
+  auto lowered_wide = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), avx512)->program()); };
+  Program nchw = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  TensorMap planes = inputs_for({{"I", {1, 32, 32, 32}}, {"K", {32, 32, 3, 3}}}, DType::f32, 75);
+  const std::string forward = lowered_wide(nchw, planes);
+  EXPECT_NE(forward.find("I_T[t0, t2, t3, t1 : 1, 32, 32, 32] = =(I[t0, t1, t2, t3])"), std::string::npos) << forward;
+  EXPECT_NE(forward.find("I_T[n, j + y - 1, i + x - 1, ci]"), std::string::npos) << forward;
+  expect_same(nchw, planes, "NCHW convolution, input channels from an NHWC copy", avx512);
+  ad::Options data;
+  data.wrt = {"I"};
+  const Program gradient = ad::vjp(nchw, data).program;
+  planes["DO"] = inputs_for({{"DO", {1, 32, 32, 32}}}, DType::f32, 76).at("DO");
+  const std::string backward = lowered_wide(gradient, planes);
+  EXPECT_NE(backward.find("DI_L["), std::string::npos) << backward;
+  EXPECT_EQ(backward.find("DO_T["), std::string::npos) << backward;
+  expect_same(gradient, planes, "NCHW data gradient, output gradient read as it is", avx512);
 }
 
 // Output permutation (prepare_layouts): an NCHW convolution's output is contiguous along x, 7 columns that
