@@ -1787,6 +1787,13 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// A 3x3 convolution with zero padding of one in PyTorch's default layouts (NCHW, OIHW).
+Program padded_nchw_conv() {
+  return parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+}
+
 // The broadcast operand read across pages at every reduction step (prepare_layouts): in C = A^T B each
 // step k reads a row of A further, 260 f64 (2080 bytes) on; A is read from a copy with k's dim last, as
 // A B reads A -- also with a batch dim before it. Rows 200 f64 apart (1600 bytes) stay as they are, as
@@ -1817,9 +1824,7 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   // after the weights, so a copy would not make the channels innermost there: none.
   const CompileOptions avx512 = microkernels_forced(512);
   auto lowered_wide = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), avx512)->program()); };
-  Program nchw = parse_program(
-      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
-      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  Program nchw = padded_nchw_conv();
   TensorMap planes = inputs_for({{"I", {1, 32, 32, 32}}, {"K", {32, 32, 3, 3}}}, DType::f32, 75);
   const std::string forward = lowered_wide(nchw, planes);
   EXPECT_NE(forward.find("I_T[t0, t2, t3, t1 : 1, 32, 32, 32] = =(I[t0, t1, t2, t3])"), std::string::npos) << forward;
@@ -1853,9 +1858,7 @@ TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
   EXPECT_NE(laid_out.find("O[t0, t1, t2, t3 : N, CO, H - KH + 1, W - KW + 1] = =(O_L[t0, t2, t3, t1])"), std::string::npos)
       << laid_out;
   expect_same(valid, in, "NCHW convolution, output permuted", o);
-  Program padded = parse_program(
-      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
-      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  Program padded = padded_nchw_conv();
   TensorMap odd = inputs_for({{"I", {2, 6, 7, 7}}, {"K", {8, 6, 3, 3}}}, DType::f64, 82);
   EXPECT_NE(lowered(padded, odd).find("O_L["), std::string::npos) << lowered(padded, odd);
   expect_same(padded, odd, "padded NCHW convolution, output permuted", o);
@@ -1944,9 +1947,7 @@ TEST(CpuTest, PermutedOutputsAreStoredByTheirBlocks) {
     o.target.cpu.l3_bytes = 32 << 20;
     return o;
   };
-  Program nchw = parse_program(
-      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
-      "  O[n, co, y, x : N, CO, H, W] = +(I[n, ci, y + j - 1, x + i - 1] * K[co, ci, j, i]); }");
+  Program nchw = padded_nchw_conv();
   const CompileOptions wide = fixed_caches(microkernels_forced(512), 48 << 10);
   TensorMap small = inputs_for({{"I", {2, 16, 14, 14}}, {"K", {32, 16, 3, 3}}}, DType::f32, 91);
   Seen one_tile = seen(nchw, small, wide);

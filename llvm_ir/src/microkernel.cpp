@@ -6,6 +6,8 @@
 #include <functional>
 #include <set>
 
+#include <llvm/Analysis/VectorUtils.h>
+
 namespace polytile::llvm_ir::internal {
 
 Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
@@ -400,25 +402,11 @@ void NestEmitter::permuted_store(std::map<std::string, Value*> vars, Value* b0, 
     std::vector<Value*> acc;
     for (unsigned d = 0; d < rows; ++d) acc.push_back(b_.CreateLoad(vty, acc_[d * static_cast<unsigned>(mk.chunks) + static_cast<unsigned>(k)]));
     Value* lane_mask = valid_at ? valid_at->lanes[static_cast<size_t>(k)] : nullptr;
-    // All rows in one vector (padded to a power of two of rows), then lane-major: [lane][row].
-    unsigned width = 1;
-    while (width < rows) width *= 2;
-    std::vector<Value*> parts = acc;
-    parts.resize(width, llvm::PoisonValue::get(vty));
-    for (unsigned n = width; n > 1; n /= 2) {
-      std::vector<Value*> joined;
-      for (unsigned j = 0; j < n; j += 2) {
-        const unsigned len = static_cast<unsigned>(llvm::cast<llvm::FixedVectorType>(parts[j]->getType())->getNumElements());
-        std::vector<int> concat(2 * len);
-        for (unsigned e = 0; e < 2 * len; ++e) concat[e] = static_cast<int>(e);
-        joined.push_back(b_.CreateShuffleVector(parts[j], parts[j + 1], concat));
-      }
-      parts = std::move(joined);
-    }
+    // All rows in one vector ([row][lane]), then lane-major: [lane][row].
     std::vector<int> transpose;
     for (unsigned l = 0; l < lanes; ++l)
       for (unsigned d = 0; d < rows; ++d) transpose.push_back(static_cast<int>(d * lanes + l));
-    Value* by_lane = b_.CreateShuffleVector(parts[0], transpose);
+    Value* by_lane = b_.CreateShuffleVector(llvm::concatenateVectors(b_, acc), transpose);
     Value* row_mask = nullptr;
     if (valid_at) {
       row_mask = llvm::PoisonValue::get(llvm::FixedVectorType::get(i1, rows));

@@ -277,6 +277,10 @@ int64_t box_points(const std::vector<poly::VariableBounds>& bounds) {
   return points;
 }
 
+int64_t vector_lanes(DType t, const Target& target) {
+  return std::max<int64_t>(1, target.cpu.vector_bits / (8 * static_cast<int64_t>(dtype_bytes(t))));
+}
+
 std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTypes& types,
                                           const std::vector<poly::VariableBounds>& bounds, const Target& target,
                                           bool allow_transpose) {
@@ -303,7 +307,7 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
 
   const int64_t element_bytes = static_cast<int64_t>(dtype_bytes(t));
   MicroPlan plan;
-  plan.lanes = static_cast<int>(std::max<int64_t>(1, target.cpu.vector_bits / (8 * element_bytes)));
+  plan.lanes = static_cast<int>(vector_lanes(t, target));
   bool found = false;
   for (const auto& v : outputs) {
     if (!contiguous_in(out, v)) continue;
@@ -508,14 +512,13 @@ std::optional<std::pair<int, std::string>> far_broadcast_steps(const Contraction
   // 3 x 3 taps inside its channels; not a weight gradient's rows, with its columns inside).
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
-  std::string longest = innermost;
+  std::vector<std::string> reductions;  // in loop order
+  for (const auto& v : c.index_variables())
+    if (!uses(c.output_indices, v)) reductions.push_back(v);
+  auto at = std::max_element(reductions.begin(), reductions.end(), [&](const auto& a, const auto& b) { return extent[a] < extent[b]; });
   int64_t inside = 1;
-  for (const auto& v : c.index_variables()) {
-    if (uses(c.output_indices, v)) continue;
-    if (extent[v] > extent[longest]) longest = v, inside = 1;
-    else if (v != longest) inside *= extent[v];
-  }
-  if (inside > 16) longest = innermost;
+  for (auto v = at + 1; v != reductions.end(); ++v) inside *= extent[*v];
+  const std::string longest = extent[*at] > extent[innermost] && inside <= 16 ? *at : innermost;
   for (const std::string& r : {innermost, longest}) {
     for (size_t k = 0; k < c.inputs.size(); ++k) {
       const TensorAccess& in = c.inputs[k];
@@ -551,14 +554,12 @@ struct PermutedOutput {
 // its vector variable (try_microkernel: a lane's validity would change from one reduction point to the next).
 bool lanes_follow_reductions(const Contraction& c, const poly::internal::IslAnalysis& analysis, const std::string& v) {
   const std::vector<poly::VariableBounds>& vars = analysis.summary.bounds;  // the domain's dims, in order
-  std::set<std::string> in_output;
-  for (const auto& p : c.output_indices)
-    for (const auto& [u, coeff] : p.index_terms()) in_output.insert(u);
+  // As try_microkernel's test of a plan's lanes, with only the reductions' constraints dropped.
   isl::set others = analysis.domain;
   std::optional<unsigned> at;
   for (size_t k = 0; k < vars.size(); ++k) {
     if (vars[k].name == v) at = static_cast<unsigned>(k);
-    if (!in_output.count(vars[k].name)) others = isl_support::eliminate(others, static_cast<unsigned>(k));
+    if (!uses(c.output_indices, vars[k].name)) others = isl_support::eliminate(others, static_cast<unsigned>(k));
   }
   POLYTILE_CHECK(at.has_value(), "layouts: ", v, " is no variable of ", c.output);
   return !isl_support::eliminate(analysis.domain, *at).intersect(others).is_equal(analysis.domain);
@@ -582,7 +583,7 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
   const TensorType& out = types.tensors.at(c.output);
-  const int64_t lanes = plan ? plan->lanes : std::max<int64_t>(1, target.cpu.vector_bits / (8 * static_cast<int64_t>(dtype_bytes(out.dtype))));
+  const int64_t lanes = plan ? plan->lanes : vector_lanes(out.dtype, target);
   // The vector variable's lanes in its range, of those its vectors hold: 7/8 or less (56 columns in
   // vectors of 16); or lanes whose validity follows the reduction. Without a plan (no input reads the
   // output's contiguous variable contiguously: a stride-2 NCHW conv's 2*x + i - 1), any.

@@ -92,6 +92,9 @@ int64_t equal_tiles(int64_t extent, int64_t most, int64_t multiple = 1);
 // The number of points of the variables' bounding box (saturating at 2^50).
 int64_t box_points(const std::vector<poly::VariableBounds>& bounds);
 
+// Elements of dtype t in one of the target's vectors (at least 1).
+int64_t vector_lanes(DType t, const Target& target);
+
 // nullopt when the contraction is not a float sum of products whose output is contiguous along a
 // variable that every input reads either contiguously or not at all (or, with allow_transpose, through
 // one small operand that has v, with coefficient 1, in one dim).

@@ -514,30 +514,27 @@ class ProgramScheduler {
         consumer == fusion_.epilogue_of.end() || c.init ? nullptr : &std::get<Elementwise>(program_.statements[consumer->second]);
     auto copy = fusion_.permuted_copy_of.find(index);
     const Contraction* permuted =
-        copy == fusion_.permuted_copy_of.end() || c.init ? nullptr : &std::get<Contraction>(program_.statements[copy->second]);
+        copy == fusion_.permuted_copy_of.end() ? nullptr : &std::get<Contraction>(program_.statements[copy->second]);
     const std::optional<Nest> before = permuted ? std::optional(update) : std::nullopt;
     isl::set stored;
     if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, c.init ? nullptr : &stored, epilogue,
                                   permuted))
       return false;
     if (!c.init) init_outside(init_domain, elements, stored);
-    if (!update.permuted_copy) {
-      permuted = nullptr;
-    } else if (init_domain) {
+    if (update.permuted_copy && init_domain) {
       // Elements no block stores hold the identity in the contraction's output, and the assign would have
       // to move them too: it keeps a nest of its own, and the blocks store as usual.
       update = *before;
-      permuted = nullptr;
       if (!builder_.try_microkernel(update, c, types_, analysis, domain, positional, out_bytes, &stored, epilogue))
         throw InternalError("micro-kernel of " + c.output + " refused without its permuted copy");
       init_outside(init_domain, elements, stored);
     }
+    if (update.permuted_copy) inside_other_nests_.insert(copy->second);
     add(std::move(update), std::nullopt);
     if (epilogue) {
       inside_other_nests_.insert(consumer->second);
       if (init_domain) elementwise(*epilogue, *init_domain);  // the elements no block stores
     }
-    if (permuted) inside_other_nests_.insert(copy->second);
     return true;
   }
 

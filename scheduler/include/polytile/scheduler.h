@@ -403,9 +403,9 @@ struct Nest {
   // Micro-kernel nests: an assign that only moves the output's dims into another order (an NCHW conv's
   // output, which its micro-kernel computes with the channels last, prepare_layouts' permuted output),
   // done by the blocks instead of a nest of its own: at a block's last reduction tile (the epilogue's
-  // statement) the accumulators are stored into that assign's output, transposed in registers where the
-  // block variable is contiguous there (each lane's rows one vector), else scattered lane by lane. The
-  // contraction's output is then only scratch for the earlier tiles' partial sums.
+  // statement) the accumulators are stored into that assign's output, transposed in registers (each lane's
+  // rows one vector: set only where the block variable is contiguous there and the blocks store every
+  // element). The contraction's output is then only scratch for the earlier tiles' partial sums.
   std::optional<Contraction> permuted_copy;
   std::optional<KernelLaunch> kernel;      // GPU targets: every nest is a kernel
   std::vector<SharedTile> shared;          // kernels: inputs of the update read from shared memory
