@@ -68,15 +68,28 @@ struct Conv {
   const char* name;
   int64_t n, h, w, ci, co, kh, kw, stride, dilation, pad;
   bool nchw = false;  // the layouts PyTorch defaults to: I[N, CI, H, W], K[CO, CI, KH, KW], O[N, CO, OH, OW]
+  // Depthwise (ci == co, one group per channel: a MobileNet's 3x3 layers): K[C, KH, KW] with NCHW (PyTorch's
+  // [C, 1, KH, KW]), K[KH, KW, C] with NHWC (TensorFlow's [KH, KW, 1, C]).
+  bool depthwise = false;
   int64_t oh() const { return (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1; }
   int64_t ow() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
-  double flops() const { return 2.0 * n * oh() * ow() * co * ci * kh * kw; }
+  double flops() const { return 2.0 * n * oh() * ow() * co * (depthwise ? 1 : ci) * kh * kw; }
   std::vector<int64_t> input_shape() const { return nchw ? std::vector<int64_t>{n, ci, h, w} : std::vector<int64_t>{n, h, w, ci}; }
-  std::vector<int64_t> weight_shape() const { return nchw ? std::vector<int64_t>{co, ci, kh, kw} : std::vector<int64_t>{kh, kw, ci, co}; }
+  std::vector<int64_t> weight_shape() const {
+    if (depthwise) return nchw ? std::vector<int64_t>{co, kh, kw} : std::vector<int64_t>{kh, kw, co};
+    return nchw ? std::vector<int64_t>{co, ci, kh, kw} : std::vector<int64_t>{kh, kw, ci, co};
+  }
   std::vector<int64_t> output_shape() const { return nchw ? std::vector<int64_t>{n, co, oh(), ow()} : std::vector<int64_t>{n, oh(), ow(), co}; }
   std::string tile() const {
     auto s = [](int64_t v) { return std::to_string(v); };
     std::string pad_text = pad ? " - " + s(pad) : "";
+    const std::string y = s(stride) + "*y + " + s(dilation) + "*j" + pad_text, x = s(stride) + "*x + " + s(dilation) + "*i" + pad_text;
+    if (depthwise && nchw)
+      return "function (I[N, C, H, W], K[C, KH, KW]) -> (O) {\n  O[n, c, y, x : N, C, " + s(oh()) + ", " + s(ow()) + "] = +(I[n, c, " +
+             y + ", " + x + "] * K[c, j, i]);\n}\n";
+    if (depthwise)
+      return "function (I[N, H, W, C], K[KH, KW, C]) -> (O) {\n  O[n, y, x, c : N, " + s(oh()) + ", " + s(ow()) + ", C] = +(I[n, " +
+             y + ", " + x + ", c] * K[j, i, c]);\n}\n";
     if (nchw)
       return "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {\n  O[n, co, y, x : N, CO, " + s(oh()) + ", " + s(ow()) +
              "] = +(I[n, ci, " + s(stride) + "*y + " + s(dilation) + "*j" + pad_text + ", " + s(stride) + "*x + " +
@@ -92,6 +105,7 @@ const Conv kConvs[] = {
     {"conv3x3_256_14", 8, 14, 14, 256, 256, 3, 3, 1, 1, 1}, {"conv1x1_256to64_56", 8, 56, 56, 256, 64, 1, 1, 1, 1, 0},
     {"conv3x3_s2_64_56", 8, 56, 56, 64, 64, 3, 3, 2, 1, 1}, {"conv2x2_s3_d2_seed", 8, 57, 57, 64, 64, 2, 2, 3, 2, 0},
     {"conv3x3_96_28", 8, 28, 28, 96, 96, 3, 3, 1, 1, 1},  // channels that 64-lane columns do not divide
+    {"dwconv3x3_64_56", 8, 56, 56, 64, 64, 3, 3, 1, 1, 1, false, true},  // depthwise: memory-bound
 };
 
 enum class Direction { forward, backward_data, backward_weights };
@@ -157,7 +171,8 @@ struct OneDnnConv {
   dnnl::stream s{eng};
   memory::dims src, wei, dst, strides, dil, pad_l, pad_r;
   explicit OneDnnConv(const Conv& c)
-      : src{c.n, c.ci, c.h, c.w}, wei{c.co, c.ci, c.kh, c.kw}, dst{c.n, c.co, c.oh(), c.ow()}, strides{c.stride, c.stride},
+      : src{c.n, c.ci, c.h, c.w}, wei{c.depthwise ? memory::dims{c.co, 1, 1, c.kh, c.kw} : memory::dims{c.co, c.ci, c.kh, c.kw}},
+        dst{c.n, c.co, c.oh(), c.ow()}, strides{c.stride, c.stride},
         dil{c.dilation - 1, c.dilation - 1}, pad_l{c.pad, c.pad} {
     // Right padding so that the output size matches the formula above.
     int64_t rh = (c.oh() - 1) * c.stride + c.dilation * (c.kh - 1) + 1 - c.h - c.pad;
@@ -196,7 +211,10 @@ void BM_OneDnnConv(benchmark::State& state, Conv c, Direction d, bool with_reord
                                             o.any(o.wei), o.any(o.dst), o.strides, o.dil, o.pad_l, o.pad_r);
   auto fwd_pd = convolution_forward::primitive_desc(fwd_desc, o.eng);
   const auto activations = c.nchw ? memory::format_tag::nchw : memory::format_tag::nhwc;
-  memory user_src = o.user(o.src, activations), user_wei = o.user(o.wei, c.nchw ? memory::format_tag::oihw : memory::format_tag::hwio),
+  // Depthwise weights as groups of one channel: goihw holds PyTorch's [C, 1, KH, KW], hwigo [KH, KW, 1, C].
+  const auto weights = c.depthwise ? (c.nchw ? memory::format_tag::goihw : memory::format_tag::hwigo)
+                                   : (c.nchw ? memory::format_tag::oihw : memory::format_tag::hwio);
+  memory user_src = o.user(o.src, activations), user_wei = o.user(o.wei, weights),
          user_dst = o.user(o.dst, activations);
   OneDnnConv::Reorders in_reorders, out_reorders;
   primitive prim;
@@ -420,9 +438,10 @@ void register_all() {
   // layouts and back (onednn_reorders, the same work for a caller holding NCHW tensors). Also on images 32
   // columns wide, two vectors of 16 floats exactly (a CIFAR ResNet's layer): with padding, x's lanes follow
   // the reduction there; the stride-2 conv and a ResNet's stem (7x7, stride 2, 3 channels), whose input
-  // no micro-kernel reads along x (2 * x + i - 3). Each of those three once ran as a nest of plain loops.
+  // no micro-kernel reads along x (2 * x + i - 3), and the depthwise conv (its micro-kernel's lanes along
+  // x, masked at the borders per kernel position). Each of those four once ran as a nest of plain loops.
   for (Conv nchw : {kConvs[0], Conv{"conv3x3_64_32", 8, 32, 32, 64, 64, 3, 3, 1, 1, 1}, kConvs[4],
-                    Conv{"conv7x7_s2_3to64_224", 8, 224, 224, 3, 64, 7, 7, 2, 1, 3}}) {
+                    Conv{"conv7x7_s2_3to64_224", 8, 224, 224, 3, 64, 7, 7, 2, 1, 3}, kConvs[7]}) {
     nchw.nchw = true;
     for (Direction d : {Direction::forward, Direction::backward_data, Direction::backward_weights}) {
       if (nchw.ci == 3 && d == Direction::backward_data) continue;  // a stem's image needs no gradient

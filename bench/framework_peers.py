@@ -11,7 +11,8 @@ silently dropped.
 import statistics
 import time
 
-# name, n, h, w, ci, co, kh, kw, stride, dilation, pad: as kConvs in cpu_bench.cpp.
+# name, n, h, w, ci, co, kh, kw, stride, dilation, pad[, groups]: as kConvs in cpu_bench.cpp (a depthwise
+# conv: groups = ci = co).
 CONVS = {
     "conv3x3_64_56": (8, 56, 56, 64, 64, 3, 3, 1, 1, 1),
     "conv3x3_128_28": (8, 28, 28, 128, 128, 3, 3, 1, 1, 1),
@@ -20,6 +21,7 @@ CONVS = {
     "conv3x3_s2_64_56": (8, 56, 56, 64, 64, 3, 3, 2, 1, 1),
     "conv2x2_s3_d2_seed": (8, 57, 57, 64, 64, 2, 2, 3, 2, 0),
     "conv3x3_96_28": (8, 28, 28, 96, 96, 3, 3, 1, 1, 1),
+    "dwconv3x3_64_56": (8, 56, 56, 64, 64, 3, 3, 1, 1, 1, 64),
     # conv_nchw/<name> only (cpu_bench.cpp's NCHW cases): PyTorch's default layouts on both sides.
     "conv3x3_64_32": (8, 32, 32, 64, 64, 3, 3, 1, 1, 1),
     "conv7x7_s2_3to64_224": (8, 224, 224, 3, 64, 7, 7, 2, 1, 3),
@@ -40,9 +42,14 @@ def conv_out(size, k, stride, dilation, pad):
     return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
 
 
+def conv_spec(spec):
+    """n, h, w, ci, co, kh, kw, stride, dilation, pad, groups of a CONVS entry."""
+    return tuple(spec) + (1,) * (11 - len(spec))
+
+
 def conv_flops(spec):
-    n, h, w, ci, co, kh, kw, s, d, p = spec
-    return 2.0 * n * conv_out(h, kh, s, d, p) * conv_out(w, kw, s, d, p) * co * ci * kh * kw
+    n, h, w, ci, co, kh, kw, s, d, p, g = conv_spec(spec)
+    return 2.0 * n * conv_out(h, kh, s, d, p) * conv_out(w, kw, s, d, p) * co * (ci // g) * kh * kw
 
 
 def parse(case):
@@ -116,15 +123,16 @@ def jax_step(kind, args):
 
         return compile_pair
     if kind in ("conv", "conv_nchw"):
-        (n, h, w, ci, co, kh, kw, s, d, p), direction = args
+        spec, direction = args
+        n, h, w, ci, co, kh, kw, s, d, p, g = conv_spec(spec)
         nchw = kind == "conv_nchw"
         x = jax.random.normal(key, (n, ci, h, w) if nchw else (n, h, w, ci), jnp.float32)
-        k = jax.random.normal(jax.random.PRNGKey(1), (co, ci, kh, kw) if nchw else (kh, kw, ci, co), jnp.float32)
+        k = jax.random.normal(jax.random.PRNGKey(1), (co, ci // g, kh, kw) if nchw else (kh, kw, ci // g, co), jnp.float32)
         numbers = ("NCHW", "OIHW", "NCHW") if nchw else ("NHWC", "HWIO", "NHWC")
 
         def conv(x, k):
             return lax.conv_general_dilated(x, k, (s, s), [(p, p), (p, p)], rhs_dilation=(d, d),
-                                            dimension_numbers=numbers)
+                                            dimension_numbers=numbers, feature_group_count=g)
 
         if direction == "fwd":
             f = jax.jit(conv)
@@ -196,16 +204,21 @@ def torch_step_in(kind, args, layout):
     g = torch.Generator().manual_seed(0)
     cl = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     if kind == "conv":
-        (n, h, w, ci, co, kh, kw, s, d, p), direction = args
+        spec, direction = args
+        n, h, w, ci, co, kh, kw, s, d, p, groups = conv_spec(spec)
         x = torch.randn(n, ci, h, w, generator=g).to(memory_format=cl)
-        k = torch.randn(co, ci, kh, kw, generator=g).to(memory_format=cl)
+        k = torch.randn(co, ci // groups, kh, kw, generator=g).to(memory_format=cl)
+
+        def conv(x, k):
+            return F.conv2d(x, k, stride=s, padding=p, dilation=d, groups=groups)
+
         if direction == "fwd":
-            return lambda: F.conv2d(x, k, stride=s, padding=p, dilation=d)
+            return lambda: conv(x, k)
         x.requires_grad_(direction == "bwd_data")
         k.requires_grad_(direction == "bwd_weights")
-        dy = torch.randn(F.conv2d(x, k, stride=s, padding=p, dilation=d).shape, generator=g).to(memory_format=cl)
+        dy = torch.randn(conv(x, k).shape, generator=g).to(memory_format=cl)
         wrt = x if direction == "bwd_data" else k
-        return lambda: torch.autograd.grad(F.conv2d(x, k, stride=s, padding=p, dilation=d), wrt, dy)[0]
+        return lambda: torch.autograd.grad(conv(x, k), wrt, dy)[0]
     if kind == "bias_grad":
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)

@@ -46,6 +46,10 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   const std::string& v = nest_.variables[mk.vector];
   std::set<std::string> known{v};
   for (size_t k : mk.others) known.insert(nest_.variables[k]);
+  // At a reduction point (an fma statement's), the lanes' conditions with the reductions too: the lanes of
+  // a padded conv's border columns that the kernel position takes past the image.
+  for (size_t k : mk.reductions)
+    if (vars.count(nest_.variables[k])) known.insert(nest_.variables[k]);
   std::map<std::string, Value*> at = vars;
   at[v] = first;
   std::vector<llvm::Constant*> iota;
@@ -58,7 +62,7 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(v) == Rational(0)) return;
     for (const auto& [name, coeff] : q.index_terms())
-      if (!known.count(name)) return;  // with the block or a reduction variable: implied (see Microkernel)
+      if (!known.count(name)) return;  // with the block variable, or a reduction's outside an fma: implied (see Microkernel)
     auto [x, den] = scaled_poly(q, at);
     Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
     ok = b_.CreateAnd(ok, b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den)))));

@@ -237,7 +237,9 @@ class NestEmitter {
   Value* valid(const std::map<std::string, Value*>& vars, bool output_only);
   // Which of the `lanes` lanes from v = first are valid: v within its range (up to Microkernel::vector_hi)
   // and every access index and constraint on v and the other output variables in `vars` holding (a padded
-  // panel's last block column: the output's index VL*vb + vl in range). A vector of i1.
+  // panel's last block column: the output's index VL*vb + vl in range), and, where `vars` has the
+  // reductions (an fma statement), those on v and them too (a padded NCHW conv's x + i - 1 in the image).
+  // A vector of i1.
   Value* lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes);
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).

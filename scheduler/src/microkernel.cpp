@@ -91,11 +91,13 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     (in_output.count(nest.variables[k]) ? mk.others : mk.reductions).push_back(k);
   }
   // The vector variable's range may depend on the other output variables (a padded panel's last block
-  // column), never on the block variable or the reductions: then a lane is valid exactly when its row is
-  // and its lane is, and a lane's validity is the same in every row and at every reduction point.
-  isl::set lanes = isl_support::eliminate(domain, static_cast<unsigned>(mk.block));
+  // column) and on the reductions (a padded NCHW conv's x, with x + i - 1 in the image), never on the
+  // block variable: then a point is valid exactly when its row is and its lane is, and a lane's validity
+  // is the same in every row (border blocks mask their lanes at each reduction point).
+  const isl::set lane_points = isl_support::eliminate(domain, static_cast<unsigned>(mk.block));
+  if (!isl_support::eliminate(domain, static_cast<unsigned>(mk.vector)).intersect(lane_points).is_equal(domain)) return false;
+  isl::set lanes = lane_points;  // v's range in the output: where some reduction point has the lane
   for (size_t k : mk.reductions) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
-  if (!isl_support::eliminate(domain, static_cast<unsigned>(mk.vector)).intersect(lanes).is_equal(domain)) return false;
   // Which other output variables leave the broadcast operands alone (they only pick columns of the
   // vector operand: a conv's output channel blocks, a packed matrix's panels).
   std::vector<bool> picks_columns(mk.others.size(), true);
@@ -143,6 +145,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.long_tiles = l2_tiles;
   choices.block_strides = block_strides(c, types, nest.variables, mk);
   choices.lanes = lanes;
+  choices.lane_points = lane_points;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
   return true;
@@ -170,7 +173,7 @@ class MicrokernelNest {
 
   // The blocks, split into uniform ones (every row has the reduction points of row 0, every lane is in
   // range: they run unpredicated) and the others.
-  void classify_blocks(const isl::set& domain, const isl::set& lanes) {
+  void classify_blocks(const isl::set& domain, const isl::set& lane_points) {
     const Tuple S = named("S", vars_);
     std::vector<isl::aff> to_f = S.vars(others_);
     to_f.push_back(floor_div(S.var(vars_[mk_.block]), mk_.block_lo, R_));
@@ -189,12 +192,17 @@ class MicrokernelNest {
     isl::set row0 = rows.apply(E.to(unnamed("X", at_row0.size()), at_row0).intersect_domain(E.where("e", 0, R_ - 1)).reverse());
     isl::set differ = rows.subtract(row0).unite(row0.subtract(rows));
     blocks_ = hull_.apply(to_blocks(named("F", cat(block_dims_, reds_))));
-    // Blocks with a lane outside v's range (past its end, or past a padded panel's columns): the lanes of
-    // row 0 (any row: `lanes` has no block variable) not in `lanes`.
-    const Tuple Y = lane_tuple();
-    const isl::map lane_points =
-        to_blocks(Y).intersect_domain(Y.where("dd", 0, 0).intersect(Y.where("l", 0, VL_ - 1))).reverse().apply_range(lane_points_of());
-    const isl::set bad_lanes = lane_points.subtract(lane_points.intersect_range(lanes)).domain().intersect(blocks_);
+    // Blocks with a lane outside v's range at one of their reduction points (past v's end, past a padded
+    // panel's columns, or past an image's border at a padded conv's kernel position): the lanes of row 0
+    // (any row: `lane_points` has no block variable) at the block's points of the hull not in `lane_points`.
+    const Tuple YR = named("Y", cat(cat(block_dims_, {"dd", "l"}), reds_));
+    const isl::set row0_lanes =
+        YR.to(unnamed("F", block_dims_.size() + reds_.size()), YR.vars(cat(block_dims_, reds_)))
+            .intersect_domain(YR.where("dd", 0, 0).intersect(YR.where("l", 0, VL_ - 1)))
+            .intersect_range(hull_)
+            .domain();
+    const isl::map lane_at = YR.to(unnamed("S", vars_.size()), at(YR, true)).intersect_domain(row0_lanes);
+    const isl::set bad_lanes = row0_lanes.subtract(lane_at.intersect_range(lane_points).domain()).apply(to_blocks(YR)).intersect(blocks_);
     lanes_in_range_ = bad_lanes.is_empty();
     good_ = blocks_.subtract(differ.apply(to_blocks(X)).intersect(blocks_).unite(bad_lanes)).coalesce();
   }
@@ -625,7 +633,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
                                         const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
                                         const std::vector<isl::map>& reads, const MicrokernelChoices& choices) {
   MicrokernelNest mk(*this, *nest.microkernel, vars, range, element_bytes);
-  mk.classify_blocks(domain, choices.lanes);
+  mk.classify_blocks(domain, choices.lane_points);
   nest.microkernel->lanes_in_range = mk.lanes_in_range();
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value() || nest.permuted_copy.has_value());

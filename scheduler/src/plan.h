@@ -1,6 +1,6 @@
 // Private: which contractions run as register-blocked micro-kernels, and with which variables and block
 // shape (see Microkernel in scheduler.h). Pure decisions from the contraction's polynomials, dtypes and
-// variable ranges; the isl checks (injective write, vector variable independent of the reduction) are made
+// variable ranges; the isl checks (injective write, a lane valid wherever its row is and its reduction point has it) are made
 // by the scheduler.
 #pragma once
 
