@@ -2337,12 +2337,14 @@ TEST(CpuTest, NestsOfFewPointsGetTheBriefPipeline) {
     std::string pipeline;
   };
   const std::string sum = "function (S[NS, A, B, C, D]) -> (O) { O[a, b, c, d : A, B, C, D] = +(S[s, a, b, c, d]); }";
-  const std::string triangle = "function (I[N]) -> (O) { O[i : N] = +(I[i + j]), i + j < N; }";
+  // Every other element from i on and before it (j from -(N - 1) / 2: a band of slope 1/2 through a box
+  // twice its size; with j's coefficient 1, a row reduction would take it).
+  const std::string band = "function (I[N]) -> (O) { O[i : N] = +(I[i + 2*j]); }";
   const std::vector<Case> cases = {
       {"a sum of slices", sum, {{"S", {2, 3, 3, 5, 64}}}, 5760, true, "brief"},
-      {"a triangle", triangle, {{"I", {100}}}, 100 * 101 / 2, false, "brief"},
+      {"a band", band, {{"I", {100}}}, 100 * 50, false, "brief"},
       {"a larger sum of slices", sum, {{"S", {2, 3, 3, 128, 64}}}, 147456, true, "full"},
-      {"a larger triangle", triangle, {{"I", {600}}}, 600 * 601 / 2, false, "full"},
+      {"a larger band", band, {{"I", {600}}}, 600 * 300, false, "full"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -2693,6 +2695,53 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   // softmax: 2, matvec, dot, min, max, negative max: 1 each; the sum over a middle axis reads n with a
   // stride: 0; the two max-and-sum cases: 2 each.
   EXPECT_EQ(reductions, 3 * 2 * 11);
+}
+
+// Row reductions whose reduction variable's range follows the other variables mask each step's lanes by
+// the accesses and constraints at that point, and run the steps whose lanes all lie in that range
+// unmasked: a cumulative sum along rows (k <= i), a max over a window that the row's end cuts short, and
+// an NCHW depthwise conv's weight gradient (x + i - 1 in the image; its micro-kernel would hold i's 3
+// values in a vector of lanes: the row reduction takes it first). NaN and inf stand where a wrong lane
+// would read them (the columns just outside a row's range, which in NCHW are the neighbouring row's).
+TEST(CpuTest, RaggedRowReductionsMaskTheirLanesAtEachPoint) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+  };
+  const Case cases[] = {
+      {"function (X[M, N]) -> (O) { O[r, i : M, N] = +(X[r, k]), i - k < N; }", {{"X", {3, 150}}}},
+      {"function (X[M, N]) -> (O) { O[r, i : M, N] = >(X[r, i + k]), k < 40; }", {{"X", {3, 101}}}},
+      {"function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) {"
+       "  DK[c, j, i : C, 3, 3] = +(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
+       {{"I", {2, 3, 5, 37}}, {"DO", {2, 3, 5, 37}}}},
+  };
+  int ragged = 0;
+  for (int bits : {512, 256, 128}) {
+    const CompileOptions o = microkernels_forced(bits);
+    for (const auto& cs : cases) {
+      Program p = parse_program(cs.text);
+      for (DType t : {DType::f32, DType::f64}) {
+        const std::string what = std::string(cs.text) + ", " + std::to_string(bits) + " bits, " + to_string(t);
+        TensorMap in = inputs_for(cs.shapes, t, 83);
+        expect_same(p, in, what, o);
+        for (auto& [name, b] : in) {  // a row's first and last columns
+          const int64_t width = b.shape().back();
+          for (int64_t row = 1; row < b.size() / width; row += 2) {
+            b.set(row * width - 1, std::numeric_limits<double>::quiet_NaN());
+            b.set(row * width, -std::numeric_limits<double>::infinity());
+          }
+        }
+        expect_same(p, in, "with NaN and inf: " + what, o);
+        // The weight gradient's micro-kernel is thin (3 values of 12 lanes or more) at 512 bits in f32 only.
+        const bool row = cs.shapes.count("DO") == 0 || bits / (8 * static_cast<int>(dtype_bytes(t))) >= 12;
+        bool found = false;
+        for (const auto& nest : compile(p, types_of(in), o)->schedule().nests) found |= nest.reduction && nest.reduction->ragged;
+        EXPECT_EQ(found, row) << what;
+        ragged += found;
+      }
+    }
+  }
+  EXPECT_EQ(ragged, 3 * 2 * 2 + 1);
 }
 
 // Compiles of different programs may run at once (each has its own isl and LLVM contexts; the cache is

@@ -31,13 +31,15 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
       // Steps whose lanes are all in r's range (every step but the last, when the range is no multiple
       // of the step) load and accumulate unmasked; the last one masks its lanes past the range.
-      auto steps = [&](bool masked) {
+      auto base_of = [&](int a) { return b_.CreateNSWAdd(first, b_.getInt64(int64_t{a} * rd.lanes)); };
+      auto steps = [&](bool masked, const std::vector<Value*>& masks) {
         for (int a = 0; a < rd.accumulators; ++a) {
-          Value* base = b_.CreateNSWAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
+          Value* base = base_of(a);
           vars[names[rd.vector]] = base;
-          Value* mask = masked ? b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
-                                                  b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)))
-                               : nullptr;
+          Value* mask = !masked    ? nullptr
+                        : rd.ragged ? masks[static_cast<size_t>(a)]
+                                    : b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
+                                                       b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)));
           std::vector<Value*> x;
           for (const auto& in : c.inputs) {
             std::vector<Value*> at;
@@ -59,19 +61,33 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
           b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
         }
       };
-      if ((rd.hi - rd.lo + 1) % group == 0) {
-        steps(false);
+      std::vector<Value*> masks;  // a ragged range's, per accumulator: the valid-point rule at each lane
+      Value* full = nullptr;
+      if (rd.ragged) {
+        // A step is full where its first and last values of r lie in r's interval at this point (every
+        // condition is affine in r: the valid values of r are an interval), whose bounds do not change
+        // from step to step (LICM takes them out of the loop over the steps).
+        auto [lo, hi] = ragged_range(vars, names[rd.vector]);
+        full = b_.CreateAnd(b_.CreateICmpSGE(first, lo), b_.CreateICmpSLE(b_.CreateNSWAdd(first, b_.getInt64(group - 1)), hi));
+      } else if ((rd.hi - rd.lo + 1) % group == 0) {
+        steps(false, masks);
         return;
+      } else {
+        full = b_.CreateICmpSLE(b_.CreateAdd(first, b_.getInt64(group - 1)), b_.getInt64(rd.hi));
       }
       auto* full_bb = llvm::BasicBlock::Create(ctx_, "reduction.full", fn_);
       auto* last_bb = llvm::BasicBlock::Create(ctx_, "reduction.last", fn_);
       auto* next_bb = llvm::BasicBlock::Create(ctx_, "reduction.next", fn_);
-      b_.CreateCondBr(b_.CreateICmpSLE(b_.CreateAdd(first, b_.getInt64(group - 1)), b_.getInt64(rd.hi)), full_bb, last_bb);
+      b_.CreateCondBr(full, full_bb, last_bb);
       b_.SetInsertPoint(full_bb);
-      steps(false);
+      steps(false, masks);
       b_.CreateBr(next_bb);
       b_.SetInsertPoint(last_bb);
-      steps(true);
+      if (rd.ragged) {
+        const std::set<std::string> known(names.begin(), names.end());
+        for (int a = 0; a < rd.accumulators; ++a) masks.push_back(lanes_within(vars, names[rd.vector], base_of(a), rd.hi, lanes, known));
+      }
+      steps(true, masks);
       b_.CreateBr(next_bb);
       b_.SetInsertPoint(next_bb);
       return;
@@ -88,6 +104,36 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
     }
     default: POLYTILE_CHECK(false, "unexpected statement in a row reduction");
   }
+}
+
+// The interval of r's valid values at `vars` (the other variables): the largest of the lower bounds and
+// the smallest of the upper bounds that r's range and each condition on r (0 <= a r + b < hi, integral)
+// put on it.
+std::pair<Value*, Value*> NestEmitter::ragged_range(std::map<std::string, Value*> vars, const std::string& r) {
+  const auto& rd = *nest_.reduction;
+  Value* lo = b_.getInt64(rd.lo);
+  Value* hi = b_.getInt64(rd.hi);
+  vars[r] = b_.getInt64(0);
+  // floor(x / d) and ceil(x / d) for d > 0.
+  auto floor_div = [&](Value* x, int64_t d) {
+    if (d == 1) return x;
+    Value* q = b_.CreateSDiv(x, b_.getInt64(d));
+    return b_.CreateSelect(b_.CreateICmpSGT(b_.CreateMul(q, b_.getInt64(d)), x), b_.CreateSub(q, b_.getInt64(1)), q);
+  };
+  auto ceil_div = [&](Value* x, int64_t d) { return b_.CreateNeg(floor_div(b_.CreateNeg(x), d)); };
+  each_condition(false, [&](const Polynomial& p, int64_t bound) {
+    const Polynomial q = p.bind_dims(types_.dims);
+    const Rational coeff = q.coefficient(r);
+    if (coeff == Rational(0)) return;
+    const int64_t a = coeff.num();  // integral (try_row_reduction)
+    Value* b = poly(q, vars);       // the condition's value at r = 0
+    Value* top = b_.CreateSub(b_.getInt64(bound - 1), b);  // a r <= bound - 1 - b
+    Value* l = a > 0 ? ceil_div(b_.CreateNeg(b), a) : ceil_div(b_.CreateNeg(top), -a);
+    Value* h = a > 0 ? floor_div(top, a) : floor_div(b, -a);
+    lo = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, lo, l);
+    hi = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, hi, h);
+  });
+  return {lo, hi};
 }
 
 }  // namespace polytile::llvm_ir::internal

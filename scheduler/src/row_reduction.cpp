@@ -1,5 +1,6 @@
 // Vectorized row reductions (see RowReduction in scheduler.h): the eligibility checks (dtypes, contiguous
-// reads, a reduction variable whose range isl proves independent of the other variables) and the schedule
+// reads, a reduction variable whose range isl proves independent of the other variables, or whose lanes are
+// masked per step) and the schedule
 // tree  [outputs] -> sequence(Z | F -> [other reductions, groups] | T).
 #include <isl/ast.h>
 #include <isl/ast_build.h>
@@ -62,12 +63,26 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
       red.hi = b.max;
     }
   if (red.hi - red.lo + 1 < 2 * lanes) return false;
-  // r's range must not depend on the other variables: then every lane in range is a valid point.
+  // Where r's range does not depend on the other variables, every lane in range is a valid point. Where it
+  // does (an NCHW depthwise conv's weight gradient: x + i - 1 in the image), each step masks its lanes by
+  // the valid-point rule, which the emitter evaluates per lane from the index polynomials: they must then
+  // be integral (no lane is valid only for divisibility).
   const std::string tuple = "S[" + join(positional) + "]";
   isl::set free_r = isl_support::eliminate(domain, static_cast<unsigned>(red.vector));
   free_r = free_r.intersect(isl::set(ctx.get(), "{ " + tuple + " : " + std::to_string(red.lo) + " <= " +
                                                       positional[red.vector] + " <= " + std::to_string(red.hi) + " }"));
-  if (!free_r.is_equal(domain)) return false;
+  if (!free_r.is_equal(domain)) {
+    auto integral = [&types](const Polynomial& p) {
+      const Polynomial q = p.bind_dims(types.dims);
+      if (q.constant().den() != 1) return false;
+      return std::all_of(q.index_terms().begin(), q.index_terms().end(), [](const auto& t) { return t.second.den() == 1; });
+    };
+    std::vector<Polynomial> polys = c.output_indices;
+    for (const auto& in : c.inputs) polys.insert(polys.end(), in.indices.begin(), in.indices.end());
+    for (const auto& k : c.constraints) polys.push_back(k.poly);
+    if (!std::all_of(polys.begin(), polys.end(), integral)) return false;
+    red.ragged = true;
+  }
   nest.reduction = red;
 
   auto pick = [&positional](const std::vector<size_t>& ks) {

@@ -296,6 +296,9 @@ struct RowReduction {
   std::vector<size_t> outputs, others;     // output variables, the other reduction variables
   int accumulators = 4, lanes = 1;
   int64_t lo = 0, hi = 0;                  // r's range
+  // r's range depends on the other variables (an NCHW depthwise conv's weight gradient, x + i - 1 in the
+  // image): every step masks its lanes by the accesses and constraints on r (unmasked where all hold).
+  bool ragged = false;
 };
 
 // The launch of a GPU kernel: one nest, its mapped loops' iterator values running from 0 to grid - 1
