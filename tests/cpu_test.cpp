@@ -1617,8 +1617,9 @@ TEST(CpuTest, BorderBlocksMaskLanesOnlyWhereALaneCanLeaveTheRange) {
 // conv, with x + i - 1 in the image, which no permuted output serves (its input would need a copy too, or
 // its 19 channels fill no vectors) -- runs as a micro-kernel: its border blocks mask, at each kernel
 // position, the lanes that it takes past the image. In NCHW those lanes would read the neighbouring row's
-// last or first columns, here NaN and inf, which must not reach the output. Forward and data gradient, at
-// three vector widths, in f32 and f64, against the interpreter.
+// last or first columns, here NaN and inf, which must not reach the output, nor may the weights there
+// (inf and NaN too) through a lane that read 0. Forward and data gradient, at three vector widths, in f32
+// and f64, against the interpreter.
 TEST(CpuTest, LanesThatFollowTheReductionsAreMaskedAtEachPoint) {
   struct Case {
     const char* text;
@@ -1648,6 +1649,11 @@ TEST(CpuTest, LanesThatFollowTheReductionsAreMaskedAtEachPoint) {
           image.set(row * width - 1, std::numeric_limits<double>::quiet_NaN());  // the row before's last column
           image.set(row * width, std::numeric_limits<double>::infinity());
         }
+        // Weights at kernel positions that take border lanes past the image (their first and last column):
+        // a lane invalid there must not add 0 times them.
+        Buffer& weights = in.at("K");
+        weights.set(0, std::numeric_limits<double>::infinity());
+        weights.set(weights.size() - 1, std::numeric_limits<double>::quiet_NaN());
         const CompileOptions o = microkernels_forced(bits);
         auto compiled = compile(fwd, types_of(in), o);
         const sched::Nest& nest = compiled->schedule().nests.back();

@@ -334,10 +334,11 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
           }
           Value* old = b_.CreateLoad(vty, acc);
           Value* sum = b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {vty}, {x[0], x[1], old});
-          // An invalid row keeps its accumulator: selected lane by lane (a splat of the row's validity, the
-          // same for every step), which x86 makes a merge-masked FMA; a select on the scalar became a
-          // branch around every FMA of the border blocks.
-          if (row) sum = b_.CreateSelect(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), sum, old);
+          // An invalid row keeps its accumulator, and so does a lane invalid at this point (one that a
+          // padded conv's kernel position takes past the image, whose masked load read 0: 0 times an
+          // infinite weight would be NaN): selected lane by lane, which x86 makes a merge-masked FMA; a
+          // select on the scalar became a branch around every FMA of the border blocks.
+          if (row) sum = b_.CreateSelect(mask, sum, old);
           b_.CreateStore(sum, acc);
           break;
         }
