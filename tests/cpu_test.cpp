@@ -1674,6 +1674,39 @@ TEST(CpuTest, LanesThatFollowTheReductionsAreMaskedAtEachPoint) {
   EXPECT_EQ(predicated, 18) << "every forward has border blocks";
 }
 
+// A micro-kernel without a broadcast operand (an NHWC depthwise conv: image and weights both read the
+// channels, its vector variable) has no other output variable that only picks columns: its images and
+// rows pick rows of both operands. The threads then split its images, each reading images of its own, as
+// for any conv, not tiles of pixel blocks as for a packed matrix's panels (each thread reading part of
+// every image: 0.33-0.35 -> 0.27 ms on 8x56x56x64, 2 threads). Forward and data gradient against the
+// interpreter.
+TEST(CpuTest, MicrokernelsWithoutABroadcastOperandSplitTheirImages) {
+  const Program fwd = parse_program(
+      "function (I[N, H, W, C], K[KH, KW, C]) -> (O) {"
+      "  O[n, y, x, c : N, H, W, C] = +(I[n, y + j - 1, x + i - 1, c] * K[j, i, c]); }");
+  TensorMap in = inputs_for({{"I", {6, 9, 56, 64}}, {"K", {3, 3, 64}}}, DType::f32, 57);
+  ad::Options ao;
+  ao.wrt = {"I"};
+  const Program grad = ad::vjp(fwd, ao).program;
+  TensorMap grad_in = in;
+  grad_in["DO"] = testing::random_buffer({6, 9, 56, 64}, 58, DType::f32);
+  CompileOptions o = microkernels_forced(512);
+  for (const auto& [p, inputs, name] : {std::tuple{&fwd, &in, "O.update"}, std::tuple{&grad, &grad_in, "DI.update"}}) {
+    auto compiled = compile(*p, types_of(*inputs), o);
+    const std::string loops = sched::print_loops(compiled->schedule());
+    bool found = false;
+    for (const auto& nest : compiled->schedule().nests) {
+      if (nest.name != name) continue;
+      found = true;
+      ASSERT_TRUE(nest.microkernel) << loops;
+      EXPECT_TRUE(nest.parallel_outer) << loops;
+      EXPECT_EQ(nest.outer_hi - nest.outer_lo + 1, 6) << "the threads split the 6 images\n" << loops;
+    }
+    EXPECT_TRUE(found) << loops;
+    expect_same(*p, *inputs, name, o);
+  }
+}
+
 // A micro-kernel nest whose parallel dimension the threads cannot share evenly takes the next dimension's
 // values in where both are plain variables: the seed conv's data gradient's 19 rows (10 + 9 on two threads,
 // 7 + 6 + 6 on three) with their residues mod 3 (0 and 2: 57 values, a third of them empty). The forward's

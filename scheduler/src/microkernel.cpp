@@ -99,15 +99,19 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   isl::set lanes = lane_points;  // v's range in the output: where some reduction point has the lane
   for (size_t k : mk.reductions) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
   // Which other output variables leave the broadcast operands alone (they only pick columns of the
-  // vector operand: a conv's output channel blocks, a packed matrix's panels).
+  // vector operand: a conv's output channel blocks, a packed matrix's panels). Without a broadcast operand
+  // (a depthwise conv's image and weights both read the channels), none: they pick rows of the operands.
   std::vector<bool> picks_columns(mk.others.size(), true);
+  bool broadcast = false;
   for (const auto& in : c.inputs) {
     bool has_v = false;
     for (const auto& p : in.indices) has_v |= p.coefficient(plan->vector) != Rational(0);
     if (has_v) continue;
+    broadcast = true;
     for (size_t j = 0; j < mk.others.size(); ++j)
       for (const auto& p : in.indices) picks_columns[j] = picks_columns[j] && p.coefficient(nest.variables[mk.others[j]]) == Rational(0);
   }
+  if (!broadcast) picks_columns.assign(mk.others.size(), false);
   // The inputs' access functions over S, not restricted to the domain: footprints are then those of
   // interior blocks, where every point of a tile is valid.
   const isl::id& S = statements.id(LoopNode::Statement::plain);
