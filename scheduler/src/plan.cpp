@@ -570,8 +570,9 @@ bool lanes_follow_reductions(const Contraction& c, const poly::internal::IslAnal
 // lanes empty (an NCHW convolution's 54 columns x: vectors of 16 at 32 + 22, its image read as the vector
 // operand, 64 channels a page apart at every step), or its range follows the reduction variables (a padded
 // NCHW convolution's x of any width: without the permutation, 32 columns in two vectors of 16 made it a
-// nest of plain loops at 17 GFLOP/s, and now make a micro-kernel whose every block column is a border one,
-// 4.4 ms against 2.1 permuted on 8x64x32x32, 3.0 against 2.4 for its data gradient), and another output variable u fills two vectors or more
+// nest of plain loops at 17 GFLOP/s, and now make a micro-kernel whose every block column is a border
+// one, 4.4 ms against 2.1 permuted on 8x64x32x32, 3.0 against 2.4 for its data gradient), and another
+// output variable u fills two vectors or more
 // exactly (its 64 channels), the contraction writes a copy of the output with u's dim last -- the layout
 // the micro-kernel wants, an NHWC convolution's -- and one assign contraction moves it into place. Only where the output is small next
 // to the work (each element 16 points or more, as the inputs' copies) and the plan of the permuted

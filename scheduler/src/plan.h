@@ -1,7 +1,7 @@
 // Private: which contractions run as register-blocked micro-kernels, and with which variables and block
 // shape (see Microkernel in scheduler.h). Pure decisions from the contraction's polynomials, dtypes and
-// variable ranges; the isl checks (injective write, a lane valid wherever its row is and its reduction point has it) are made
-// by the scheduler.
+// variable ranges; the isl checks (injective write, a point valid exactly where its row and its lane are)
+// are made by the scheduler.
 #pragma once
 
 #include <optional>
