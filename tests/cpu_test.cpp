@@ -1638,10 +1638,13 @@ TEST(CpuTest, LanesThatFollowTheReductionsAreMaskedAtEachPoint) {
   };
   int predicated = 0;
   for (const Case& cs : cases) {
+    const Program fwd = parse_program(cs.text);
+    ad::Options ao;
+    ao.wrt = {"I"};
+    const Program grad = ad::vjp(fwd, ao).program;
     for (int bits : {512, 256, 128}) {
       for (DType t : {DType::f32, DType::f64}) {
         const std::string what = std::string(cs.text) + ", " + std::to_string(bits) + " bits, " + to_string(t);
-        Program fwd = parse_program(cs.text);
         TensorMap in = inputs_for(cs.shapes, t, 53);
         Buffer& image = in.at("I");
         const int64_t width = image.shape().back();
@@ -1662,9 +1665,6 @@ TEST(CpuTest, LanesThatFollowTheReductionsAreMaskedAtEachPoint) {
         EXPECT_FALSE(nest.microkernel->lanes_in_range) << what;
         predicated += nest.ast.find("Fp(") != std::string::npos;
         expect_same(fwd, in, "forward " + what, o);
-        ad::Options ao;
-        ao.wrt = {"I"};
-        Program grad = ad::vjp(fwd, ao).program;
         const ProgramTypes pt = infer_types(fwd, types_of(in));
         in["DO"] = testing::random_buffer(pt.tensors.at("O").shape, 54, t);
         expect_same(grad, in, "data gradient of " + what, o);
@@ -2738,7 +2738,7 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
 
 // Row reductions whose reduction variable's range follows the other variables mask each step's lanes by
 // the accesses and constraints at that point, and run the steps whose lanes all lie in that range
-// unmasked: a cumulative sum along rows (k <= i), a max over a window that the row's end cuts short, and
+// unmasked: cumulative sums along rows (k <= i, and k >= i), a max over a window that the row's end cuts short, and
 // an NCHW depthwise conv's weight gradient (x + i - 1 in the image; its micro-kernel would hold i's 3
 // values in a vector of lanes: the row reduction takes it first). NaN and inf stand where a wrong lane
 // would read them (the columns just outside a row's range, which in NCHW are the neighbouring row's).
@@ -2749,6 +2749,8 @@ TEST(CpuTest, RaggedRowReductionsMaskTheirLanesAtEachPoint) {
   };
   const Case cases[] = {
       {"function (X[M, N]) -> (O) { O[r, i : M, N] = +(X[r, k]), i - k < N; }", {{"X", {3, 150}}}},
+      // from the end (k >= i): steps below the interval's start whose last value is in it are masked too
+      {"function (X[M, N]) -> (O) { O[r, i : M, N] = +(X[r, k]), k - i < N; }", {{"X", {3, 150}}}},
       {"function (X[M, N]) -> (O) { O[r, i : M, N] = >(X[r, i + k]), k < 40; }", {{"X", {3, 101}}}},
       {"function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) {"
        "  DK[c, j, i : C, 3, 3] = +(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
@@ -2780,7 +2782,7 @@ TEST(CpuTest, RaggedRowReductionsMaskTheirLanesAtEachPoint) {
       }
     }
   }
-  EXPECT_EQ(ragged, 3 * 2 * 2 + 1);
+  EXPECT_EQ(ragged, 3 * 2 * 3 + 1);
 }
 
 // Compiles of different programs may run at once (each has its own isl and LLVM contexts; the cache is

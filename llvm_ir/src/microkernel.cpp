@@ -43,31 +43,27 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output
 
 Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes) {
   const auto& mk = *nest_.microkernel;
-  std::set<std::string> known;
+  const std::string& v = nest_.variables[mk.vector];
+  std::set<std::string> known{v};
   for (size_t k : mk.others) known.insert(nest_.variables[k]);
   // At a reduction point (an fma statement's), the lanes' conditions with the reductions too: the lanes of
   // a padded conv's border columns that the kernel position takes past the image.
   for (size_t k : mk.reductions)
     if (vars.count(nest_.variables[k])) known.insert(nest_.variables[k]);
-  return lanes_within(vars, nest_.variables[mk.vector], first, mk.vector_hi, lanes, known);
-}
-
-Value* NestEmitter::lanes_within(std::map<std::string, Value*> vars, const std::string& v, Value* first, int64_t v_hi,
-                                 unsigned lanes, std::set<std::string> known) {
-  known.insert(v);
-  vars[v] = first;
+  std::map<std::string, Value*> at = vars;
+  at[v] = first;
   std::vector<llvm::Constant*> iota;
   for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
   Value* steps = llvm::ConstantVector::get(iota);
   auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
-  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(v_hi)));
+  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(mk.vector_hi)));
   // 0 <= p < hi * den at every lane, p's value at lane l being its value at `first` plus l times v's coefficient.
   each_condition(false, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(v) == Rational(0)) return;
     for (const auto& [name, coeff] : q.index_terms())
-      if (!known.count(name)) return;  // implied (see lanes_valid)
-    auto [x, den] = scaled_poly(q, vars);
+      if (!known.count(name)) return;  // with the block variable, or a reduction's outside an fma: implied (see Microkernel)
+    auto [x, den] = scaled_poly(q, at);
     Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
     ok = b_.CreateAnd(ok, b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den)))));
   });

@@ -223,6 +223,7 @@ class NestEmitter {
   // ------------------------------------------------------------------ row reductions
   // zero / step / store of a vectorized row reduction (see RowReduction in scheduler.h).
   void reduction_statement(const sched::LoopNode& n);
+  // A ragged row reduction's interval [lo, hi] of r's valid values at `vars` (RowReduction::ragged).
   std::pair<Value*, Value*> ragged_range(std::map<std::string, Value*> vars, const std::string& r);
 
   // ------------------------------------------------------------------ micro-kernels
@@ -242,10 +243,6 @@ class NestEmitter {
   // reductions (an fma statement), those on v and them too (a padded NCHW conv's x + i - 1 in the image).
   // A vector of i1.
   Value* lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes);
-  // Which of the `lanes` lanes from v = first (at `vars`) are valid: v <= v_hi, and every access index and
-  // constraint on v whose other variables are all in `known` holding at the lane (integral polynomials).
-  Value* lanes_within(std::map<std::string, Value*> vars, const std::string& v, Value* first, int64_t v_hi, unsigned lanes,
-                      std::set<std::string> known);
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
   void microkernel_statement(const sched::LoopNode& n);

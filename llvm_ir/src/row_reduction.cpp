@@ -29,17 +29,22 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       Value* first = b_.CreateNSWAdd(b_.getInt64(rd.lo), b_.CreateNSWMul(vals.back(), b_.getInt64(group)));
       std::vector<llvm::Constant*> iota;
       for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-      // Steps whose lanes are all in r's range (every step but the last, when the range is no multiple
-      // of the step) load and accumulate unmasked; the last one masks its lanes past the range.
-      auto base_of = [&](int a) { return b_.CreateNSWAdd(first, b_.getInt64(int64_t{a} * rd.lanes)); };
-      auto steps = [&](bool masked, const std::vector<Value*>& masks) {
+      // r's valid values at this point: its range, or, where the range follows the other variables, the
+      // interval its conditions leave (every condition is affine in r), whose bounds do not change from
+      // step to step (LICM takes them out of the loop over the steps).
+      const auto [lo, hi] = rd.ragged ? ragged_range(vars, names[rd.vector]) : std::pair<Value*, Value*>{b_.getInt64(rd.lo), b_.getInt64(rd.hi)};
+      auto lanes_in = [&](Value* base) {  // the lanes of base + l in [lo, hi] (from rd.lo on: a step's first is)
+        Value* at = b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota));
+        Value* below = b_.CreateICmpSLE(at, b_.CreateVectorSplat(lanes, hi));
+        return rd.ragged ? b_.CreateAnd(b_.CreateICmpSGE(at, b_.CreateVectorSplat(lanes, lo)), below) : below;
+      };
+      // Steps whose lanes all lie in the interval (with a fixed range, every step but the last when the
+      // range is no multiple of the step) load and accumulate unmasked; the others mask their lanes.
+      auto steps = [&](bool masked) {
         for (int a = 0; a < rd.accumulators; ++a) {
-          Value* base = base_of(a);
+          Value* base = b_.CreateNSWAdd(first, b_.getInt64(int64_t{a} * rd.lanes));
           vars[names[rd.vector]] = base;
-          Value* mask = !masked    ? nullptr
-                        : rd.ragged ? masks[static_cast<size_t>(a)]
-                                    : b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota)),
-                                                       b_.CreateVectorSplat(lanes, b_.getInt64(rd.hi)));
+          Value* mask = masked ? lanes_in(base) : nullptr;
           std::vector<Value*> x;
           for (const auto& in : c.inputs) {
             std::vector<Value*> at;
@@ -56,38 +61,26 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
             }
           }
           Value* value = c.combination == CombinationOp::mul ? b_.CreateFMul(x[0], x[1]) : x[0];
-          if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes past r's range add nothing
+          if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes outside r's interval add nothing
           Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
           b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);
         }
       };
-      std::vector<Value*> masks;  // a ragged range's, per accumulator: the valid-point rule at each lane
-      Value* full = nullptr;
-      if (rd.ragged) {
-        // A step is full where its first and last values of r lie in r's interval at this point (every
-        // condition is affine in r: the valid values of r are an interval), whose bounds do not change
-        // from step to step (LICM takes them out of the loop over the steps).
-        auto [lo, hi] = ragged_range(vars, names[rd.vector]);
-        full = b_.CreateAnd(b_.CreateICmpSGE(first, lo), b_.CreateICmpSLE(b_.CreateNSWAdd(first, b_.getInt64(group - 1)), hi));
-      } else if ((rd.hi - rd.lo + 1) % group == 0) {
-        steps(false, masks);
+      if (!rd.ragged && (rd.hi - rd.lo + 1) % group == 0) {
+        steps(false);
         return;
-      } else {
-        full = b_.CreateICmpSLE(b_.CreateAdd(first, b_.getInt64(group - 1)), b_.getInt64(rd.hi));
       }
+      Value* full = b_.CreateICmpSLE(b_.CreateAdd(first, b_.getInt64(group - 1)), hi);
+      if (rd.ragged) full = b_.CreateAnd(b_.CreateICmpSGE(first, lo), full);
       auto* full_bb = llvm::BasicBlock::Create(ctx_, "reduction.full", fn_);
       auto* last_bb = llvm::BasicBlock::Create(ctx_, "reduction.last", fn_);
       auto* next_bb = llvm::BasicBlock::Create(ctx_, "reduction.next", fn_);
       b_.CreateCondBr(full, full_bb, last_bb);
       b_.SetInsertPoint(full_bb);
-      steps(false, masks);
+      steps(false);
       b_.CreateBr(next_bb);
       b_.SetInsertPoint(last_bb);
-      if (rd.ragged) {
-        const std::set<std::string> known(names.begin(), names.end());
-        for (int a = 0; a < rd.accumulators; ++a) masks.push_back(lanes_within(vars, names[rd.vector], base_of(a), rd.hi, lanes, known));
-      }
-      steps(true, masks);
+      steps(true);
       b_.CreateBr(next_bb);
       b_.SetInsertPoint(next_bb);
       return;

@@ -96,8 +96,6 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // is the same in every row (border blocks mask their lanes at each reduction point).
   const isl::set lane_points = isl_support::eliminate(domain, static_cast<unsigned>(mk.block));
   if (!isl_support::eliminate(domain, static_cast<unsigned>(mk.vector)).intersect(lane_points).is_equal(domain)) return false;
-  isl::set lanes = lane_points;  // v's range in the output: where some reduction point has the lane
-  for (size_t k : mk.reductions) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
   // Which other output variables leave the broadcast operands alone (they only pick columns of the
   // vector operand: a conv's output channel blocks, a packed matrix's panels). Without a broadcast operand
   // (a depthwise conv's image and weights both read the channels), none: they pick rows of the operands.
@@ -148,7 +146,6 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.picks_columns = std::move(picks_columns);
   choices.long_tiles = l2_tiles;
   choices.block_strides = block_strides(c, types, nest.variables, mk);
-  choices.lanes = lanes;
   choices.lane_points = lane_points;
   isl::set stored = build_microkernel(nest, domain, positional, range, dtype_bytes(types.tensors.at(c.output).dtype), reads, choices);
   if (stored_elements) *stored_elements = stored.apply(analysis.write_function.set_domain_tuple(S).set_range_tuple(S));
@@ -392,8 +389,11 @@ class MicrokernelNest {
     return step;
   }
 
-  // The points of S whose output elements the blocks store: their rows and in-range lanes.
-  isl::set stored_points(const isl::set& lanes) {
+  // The points of S whose output elements the blocks store: their rows and the lanes in v's range, those
+  // that some reduction point has (`lane_points` with the reductions unconstrained).
+  isl::set stored_points(const isl::set& lane_points) {
+    isl::set lanes = lane_points;
+    for (size_t k : mk_.reductions) lanes = isl_support::eliminate(lanes, static_cast<unsigned>(k));
     return blocks_.apply(block_lanes()).intersect(lanes);
   }
 
@@ -644,7 +644,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
   mk.block_bands(choices.weight_mode, choices.picks_columns, choices.block_strides);
   nest.parallel_outer = true;
   generate(nest, mk.tree(choices.weight_mode), &step);
-  return mk.stored_points(choices.lanes);
+  return mk.stored_points(choices.lane_points);
 }
 
 }  // namespace polytile::sched::internal

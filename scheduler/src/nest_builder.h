@@ -109,7 +109,6 @@ struct MicrokernelChoices {
   std::vector<bool> picks_columns;  // per other output variable (Microkernel::others): no broadcast input reads it
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
   std::vector<double> block_strides;  // per block dimension (others, Bb, Bv): bytes between its values in the output
-  isl::set lanes;             // the domain with the block and reduction variables unconstrained: v's range
   isl::set lane_points;       // the domain with the block variable unconstrained: v's range at each reduction point
 };
 

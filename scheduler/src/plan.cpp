@@ -555,7 +555,7 @@ struct PermutedOutput {
 // uniform blocks are only the columns that no kernel position takes past the image.
 bool lanes_follow_reductions(const Contraction& c, const poly::internal::IslAnalysis& analysis, const std::string& v) {
   const std::vector<poly::VariableBounds>& vars = analysis.summary.bounds;  // the domain's dims, in order
-  // As try_microkernel's test of a plan's lanes, with only the reductions' constraints dropped.
+  // Whether the domain is the product of its points without v and v's range over the output variables.
   isl::set others = analysis.domain;
   std::optional<unsigned> at;
   for (size_t k = 0; k < vars.size(); ++k) {

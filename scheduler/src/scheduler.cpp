@@ -450,14 +450,17 @@ class ProgramScheduler {
     std::vector<std::string> positional;
     for (size_t k = 0; k < update.variables.size(); ++k) positional.push_back("d" + std::to_string(k));
     const int64_t out_bytes = t.bytes();
-    const bool row_first = !target_.gpu && thin_microkernel(c, analysis.summary.bounds) &&
-                           builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, injective);
-    if (!row_first && !target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
+    // A row reduction before the micro-kernel where the micro-kernel's lanes would be thin, after it elsewhere.
+    const bool thin = !target_.gpu && thin_microkernel(c, analysis.summary.bounds);
+    auto try_rows = [&] { return builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, injective); };
+    bool row_reduction = thin && try_rows();
+    if (!row_reduction && !target_.gpu && parallel && microkernel(index, c, analysis, update, domain, positional, out_bytes, elements, init_domain))
       return true;
+    if (!row_reduction && !thin && !target_.gpu) row_reduction = try_rows();
     std::optional<isl::map> outer;  // a row reduction's outer loop: its first output variable
     // A row reduction's rows run on the threads also where its output variable is the output's contiguous one
     // (a row sum: S[i] = +(X[i, j]), whose band leads with no output variable).
-    if (row_first || (!target_.gpu && builder_.try_row_reduction(update, c, types_, analysis.summary, domain, positional, injective))) {
+    if (row_reduction) {
       if (!update.reduction->outputs.empty())
         outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" + positional[update.reduction->outputs[0]] + "] }");
     } else {
