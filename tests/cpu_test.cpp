@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -2186,8 +2187,10 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
 // A transposition of 4- or 8-byte elements (a copy whose input's contiguous variable is not the output's)
 // moves squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
 // (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For every
-// vector width (squares of 256-bit rows at most, 4 lanes at least: none for 8-byte elements in 128-bit
-// vectors), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the
+// vector width (squares of 256-bit rows, 4 lanes at least: none for 8-byte elements in 128-bit vectors;
+// of 512-bit rows on a core that runs them whole, where both contiguous ranges are whole squares, in
+// tiles of two squares along the input's contiguous variable; not on one that runs them in halves, a Zen
+// 4), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the
 // interpreter. Also where the other indices are not plain variables: rows read with a stride, and a conv
 // gradient's weights packed in panels (K_P[tb, j, i, co, tl] = K[j, i, 16*tb + tl, co], each row of the
 // square from another row of K).
@@ -2195,25 +2198,40 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
   struct Case {
     std::string program;
     Shapes shapes;
+    int64_t input_last, output_last;  // the contiguous variables' ranges
   };
   const Case cases[] = {
-      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}},
-      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}},
-      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}},
-      {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}},
-      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}, 530, 650},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}, 48, 64},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}, 96, 41},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 3, 32, 48}}}, 48, 32},
+      {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}, 16, 37},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}, 530, 650},
       {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
-       {{"K", {3, 2, 48, 37}}}},
+       {{"K", {3, 2, 48, 37}}}, 37, 16},
+      {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
+       {{"K", {3, 2, 48, 64}}}, 64, 16},
   };
-  int squared = 0;
-  for (int bits : {512, 256, 128}) {
+  // Two squares along the input's contiguous variable: "for cK = (2 * cJ) while (cK <= ((2 * cJ) + 1))", or
+  // "min(E, (2 * cJ) + 1)" where E squares are not a whole number of pairs.
+  const std::regex pair(R"(for (c\d+) = \(2 \* (c\d+)\) while \(\1 <= (min\(\d+, )?\(\(2 \* \2\) \+ 1\)\)?\))");
+  int squared = 0, whole_lines = 0;
+  struct Core {
+    int bits, fma_per_cycle;
+  };
+  for (Core core : {Core{512, 2}, Core{512, 1}, Core{256, 2}, Core{128, 2}}) {
     CompileOptions o;
-    o.target.cpu.vector_bits = bits;
-    o.target.cpu.vector_registers = bits == 512 ? 32 : 16;
+    o.target.cpu.vector_bits = core.bits;
+    o.target.cpu.fma_per_cycle = core.fma_per_cycle;
+    o.target.cpu.vector_registers = core.bits == 512 ? 32 : 16;
     for (const Case& c : cases)
       for (DType t : {DType::f32, DType::i32, DType::f64, DType::i64}) {
-        const int bytes = static_cast<int>(dtype_bytes(t)), lanes = std::min(256, bits) / (8 * bytes);  // scheduler.cpp transposition
-        const std::string what = c.program + " " + to_string(t) + " " + std::to_string(bits) + " bits";
+        // scheduler.cpp transposition
+        const int bytes = static_cast<int>(dtype_bytes(t)), wide = core.bits / (8 * bytes);
+        const bool whole = core.bits == 512 && core.fma_per_cycle == 2 && c.input_last % wide == 0 && c.output_last % wide == 0;
+        const int lanes = whole ? wide : std::min(256, core.bits) / (8 * bytes);
+        const std::string what = c.program + " " + to_string(t) + " " + std::to_string(core.bits) + " bits, " +
+                                 std::to_string(core.fma_per_cycle) + " FMAs a cycle";
         Program p = parse_program(c.program);
         TensorMap in = inputs_for(c.shapes, t, 23);
         auto compiled = compile(p, types_of(in), o);
@@ -2227,6 +2245,10 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
           const std::string vector = "<" + std::to_string(lanes) + " x " + element + ">";
           EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
           ++squared;
+          if (whole) {
+            EXPECT_TRUE(std::regex_search(loops, pair)) << what << "\n" << loops;
+            ++whole_lines;
+          }
         }
         const TensorMap want = interpret(p, in), got = run(p, in, o);
         const std::string out = p.outputs.at(0);
@@ -2237,7 +2259,10 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
         EXPECT_EQ(differ, 0) << what;
       }
   }
-  EXPECT_EQ(squared, 6 * (4 + 4 + 2));  // every case: all types at 512 and 256 bits, 4-byte ones at 128
+  // Every case: all types at 512 bits (both cores) and 256, 4-byte ones at 128.
+  EXPECT_EQ(squared, 8 * (4 + 4 + 4 + 2));
+  // Whole lines at 512 bits on the first core: the 64 x 48, 2x3x32x48 and 64-column panel cases, every type.
+  EXPECT_EQ(whole_lines, 4 + 4 + 4);
   // Not squares: a transposition whose input's last index is not a variable (every other column), one
   // whose input's contiguous variable is also in another of its indices (the vector of a square's row
   // would not be a run of the input), one whose output's last variable is in another of its indices.

@@ -77,17 +77,21 @@ isl::schedule NestBuilder::cpu_plain_nest(const isl::schedule& neutral, const st
     // output; the squares run in the band's order. With squares narrower than a cache line (8 f32 of 16),
     // the squares that share the input's lines run one after another (a tile of a line along the input's
     // contiguous variable around them), so that every line of the input is read whole at once; the
-    // output's lines are completed by the next square along the last member.
+    // output's lines are completed by the next square along the last member. Squares of whole lines run
+    // in tiles of two along the input's contiguous variable, so that each row of the input is read 128
+    // bytes at a time, a pair of lines as L2's spatial prefetcher fetches them (a 2048 x 2048
+    // transposition on an Emerald Rapids guest: 0.89-0.91 ms against 0.99-1.03 in tiles of one square).
     const size_t t = static_cast<size_t>(std::find(perm.begin(), perm.end(), facts.transpose_variable) - perm.begin());
     const size_t last = perm.size() - 1;
-    const int64_t lanes = facts.transpose_lanes, line = std::max<int64_t>(lanes, 64 / static_cast<int64_t>(facts.element_bytes));
-    const bool lines = line > lanes && extents[t] >= line;
+    const int64_t lanes = facts.transpose_lanes, line_elements = 64 / static_cast<int64_t>(facts.element_bytes);
+    const int64_t along_t = lanes < line_elements ? line_elements : 2 * lanes;  // a tile's elements along t
+    const bool tiled = extents[t] >= along_t;
     std::vector<std::string> tiles;
-    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t ? tile_of(k, lines ? line : lanes) : k == last ? tile_of(k, lanes) : perm[k]);
+    for (size_t k = 0; k < perm.size(); ++k) tiles.push_back(k == t ? tile_of(k, tiled ? along_t : lanes) : k == last ? tile_of(k, lanes) : perm[k]);
     root = isl_support::delete_node(root);
     root = insert_band(root, vars, {perm[t], perm[last]}, {true, true});
     root = root.insert_mark(isl::id(ctx.get(), "point"));
-    if (lines) root = insert_band(root, vars, {tile_of(t, lanes)}, {true});
+    if (tiled) root = insert_band(root, vars, {tile_of(t, lanes)}, {true});
     root = insert_band(root, vars, tiles, std::vector<bool>(tiles.size(), true));
     root = root.insert_mark(isl::id(ctx.get(), "tile")).child(0);
   } else if (facts.column_tile > 0) {  // set only for updates with no coincident member

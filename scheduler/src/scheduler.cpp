@@ -422,7 +422,18 @@ class ProgramScheduler {
     // 29-30 GB/s against 23-25 with 16 x 16 squares, and NHWC -> NCHW of 8x56x56x64 at 120-154 against 70
     // (56 columns are 7 squares of 8, but three of 16 and an edge); 8 x 8 f64 squares were slower than
     // the strided loops before them.
-    const int lanes = std::min(256, target_.cpu.vector_bits) / (8 * bytes);
+    // A core that runs 512-bit vectors whole (two 512-bit FMAs a cycle: Intel's AVX-512 cores) moves
+    // squares of 512-bit rows, a cache line each, where both contiguous variables' ranges are whole
+    // squares: on an Emerald Rapids guest, where 8 x 8 squares write each of the output's lines in two
+    // halves and a 2048 x 2048 transposition's half-written lines (8 KiB apart, in one set of L1) were
+    // evicted between their halves, it took 0.89-0.91 ms against 1.42-1.52 (in tiles of two squares along
+    // the input's contiguous variable, see cpu_plain_nest; 0.99-1.03 ms in tiles of one); 2000 x 2000
+    // moved as fast either way (0.71-0.78 ms), and an edge of 8 in loops cost more than the squares gained
+    // (1000 x 4000: 1.31-1.37 ms against 0.99-1.02).
+    const int narrow = std::min(256, target_.cpu.vector_bits) / (8 * bytes), wide = target_.cpu.vector_bits / (8 * bytes);
+    const bool whole_lines = target_.cpu.vector_bits == 512 && target_.cpu.fma_per_cycle == 2 &&
+                             in.shape.back() % wide == 0 && out.shape.back() % wide == 0;
+    const int lanes = whole_lines ? wide : narrow;
     if (contiguous == last || last != *out_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
     for (size_t k = 0; k < update.variables.size(); ++k)
