@@ -14,14 +14,14 @@ Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
   return b_.CreateAnd(b_.CreateICmpSGE(x, b_.getInt64(0)), b_.CreateICmpSLT(x, b_.getInt64(hi)));
 }
 
-void NestEmitter::each_condition(bool output_only, const std::function<void(const Polynomial&, int64_t)>& f) const {
+void NestEmitter::each_condition(Conditions which, const std::function<void(const Polynomial&, int64_t)>& f) const {
   const Contraction& c = nest_.contraction;
   auto access = [&](const std::string& tensor, const std::vector<Polynomial>& idx) {
     const auto& shape = types_.tensors.at(tensor).shape;
     for (size_t k = 0; k < idx.size(); ++k) f(idx[k], shape[k]);
   };
-  access(c.output, c.output_indices);
-  if (output_only) return;
+  if (which != Conditions::inputs) access(c.output, c.output_indices);
+  if (which == Conditions::output) return;
   for (const auto& a : c.inputs) access(a.tensor, a.indices);
   for (const auto& k : c.constraints) f(k.poly, k.bound.evaluate(types_.dims));
 }
@@ -30,10 +30,10 @@ void NestEmitter::each_condition(bool output_only, const std::function<void(cons
 // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
 // block variable can differ between rows: the others hold at every point of the block's domain, which
 // is the union of its rows' valid points.
-Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, bool output_only) {
+Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, Conditions which) {
   const std::string& b = nest_.variables[nest_.microkernel->block];
   Value* ok = b_.getTrue();
-  each_condition(output_only, [&](const Polynomial& p, int64_t hi) {
+  each_condition(which, [&](const Polynomial& p, int64_t hi) {
     if (p.coefficient(b) == Rational(0)) return;
     auto [x, den] = scaled_poly(p, vars);
     ok = b_.CreateAnd(ok, in_range(x, hi * den));
@@ -48,8 +48,12 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   for (size_t k : mk.others) known.insert(nest_.variables[k]);
   // At a reduction point (an fma statement's), the lanes' conditions with the reductions too: the lanes of
   // a padded conv's border columns that the kernel position takes past the image.
+  bool at_point = false;
   for (size_t k : mk.reductions)
-    if (vars.count(nest_.variables[k])) known.insert(nest_.variables[k]);
+    if (vars.count(nest_.variables[k])) {
+      known.insert(nest_.variables[k]);
+      at_point = true;
+    }
   std::map<std::string, Value*> at = vars;
   at[v] = first;
   std::vector<llvm::Constant*> iota;
@@ -58,7 +62,7 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
   Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(mk.vector_hi)));
   // 0 <= p < hi * den at every lane, p's value at lane l being its value at `first` plus l times v's coefficient.
-  each_condition(false, [&](const Polynomial& p, int64_t hi) {
+  each_condition(at_point ? Conditions::inputs : Conditions::all, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(v) == Rational(0)) return;
     for (const auto& [name, coeff] : q.index_terms())
@@ -160,7 +164,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
     vars[names[mk.vector]] = v0;
-    valid_at.rows.push_back(valid(vars, n.statement != St::fma));
+    valid_at.rows.push_back(valid(vars, n.statement == St::fma ? Conditions::inputs : Conditions::output));
   }
   // Lanes the scheduler proved in range in every block (Microkernel::lanes_in_range) need no mask.
   for (int k = 0; k < mk.chunks; ++k)

@@ -229,19 +229,24 @@ class NestEmitter {
   // ------------------------------------------------------------------ micro-kernels
   Value* in_range(Value* x, int64_t hi);  // 0 <= x < hi
 
-  // Calls f(p, hi) for every condition 0 <= p < hi of the valid-point rule: each access index (dims not
-  // bound) in its dim's range and each constraint; only the output's indices when `output_only`.
-  void each_condition(bool output_only, const std::function<void(const Polynomial&, int64_t)>& f) const;
+  // Which conditions of the valid-point rule: the output's indices, the inputs' and the constraints, or all.
+  // A micro-kernel's fused multiply-adds need only the inputs' and the constraints: an accumulator whose
+  // output element is out of range is never stored (the store's masks are the output's), so it may add
+  // anything, provided what it reads is in its tensor (a padded panel's last columns of zeros).
+  enum class Conditions { output, inputs, all };
+  // Calls f(p, hi) for every condition 0 <= p < hi of the valid-point rule among `which`: each access index
+  // (dims not bound) in its dim's range and each constraint.
+  void each_condition(Conditions which, const std::function<void(const Polynomial&, int64_t)>& f) const;
   // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
-  // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
-  // block variable can differ between rows: the others hold at every point of the block's domain, which
-  // is the union of its rows' valid points.
-  Value* valid(const std::map<std::string, Value*>& vars, bool output_only);
+  // micro-kernel's index polynomials are integral), `which` of its conditions, for one row of a block.
+  // Only the conditions on the block variable can differ between rows: the others hold at every point of
+  // the block's domain, which is the union of its rows' valid points.
+  Value* valid(const std::map<std::string, Value*>& vars, Conditions which);
   // Which of the `lanes` lanes from v = first are valid: v within its range (up to Microkernel::vector_hi)
   // and every access index and constraint on v and the other output variables in `vars` holding (a padded
   // panel's last block column: the output's index VL*vb + vl in range), and, where `vars` has the
-  // reductions (an fma statement), those on v and them too (a padded NCHW conv's x + i - 1 in the image).
-  // A vector of i1.
+  // reductions (an fma statement), those of the inputs and constraints on v and them instead (a padded
+  // NCHW conv's x + i - 1 in the image; not the panel's output index, see Conditions). A vector of i1.
   Value* lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes);
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).

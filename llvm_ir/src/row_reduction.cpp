@@ -114,7 +114,7 @@ std::pair<Value*, Value*> NestEmitter::ragged_range(std::map<std::string, Value*
     return b_.CreateSelect(b_.CreateICmpSGT(b_.CreateMul(q, b_.getInt64(d)), x), b_.CreateSub(q, b_.getInt64(1)), q);
   };
   auto ceil_div = [&](Value* x, int64_t d) { return b_.CreateNeg(floor_div(b_.CreateNeg(x), d)); };
-  each_condition(false, [&](const Polynomial& p, int64_t bound) {
+  each_condition(Conditions::all, [&](const Polynomial& p, int64_t bound) {
     const Polynomial q = p.bind_dims(types_.dims);
     const Rational coeff = q.coefficient(r);
     if (coeff == Rational(0)) return;
