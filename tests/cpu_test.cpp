@@ -2256,10 +2256,11 @@ TEST(CpuTest, TranspositionsTileTheirContiguousVariableOneLineWide) {
 // moves squares of lanes x lanes elements: lanes vector loads of the input, a transposition in registers
 // (shufflevector rounds), lanes vector stores of the output; the loops as they are at the edges. For every
 // vector width (squares of 256-bit rows, 4 lanes at least: none for 8-byte elements in 128-bit vectors;
-// of 512-bit rows on a core that runs them whole, where both contiguous ranges are whole squares, in
-// tiles of two squares along the input's contiguous variable; not on one that runs them in halves, a Zen
-// 4), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for bit as the
-// interpreter. Also where the other indices are not plain variables: rows read with a stride, and a conv
+// of 512-bit rows on a core that runs them whole, where both contiguous ranges are whole squares, or end
+// in half a square with a square's input rows within 4 KiB -- the edge squares then moved as squares of
+// half the size --, in tiles of two squares along the input's contiguous variable; not on one that runs
+// them in halves, a Zen 4), in 2 and 4 dimensions, f32, i32, f64 and i64, with and without edges, bit for
+// bit as the interpreter. Also where the other indices are not plain variables: rows read with a stride, and a conv
 // gradient's weights packed in panels (K_P[tb, j, i, co, tl] = K[j, i, 16*tb + tl, co], each row of the
 // square from another row of K).
 TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
@@ -2267,23 +2268,27 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
     std::string program;
     Shapes shapes;
     int64_t input_last, output_last;  // the contiguous variables' ranges
+    int64_t row_stride;               // elements between the input's rows of a square
   };
   const Case cases[] = {
-      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}, 530, 650},
-      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}, 48, 64},
-      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}, 96, 41},
-      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 3, 32, 48}}}, 48, 32},
-      {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}, 16, 37},
-      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}, 530, 650},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {650, 530}}}, 530, 650, 530},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {64, 48}}}, 48, 64, 48},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {40, 40}}}, 40, 40, 40},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M] = =(I[j, i]); }", {{"I", {40, 1032}}}, 1032, 40, 1032},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 5, 41, 96}}}, 96, 41, 96},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 3, 32, 48}}}, 48, 32, 48},
+      {"function (I[N, H, W, C]) -> (O) { O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]); }", {{"I", {2, 3, 24, 48}}}, 48, 24, 48},
+      {"function (I[N, C, H, W]) -> (O) { O[n, h, w, c : N, H, W, C] = =(I[n, c, h, w]); }", {{"I", {3, 37, 4, 16}}}, 16, 37, 64},
+      {"function (I[M, N]) -> (O) { O[i, j : N, M/2] = =(I[2*j, i]); }", {{"I", {1300, 530}}}, 530, 650, 1060},
       {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
-       {{"K", {3, 2, 48, 37}}}, 37, 16},
+       {{"K", {3, 2, 48, 37}}}, 37, 16, 37},
       {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
-       {{"K", {3, 2, 48, 64}}}, 64, 16},
+       {{"K", {3, 2, 48, 64}}}, 64, 16, 64},
   };
   // Two squares along the input's contiguous variable: "for cK = (2 * cJ) while (cK <= ((2 * cJ) + 1))", or
   // "min(E, (2 * cJ) + 1)" where E squares are not a whole number of pairs.
   const std::regex pair(R"(for (c\d+) = \(2 \* (c\d+)\) while \(\1 <= (min\(\d+, )?\(\(2 \* \2\) \+ 1\)\)?\))");
-  int squared = 0, whole_lines = 0;
+  int squared = 0, whole_lines = 0, half_edges = 0;
   struct Core {
     int bits, fma_per_cycle;
   };
@@ -2295,9 +2300,12 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
     for (const Case& c : cases)
       for (DType t : {DType::f32, DType::i32, DType::f64, DType::i64}) {
         // scheduler.cpp transposition
-        const int bytes = static_cast<int>(dtype_bytes(t)), wide = core.bits / (8 * bytes);
-        const bool whole = core.bits == 512 && core.fma_per_cycle == 2 && c.input_last % wide == 0 && c.output_last % wide == 0;
-        const int lanes = whole ? wide : std::min(256, core.bits) / (8 * bytes);
+        const int bytes = static_cast<int>(dtype_bytes(t)), wide = core.bits / (8 * bytes), narrow = std::min(256, core.bits) / (8 * bytes);
+        const bool full_width = core.bits == 512 && core.fma_per_cycle == 2;
+        const bool whole = full_width && c.input_last % wide == 0 && c.output_last % wide == 0;
+        auto half_edge = [&](int64_t range) { return range >= wide && range % wide % narrow == 0; };
+        const bool halves = full_width && !whole && half_edge(c.input_last) && half_edge(c.output_last) && c.row_stride * wide * bytes <= 4096;
+        const int lanes = whole || halves ? wide : narrow;
         const std::string what = c.program + " " + to_string(t) + " " + std::to_string(core.bits) + " bits, " +
                                  std::to_string(core.fma_per_cycle) + " FMAs a cycle";
         Program p = parse_program(c.program);
@@ -2313,9 +2321,16 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
           const std::string vector = "<" + std::to_string(lanes) + " x " + element + ">";
           EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
           ++squared;
-          if (whole) {
+          if (whole || halves) {
             EXPECT_TRUE(std::regex_search(loops, pair)) << what << "\n" << loops;
             ++whole_lines;
+          }
+          const std::string edges = "(" + std::to_string(narrow) + "x" + std::to_string(narrow) + " at the edges)";
+          EXPECT_EQ(loops.find(edges) != std::string::npos, halves) << what << "\n" << loops;
+          if (halves) {
+            const std::string half_vector = "<" + std::to_string(narrow) + " x " + element + ">";
+            EXPECT_NE(compiled->llvm_ir().find("shufflevector " + half_vector), std::string::npos) << what;
+            ++half_edges;
           }
         }
         const TensorMap want = interpret(p, in), got = run(p, in, o);
@@ -2328,9 +2343,13 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
       }
   }
   // Every case: all types at 512 bits (both cores) and 256, 4-byte ones at 128.
-  EXPECT_EQ(squared, 8 * (4 + 4 + 4 + 2));
-  // Whole lines at 512 bits on the first core: the 64 x 48, 2x3x32x48 and 64-column panel cases, every type.
-  EXPECT_EQ(whole_lines, 4 + 4 + 4);
+  EXPECT_EQ(squared, 11 * (4 + 4 + 4 + 2));
+  // 512-bit rows at 512 bits on the first core: the 64 x 48, 2x3x32x48 and 64-column panel cases, every
+  // type; the 40 x 40 and 2x3x24x48 ones, in whole squares of 8-byte elements and with half edges of
+  // 4-byte ones; 40 x 1032 in whole squares of 8-byte elements only (4-byte ones end in half a square, and
+  // a square's input rows are 4 KiB apart: 256-bit rows).
+  EXPECT_EQ(whole_lines, 3 * 4 + 2 * 4 + 2);
+  EXPECT_EQ(half_edges, 2 * 2);
   // Not squares: a transposition whose input's last index is not a variable (every other column), one
   // whose input's contiguous variable is also in another of its indices (the vector of a square's row
   // would not be a run of the input), one whose output's last variable is in another of its indices.

@@ -676,21 +676,23 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
       mentions_outer(inner.lower) || mentions_outer(inner.condition))
     return false;
 
-  const int lanes = nest_.transpose_lanes;
+  const int lanes = nest_.transpose_lanes, half = lanes / 2;
   llvm::AllocaInst* outer_it = iters_.at(static_cast<size_t>(n.iterator));
   llvm::AllocaInst* inner_it = iters_.at(static_cast<size_t>(inner.iterator));
   Value* c0 = loop_expr(n.lower);
   Value* w0 = loop_expr(inner.lower);
-  // Whole: both loops' conditions hold at their last lane (a loop's condition bounds its iterator above).
-  b_.CreateStore(b_.CreateNSWAdd(c0, ix(lanes - 1)), outer_it);
-  b_.CreateStore(b_.CreateNSWAdd(w0, ix(lanes - 1)), inner_it);
-  Value* whole = b_.CreateAnd(cond(n.condition), cond(inner.condition));
+  // Whether both loops' conditions hold at the outer c0 + dc and the inner w0 + dw (a loop's condition
+  // bounds its iterator above, and the inner loop's does not mention the outer iterator).
+  auto within = [&](int dc, int dw) {
+    b_.CreateStore(b_.CreateNSWAdd(c0, ix(dc)), outer_it);
+    b_.CreateStore(b_.CreateNSWAdd(w0, ix(dw)), inner_it);
+    return b_.CreateAnd(cond(n.condition), cond(inner.condition));
+  };
   auto* square_bb = llvm::BasicBlock::Create(ctx_, "square", fn_);
   auto* edge_bb = llvm::BasicBlock::Create(ctx_, "square.edge", fn_);
   auto* done_bb = llvm::BasicBlock::Create(ctx_, "square.done", fn_);
-  b_.CreateCondBr(whole, square_bb, edge_bb);
+  b_.CreateCondBr(within(lanes - 1, lanes - 1), square_bb, edge_bb);
 
-  b_.SetInsertPoint(square_bb);
   auto vars_at = [&](Value* outer, Value* in) {
     b_.CreateStore(outer, outer_it);
     b_.CreateStore(in, inner_it);
@@ -699,32 +701,66 @@ bool NestEmitter::transpose_square(const sched::LoopNode& n) {
     for (size_t k = 0; k < nest_.variables.size(); ++k) vars[nest_.variables[k]] = vals[k];
     return vars;
   };
-  auto* vty = llvm::FixedVectorType::get(storage_type(t), static_cast<unsigned>(lanes));
-  std::vector<Value*> rows;  // rows[m][j]: the input at the inner variable w0 + m and the outer c0 + j
-  for (int m = 0; m < lanes; ++m) {
-    const std::map<std::string, Value*> vars = vars_at(c0, b_.CreateNSWAdd(w0, ix(m)));
-    std::vector<Value*> idx;
-    for (const Polynomial& p : c.inputs[0].indices) idx.push_back(poly(p, vars));
-    rows.push_back(b_.CreateAlignedLoad(vty, element_address(c.inputs[0].tensor, idx), llvm::Align(4)));
-  }
-  // Round h swaps bit h of the row and of the column index of every element: after all, rows[k][m] is
-  // the element (m, k) of before.
-  for (int h = 1; h < lanes; h <<= 1)
-    for (int i = 0; i < lanes; ++i) {
-      if (i & h) continue;
-      std::vector<int> low, high;
-      for (int j = 0; j < lanes; ++j) {
-        low.push_back((j & h) == 0 ? j : lanes + j - h);
-        high.push_back((j & h) == 0 ? j + h : lanes + j);
-      }
-      Value* a = rows[static_cast<size_t>(i)];
-      Value* b = rows[static_cast<size_t>(i + h)];
-      rows[static_cast<size_t>(i)] = b_.CreateShuffleVector(a, b, low);
-      rows[static_cast<size_t>(i + h)] = b_.CreateShuffleVector(a, b, high);
+  // The square of `size` x `size` elements from the outer `co` and the inner `wo`: `size` vector loads of
+  // the input's rows, log2(size) rounds of shuffles, `size` vector stores of the output's rows.
+  auto move = [&](Value* co, Value* wo, int size) {
+    auto* vty = llvm::FixedVectorType::get(storage_type(t), static_cast<unsigned>(size));
+    std::vector<Value*> rows;  // rows[m][j]: the input at the inner variable wo + m and the outer co + j
+    for (int m = 0; m < size; ++m) {
+      const std::map<std::string, Value*> vars = vars_at(co, b_.CreateNSWAdd(wo, ix(m)));
+      std::vector<Value*> idx;
+      for (const Polynomial& p : c.inputs[0].indices) idx.push_back(poly(p, vars));
+      rows.push_back(b_.CreateAlignedLoad(vty, element_address(c.inputs[0].tensor, idx), llvm::Align(4)));
     }
-  for (int k = 0; k < lanes; ++k)
-    b_.CreateAlignedStore(rows[static_cast<size_t>(k)], output_address(vars_at(b_.CreateNSWAdd(c0, ix(k)), w0)), llvm::Align(4));
+    // Round h swaps bit h of the row and of the column index of every element: after all, rows[k][m] is
+    // the element (m, k) of before.
+    for (int h = 1; h < size; h <<= 1)
+      for (int i = 0; i < size; ++i) {
+        if (i & h) continue;
+        std::vector<int> low, high;
+        for (int j = 0; j < size; ++j) {
+          low.push_back((j & h) == 0 ? j : size + j - h);
+          high.push_back((j & h) == 0 ? j + h : size + j);
+        }
+        Value* a = rows[static_cast<size_t>(i)];
+        Value* b = rows[static_cast<size_t>(i + h)];
+        rows[static_cast<size_t>(i)] = b_.CreateShuffleVector(a, b, low);
+        rows[static_cast<size_t>(i + h)] = b_.CreateShuffleVector(a, b, high);
+      }
+    for (int k = 0; k < size; ++k)
+      b_.CreateAlignedStore(rows[static_cast<size_t>(k)], output_address(vars_at(b_.CreateNSWAdd(co, ix(k)), wo)), llvm::Align(4));
+  };
+  b_.SetInsertPoint(square_bb);
+  move(c0, w0, lanes);
   b_.CreateBr(done_bb);
+
+  // Squares with half edges (Nest::transpose_half_edges): an edge square whose valid part along each loop
+  // is its first half or all of it (not both all: a whole square) moves its whole quarters as squares of
+  // half the size -- the first, and the one after it along the loop that is whole, if one is; the others
+  // are empty. Any other edge runs the loops.
+  if (nest_.transpose_half_edges) {
+    auto* halves_bb = llvm::BasicBlock::Create(ctx_, "square.halves", fn_);
+    auto* loops_bb = llvm::BasicBlock::Create(ctx_, "square.loops", fn_);
+    b_.SetInsertPoint(edge_bb);
+    Value* first_halves = within(half - 1, half - 1);
+    // The second half along a loop is whole or empty: its last value in range, or its first one not.
+    Value* outer_second = b_.CreateOr(within(lanes - 1, 0), b_.CreateNot(within(half, 0)));
+    Value* inner_second = b_.CreateOr(within(0, lanes - 1), b_.CreateNot(within(0, half)));
+    b_.CreateCondBr(b_.CreateAnd(first_halves, b_.CreateAnd(outer_second, inner_second)), halves_bb, loops_bb);
+    b_.SetInsertPoint(halves_bb);
+    move(c0, w0, half);  // in range: first_halves
+    for (auto [dc, dw] : {std::pair{half, 0}, std::pair{0, half}}) {
+      auto* quarter_bb = llvm::BasicBlock::Create(ctx_, "square.quarter", fn_);
+      auto* next_bb = llvm::BasicBlock::Create(ctx_, "square.quarter.done", fn_);
+      b_.CreateCondBr(within(dc + half - 1, dw + half - 1), quarter_bb, next_bb);
+      b_.SetInsertPoint(quarter_bb);
+      move(b_.CreateNSWAdd(c0, ix(dc)), b_.CreateNSWAdd(w0, ix(dw)), half);
+      b_.CreateBr(next_bb);
+      b_.SetInsertPoint(next_bb);
+    }
+    b_.CreateBr(done_bb);
+    edge_bb = loops_bb;
+  }
 
   b_.SetInsertPoint(edge_bb);
   square_edge_ = true;

@@ -131,6 +131,7 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   nest.points = !band ? 1 : band->bounded ? band->points() : domain.is_empty() ? 0 : -1;
   const bool squares = transposing && band && band->members.size() >= 2 && band->parallel == band->members.size();
   nest.transpose_lanes = squares ? facts.transpose_lanes : 0;
+  nest.transpose_half_edges = squares && facts.transpose_half_edges;
   generate(nest, cpu_plain_nest(neutral, band, vars, facts, squares));
 }
 

@@ -97,6 +97,7 @@ struct NestFacts {
   // last member by squares of `transpose_lanes`; empty: not a transposition.
   std::string transpose_variable = {};
   int transpose_lanes = 0;
+  bool transpose_half_edges = false;  // Nest::transpose_half_edges
   // CPU reductions with no output variable leading (a column sum): the width of the column tiles of the
   // band's last member that the threads split (scheduler.cpp's column_tile); 0: none.
   int64_t column_tile = 0;

@@ -150,7 +150,8 @@ std::string print_loops(const Schedule& schedule) {
     if (nest.stores) out += "; each point stores its element";
     if (nest.stream) out += "; stores past the caches";
     if (nest.transpose_lanes)
-      out += "; transposed by " + std::to_string(nest.transpose_lanes) + "x" + std::to_string(nest.transpose_lanes) + " squares";
+      out += "; transposed by " + std::to_string(nest.transpose_lanes) + "x" + std::to_string(nest.transpose_lanes) + " squares" +
+             (nest.transpose_half_edges ? " (" + std::to_string(nest.transpose_lanes / 2) + "x" + std::to_string(nest.transpose_lanes / 2) + " at the edges)" : "");
     if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
     if (nest.permuted_copy) out += "; last tiles stored permuted into " + nest.permuted_copy->output;

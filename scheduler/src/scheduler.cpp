@@ -428,17 +428,28 @@ class ProgramScheduler {
     // halves and a 2048 x 2048 transposition's half-written lines (8 KiB apart, in one set of L1) were
     // evicted between their halves, it took 0.89-0.91 ms against 1.42-1.52 (in tiles of two squares along
     // the input's contiguous variable, see cpu_plain_nest; 0.99-1.03 ms in tiles of one); 2000 x 2000
-    // moved as fast either way (0.71-0.78 ms), and an edge of 8 in loops cost more than the squares gained
-    // (1000 x 4000: 1.31-1.37 ms against 0.99-1.02).
+    // moved as fast either way (0.71-0.78 ms). Where a range ends in half a square, the edge squares move
+    // their quarters as squares of 256-bit rows (Nest::transpose_half_edges), which paid only where a
+    // square's rows of the input lie within 4 KiB (NHWC -> NCHW of 8x56x56x64, rows 256 bytes apart:
+    // 0.28 ms against 0.33-0.35); with rows pages apart it cost (NCHW -> NHWC of 8x56x56x64: 0.38-0.40
+    // against 0.33; 1000 x 4000 1.23-1.30 against 0.97-1.05), as did an edge of 8 in the loops.
     const int narrow = std::min(256, target_.cpu.vector_bits) / (8 * bytes), wide = target_.cpu.vector_bits / (8 * bytes);
-    const bool whole_lines = target_.cpu.vector_bits == 512 && target_.cpu.fma_per_cycle == 2 &&
-                             in.shape.back() % wide == 0 && out.shape.back() % wide == 0;
-    const int lanes = whole_lines ? wide : narrow;
+    int64_t row_stride = 0, stride = 1;  // elements between the input's rows of a square (a step of `last`)
+    for (size_t k = in_indices.size(); k-- > 0; stride *= in.shape[k])
+      row_stride += std::abs(in_indices[k].bind_dims(types_.dims).coefficient(last).num()) * stride;
+    auto whole = [&](int64_t range) { return range % wide == 0; };
+    auto half_edge = [&](int64_t range) { return range >= wide && range % wide % narrow == 0; };
+    const bool full_width = target_.cpu.vector_bits == 512 && target_.cpu.fma_per_cycle == 2;
+    const bool whole_lines = full_width && whole(in.shape.back()) && whole(out.shape.back());
+    const bool half_edges = full_width && !whole_lines && half_edge(in.shape.back()) && half_edge(out.shape.back()) &&
+                            row_stride * wide * bytes <= 4096;
+    const int lanes = whole_lines || half_edges ? wide : narrow;
     if (contiguous == last || last != *out_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
     for (size_t k = 0; k < update.variables.size(); ++k)
       if (update.variables[k] == contiguous) facts.transpose_variable = "d" + std::to_string(k);
     facts.transpose_lanes = lanes;  // the builder sets update.transpose_lanes where it tiles by squares
+    facts.transpose_half_edges = half_edges;
   }
 
   // The update nest: a micro-kernel or a row reduction when the CPU strategy takes it, else a plain nest.

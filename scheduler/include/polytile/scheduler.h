@@ -392,6 +392,9 @@ struct Nest {
   // of the input's contiguous variable and, inside, as many of the output's; the code generator moves such
   // a square by vectors, transposed in registers. 0: none.
   int transpose_lanes = 0;
+  // ... and where a range ends in half a square, the edge squares move their whole quarters as squares of
+  // transpose_lanes / 2 (the other edges run the loops).
+  bool transpose_half_edges = false;
   // CPU nests of plain loops (not transpositions), and micro-kernels without epilogue that store each
   // block's accumulators once, that write a program output no later nest touches, without reading it,
   // and large enough that the caller will not find it in the caches anyway (CpuModel::stream_stores): the
