@@ -13,7 +13,6 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1833,8 +1832,24 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
 // multiply-adds (`br i1 %c, label %fma.all, label %fma.some`) in `ir` depends on a vector compare (a lane
 // mask), read off the definitions %c is made from within its function. `branches` counts the branches.
 bool fma_branch_reads_lane_masks(const std::string& ir, int& branches) {
-  const std::regex def(R"(^\s*(%[\w.\-]+) = (.*)$)"), name(R"(%[\w.\-]+)"), branch(R"(br i1 (%[\w.\-]+), label %fma\.all, label %fma\.some)"),
-      vector_compare(R"(icmp \w+ <)");
+  // The names (%x) in `text`, in order.
+  auto names = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t at = text.find('%'); at != std::string::npos; at = text.find('%', at + 1)) {
+      size_t end = at + 1;
+      while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_' || text[end] == '.' || text[end] == '-')) ++end;
+      if (end > at + 1) out.push_back(text.substr(at, end - at));
+    }
+    return out;
+  };
+  // "icmp PREDICATE <N x ...>": a compare of vectors.
+  auto vector_compare = [](const std::string& rhs) {
+    const size_t icmp = rhs.find("icmp ");
+    if (icmp == std::string::npos) return false;
+    const size_t type = rhs.find(' ', icmp + 5);
+    return type != std::string::npos && type + 1 < rhs.size() && rhs[type + 1] == '<';
+  };
+  const std::string branch = "br i1 ", targets = ", label %fma.all, label %fma.some";
   bool reads = false;
   size_t at = 0;
   while ((at = ir.find("define ", at)) != std::string::npos) {
@@ -1843,9 +1858,12 @@ bool fma_branch_reads_lane_masks(const std::string& ir, int& branches) {
     std::vector<std::string> conditions;
     std::istringstream lines(ir.substr(at, end - at));
     for (std::string line; std::getline(lines, line);) {
-      std::smatch m;
-      if (std::regex_match(line, m, def)) defs[m[1]] = m[2];
-      if (std::regex_search(line, m, branch)) conditions.push_back(m[1]);
+      const size_t first = line.find_first_not_of(' ');
+      const size_t equals = line.find(" = ");
+      if (first != std::string::npos && line[first] == '%' && equals != std::string::npos)
+        defs[line.substr(first, equals - first)] = line.substr(equals + 3);
+      const size_t br = line.find(branch), to = line.find(targets);
+      if (br != std::string::npos && to != std::string::npos) conditions.push_back(line.substr(br + branch.size(), to - br - branch.size()));
     }
     branches += static_cast<int>(conditions.size());
     std::set<std::string> seen;
@@ -1854,8 +1872,8 @@ bool fma_branch_reads_lane_masks(const std::string& ir, int& branches) {
       conditions.pop_back();
       if (!seen.insert(v).second || !defs.count(v)) continue;
       const std::string& rhs = defs.at(v);
-      reads = reads || std::regex_search(rhs, vector_compare);
-      for (auto it = std::sregex_iterator(rhs.begin(), rhs.end(), name); it != std::sregex_iterator(); ++it) conditions.push_back(it->str());
+      reads = reads || vector_compare(rhs);
+      for (const std::string& operand : names(rhs)) conditions.push_back(operand);
     }
     at = end;
   }
@@ -2285,9 +2303,19 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
       {"function (K[KH, KW, CI, CO]) -> (P) { P[tb, j, i, co, tl : CI/16, KH, KW, CO, 16] = =(K[j, i, 16*tb + tl, co]); }",
        {{"K", {3, 2, 48, 64}}}, 64, 16, 64},
   };
-  // Two squares along the input's contiguous variable: "for cK = (2 * cJ) while (cK <= ((2 * cJ) + 1))", or
-  // "min(E, (2 * cJ) + 1)" where E squares are not a whole number of pairs.
-  const std::regex pair(R"(for (c\d+) = \(2 \* (c\d+)\) while \(\1 <= (min\(\d+, )?\(\(2 \* \2\) \+ 1\)\)?\))");
+  // Two squares along the input's contiguous variable: a loop "for cK = (2 * cJ) while (cK <= ((2 * cJ) + 1))",
+  // or "min(E, ((2 * cJ) + 1))" where E squares are not a whole number of pairs.
+  auto pairs = [](const std::string& loops) {
+    std::istringstream lines(loops);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t lower = line.find(" = (2 * c");
+      if (line.find("for c") == std::string::npos || lower == std::string::npos) continue;
+      const size_t close = line.find(')', lower);
+      const std::string outer = line.substr(lower + 8, close - lower - 8);  // cJ
+      if (line.find("((2 * " + outer + ") + 1)", close) != std::string::npos) return true;
+    }
+    return false;
+  };
   int squared = 0, whole_lines = 0, half_edges = 0;
   struct Core {
     int bits, fma_per_cycle;
@@ -2322,7 +2350,7 @@ TEST(CpuTest, TranspositionsMoveSquaresTransposedInRegisters) {
           EXPECT_NE(compiled->llvm_ir().find("shufflevector " + vector), std::string::npos) << what;
           ++squared;
           if (whole || halves) {
-            EXPECT_TRUE(std::regex_search(loops, pair)) << what << "\n" << loops;
+            EXPECT_TRUE(pairs(loops)) << what << "\n" << loops;
             ++whole_lines;
           }
           const std::string edges = "(" + std::to_string(narrow) + "x" + std::to_string(narrow) + " at the edges)";
