@@ -434,15 +434,12 @@ class ProgramScheduler {
     // 0.28 ms against 0.33-0.35); with rows pages apart it cost (NCHW -> NHWC of 8x56x56x64: 0.38-0.40
     // against 0.33; 1000 x 4000 1.23-1.30 against 0.97-1.05), as did an edge of 8 in the loops.
     const int narrow = std::min(256, target_.cpu.vector_bits) / (8 * bytes), wide = target_.cpu.vector_bits / (8 * bytes);
-    int64_t row_stride = 0, stride = 1;  // elements between the input's rows of a square (a step of `last`)
-    for (size_t k = in_indices.size(); k-- > 0; stride *= in.shape[k])
-      row_stride += std::abs(in_indices[k].bind_dims(types_.dims).coefficient(last).num()) * stride;
     auto whole = [&](int64_t range) { return range % wide == 0; };
     auto half_edge = [&](int64_t range) { return range >= wide && range % wide % narrow == 0; };
     const bool full_width = target_.cpu.vector_bits == 512 && target_.cpu.fma_per_cycle == 2;
     const bool whole_lines = full_width && whole(in.shape.back()) && whole(out.shape.back());
     const bool half_edges = full_width && !whole_lines && half_edge(in.shape.back()) && half_edge(out.shape.back()) &&
-                            row_stride * wide * bytes <= 4096;
+                            facts.innermost_input_stride * wide <= 4096;  // a square's input rows: a step of `last` apart
     const int lanes = whole_lines || half_edges ? wide : narrow;
     if (contiguous == last || last != *out_indices.back().variable() || lanes < 4 || in.shape.back() < lanes || out.shape.back() < lanes) return;
     // The builder names the domain's dims positionally (d0, d1, ...).
