@@ -152,7 +152,16 @@ std::string print_loops(const Schedule& schedule) {
     if (nest.transpose_lanes)
       out += "; transposed by " + std::to_string(nest.transpose_lanes) + "x" + std::to_string(nest.transpose_lanes) + " squares" +
              (nest.transpose_half_edges ? " (" + std::to_string(nest.transpose_lanes / 2) + "x" + std::to_string(nest.transpose_lanes / 2) + " at the edges)" : "");
-    if (nest.reduction) out += "; row reduction of " + std::to_string(nest.reduction->lanes) + " lanes";
+    if (nest.reduction) {
+      const RowReduction& r = *nest.reduction;
+      out += "; row reduction of " + std::to_string(r.lanes) + " lanes";
+      if (r.hoisted) {  // "tiles of n (1) outside j, i"
+        std::string moved, inside;
+        for (size_t q = 0; q < r.hoisted; ++q) moved += (q ? ", " : "") + nest.variables[r.others[q]];
+        for (size_t k = r.outer_outputs; k < r.outputs.size(); ++k) inside += (k > r.outer_outputs ? ", " : "") + nest.variables[r.outputs[k]];
+        out += ", reduction tiles of " + moved + " (" + std::to_string(r.tile) + ") outside " + inside;
+      }
+    }
     if (nest.epilogue) out += "; epilogue " + nest.epilogue->output;
     if (nest.permuted_copy) out += "; last tiles stored permuted into " + nest.permuted_copy->output;
     if (nest.kernel) {

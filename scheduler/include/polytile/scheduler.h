@@ -299,6 +299,11 @@ struct RowReduction {
   // r's range depends on the other variables (an NCHW depthwise conv's weight gradient, x + i - 1 in the
   // image): every step masks its lanes by the accesses and constraints on r (unmasked where all hold).
   bool ragged = false;
+  // Reduction tiles (where rows share what they read and one row reads more than half of L1): the first
+  // `hoisted` of `others` run outside the output variables after the first `outer_outputs`, the last of
+  // them in tiles of `tile` values; each row sums its accumulators into the output once a tile.
+  size_t outer_outputs = 0, hoisted = 0;
+  int64_t tile = 0;
 };
 
 // The launch of a GPU kernel: one nest, its mapped loops' iterator values running from 0 to grid - 1
