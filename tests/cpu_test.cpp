@@ -2930,46 +2930,58 @@ TEST(CpuTest, RaggedRowReductionsMaskTheirLanesAtEachPoint) {
 // reduction variables outside j and i, in tiles whose reads fit half of L1, and sums each row into the
 // output once a tile (the lanes in a tree). L1 sizes that give tiles of one image, of two of five (a partial
 // last tile) and of rows of an image (n and y moved out), on one and two threads (where the threads split
-// the rows, y_slice leads), a sum and a maximum, each against the interpreter; with NaN and inf in the
-// columns just outside a row, which a wrong lane or a tile's store of a wrong row would carry into DK.
+// the rows, y_slice leads), a sum and a maximum; and rows of a batched product O[a, b] whose X[a, k, r]
+// every b shares, in tiles of k (3 of 13: a partial last tile). Each against the interpreter, also with
+// NaN and inf in the columns just outside a row, which a wrong lane or a tile's store into a wrong row
+// would carry into the output; at an L1 of 1 MiB nothing is tiled.
 TEST(CpuTest, RowReductionsTileTheirReductionWhereRowsShareTheirReads) {
-  const char* texts[] = {
-      "function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) { DK[c, j, i : C, 3, 3] = +(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
-      "function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) { DK[c, j, i : C, 3, 3] = >(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
+  struct Case {
+    const char* text;
+    Shapes shapes;
+    std::vector<int64_t> l1;
   };
-  const Shapes shapes{{"I", {5, 3, 9, 40}}, {"DO", {5, 3, 9, 40}}};
+  const Shapes image{{"I", {5, 3, 9, 40}}, {"DO", {5, 3, 9, 40}}};
+  const Case cases[] = {
+      {"function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) { DK[c, j, i : C, 3, 3] = +(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
+       image, {2048, 4096, 8192, 16384, 1 << 20}},
+      {"function (I[N, C, H, W], DO[N, C, H, W]) -> (DK) { DK[c, j, i : C, 3, 3] = >(I[n, c, j + y - 1, i + x - 1] * DO[n, c, y, x]); }",
+       image, {2048, 4096, 8192, 16384, 1 << 20}},
+      {"function (X[A, K, R], Y[A, B, K, R]) -> (O) { O[a, b : A, B] = +(X[a, k, r] * Y[a, b, k, r]); }",
+       {{"X", {2, 13, 40}}, {"Y", {2, 3, 13, 40}}}, {4096, 1 << 20}},
+  };
   std::set<std::string> tilings;
-  for (int threads : {1, 2}) {
-    for (int64_t l1 : {2048, 4096, 8192, 16384, 1 << 20}) {
-      CompileOptions o = microkernels_forced(512);
-      o.threads = threads;
-      o.target.cpu.l1_bytes = l1;
-      for (const char* text : texts) {
-        const Program p = parse_program(text);
-        const std::string what = std::string(text) + ", L1 " + std::to_string(l1) + ", " + std::to_string(threads) + " threads";
-        TensorMap in = inputs_for(shapes, DType::f32, 91);
+  for (const Case& cs : cases) {
+    const Program p = parse_program(cs.text);
+    for (int threads : {1, 2}) {
+      for (int64_t l1 : cs.l1) {
+        CompileOptions o = microkernels_forced(512);
+        o.threads = threads;
+        o.target.cpu.l1_bytes = l1;
+        const std::string what = std::string(cs.text) + ", L1 " + std::to_string(l1) + ", " + std::to_string(threads) + " threads";
+        TensorMap in = inputs_for(cs.shapes, DType::f32, 91);
         expect_same(p, in, what, o);
-        Buffer& image = in.at("I");
-        for (int64_t row = 1; row < image.size() / 40; row += 3) {
-          image.set(row * 40 - 1, std::numeric_limits<double>::quiet_NaN());
-          image.set(row * 40, -std::numeric_limits<double>::infinity());
+        for (auto& [name, b] : in) {
+          const int64_t width = b.shape().back();
+          for (int64_t row = 1; row < b.size() / width; row += 3) {
+            b.set(row * width - 1, std::numeric_limits<double>::quiet_NaN());
+            b.set(row * width, -std::numeric_limits<double>::infinity());
+          }
         }
         expect_same(p, in, "with NaN and inf: " + what, o);
         auto compiled = compile(p, types_of(in), o);
+        const std::string loops = sched::print_loops(compiled->schedule());
         const sched::Nest* rows = nullptr;
         for (const auto& nest : compiled->schedule().nests)
           if (nest.reduction) rows = &nest;
-        ASSERT_NE(rows, nullptr) << what << "\n" << sched::print_loops(compiled->schedule());
-        const std::string loops = sched::print_loops(compiled->schedule());
+        ASSERT_NE(rows, nullptr) << what << "\n" << loops;
         const size_t at = loops.find("reduction tiles of ");
-        // 9 x 40 floats of I and of DO a row: 2.9 KB, within half of an L1 of 8 KiB and more
         EXPECT_EQ(rows->reduction->hoisted > 0, at != std::string::npos) << what;
         EXPECT_EQ(rows->reduction->hoisted > 0, l1 < (1 << 20)) << what << "\n" << loops;
         if (at != std::string::npos) tilings.insert(loops.substr(at, loops.find(')', at) - at + 1));
       }
     }
   }
-  for (const char* tiling : {"reduction tiles of n (1)", "reduction tiles of n (2)", "reduction tiles of n, y (2)"})
+  for (const char* tiling : {"reduction tiles of n (1)", "reduction tiles of n (2)", "reduction tiles of n, y (2)", "reduction tiles of k (3)"})
     EXPECT_TRUE(tilings.count(tiling)) << tiling << " not among the tilings made";
 }
 
