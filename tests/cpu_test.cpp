@@ -2985,6 +2985,33 @@ TEST(CpuTest, RowReductionsTileTheirReductionWhereRowsShareTheirReads) {
     EXPECT_TRUE(tilings.count(tiling)) << tiling << " not among the tilings made";
 }
 
+// Panels of a micro-kernel whose rows each read their own vector operand (an NCHW depthwise conv: blocks
+// of 8 channels, each row its channel's plane; the weights the broadcast operand): nothing is shared along
+// a block column, so the column blocks (2 of 32 lanes for 56 columns) run inside the images and rows, and
+// a row of a plane serves both while it is in L1. The forward and the data gradient against the
+// interpreter, with the loop over the 2 column blocks inside the one over the 20 rows.
+TEST(CpuTest, PanelsWhoseRowsReadTheirOwnVectorOperandRunTheirColumnsInside) {
+  const Program forward = parse_program(
+      "function (I[N, C, H, W], K[C, KH, KW]) -> (O) { O[n, c, y, x : N, C, H, W] = +(I[n, c, y + j - 1, x + i - 1] * K[c, j, i]); }");
+  ad::Options wrt_image;
+  wrt_image.wrt = {"I"};
+  const Program gradient = ad::vjp(forward, wrt_image).program;
+  const CompileOptions o = microkernels_forced(512);
+  for (const Program* p : {&forward, &gradient}) {
+    TensorMap in = inputs_for({{"I", {3, 32, 20, 56}}, {"K", {32, 3, 3}}, {"DO", {3, 32, 20, 56}}}, DType::f32, 5);
+    if (p == &forward) in.erase("DO");
+    const std::string what = print(*p);
+    expect_same(*p, in, what, o);
+    const std::string loops = sched::print_loops(compile(*p, types_of(in), o)->schedule());
+    ASSERT_NE(loops.find("micro-kernel 8x2x16"), std::string::npos) << what << loops;
+    const size_t rows = loops.find(" <= 19)") != std::string::npos ? loops.find(" <= 19)") : loops.find(" <= 20)");
+    const size_t columns = loops.find(" <= 1)");
+    ASSERT_NE(rows, std::string::npos) << loops;
+    ASSERT_NE(columns, std::string::npos) << loops;
+    EXPECT_LT(rows, columns) << "the column blocks' loop runs outside the rows'\n" << loops;
+  }
+}
+
 // Compiles of different programs may run at once (each has its own isl and LLVM contexts; the cache is
 // locked): four threads compile and run four programs, each equal to the interpreter.
 TEST(CpuTest, ConcurrentCompilesOfDifferentPrograms) {

@@ -109,6 +109,17 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     for (size_t j = 0; j < mk.others.size(); ++j)
       for (const auto& p : in.indices) picks_columns[j] = picks_columns[j] && p.coefficient(nest.variables[mk.others[j]]) == Rational(0);
   }
+  // Whether the rows of a block share a vector operand (sgemm's B panel, a conv's weights), or each reads
+  // its own (an NCHW depthwise conv's image planes, one per channel row).
+  bool shared_vector = false;
+  for (const auto& in : c.inputs) {
+    bool has_v = false, has_b = false;
+    for (const auto& p : in.indices) {
+      has_v |= p.coefficient(plan->vector) != Rational(0);
+      has_b |= p.coefficient(plan->block) != Rational(0);
+    }
+    shared_vector |= has_v && !has_b;
+  }
   if (!broadcast) picks_columns.assign(mk.others.size(), false);
   // The inputs' access functions over S, not restricted to the domain: footprints are then those of
   // interior blocks, where every point of a tile is valid.
@@ -144,6 +155,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
   choices.picks_columns = std::move(picks_columns);
+  choices.rows_share_vector = shared_vector;
   choices.long_tiles = l2_tiles;
   choices.block_strides = block_strides(c, types, nest.variables, mk);
   choices.lane_points = lane_points;
@@ -399,7 +411,7 @@ class MicrokernelNest {
 
   // The outer band (over which the threads split) and the block band inside the reduction tiles.
   // block_strides: bytes between consecutive values of each block dimension (others, Bb, Bv) in the output.
-  void block_bands(bool weight_mode, const std::vector<bool>& picks_columns, const std::vector<double>& block_strides) {
+  void block_bands(bool weight_mode, const std::vector<bool>& picks_columns, bool rows_share_vector, const std::vector<double>& block_strides) {
     int64_t tile_points = 1;
     for (int64_t t : tile_) tile_points *= t;
     if (weight_mode) {
@@ -506,6 +518,15 @@ class MicrokernelNest {
     const Tuple L = step_tuple();
     for (size_t k = 0; k < others_.size(); ++k)
       if (other_tile[k] > 1) inner_.push_back(L.var(others_[k]));
+    // Panels whose rows each read their own vector operand (an NCHW depthwise conv: its row blocks are
+    // channels, the weights its broadcast operand, its images and rows pick columns of the planes) share
+    // nothing along a column: the block columns then run inside the other variables, so that a row of
+    // the image serves both column blocks while it is in L1 (8x64x56x56 on one thread: 1.03-1.04 ->
+    // 0.94-0.95 ms; with the columns outside it was read once per column block).
+    if (panels && !rows_share_vector) {
+      outer_.pop_back();  // Bv, which the rotation left last
+      inner_.push_back(L.var("bv"));
+    }
     inner_.push_back(L.var("bb"));
   }
 
@@ -641,7 +662,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
   nest.microkernel->lanes_in_range = mk.lanes_in_range();
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value() || nest.permuted_copy.has_value());
-  mk.block_bands(choices.weight_mode, choices.picks_columns, choices.block_strides);
+  mk.block_bands(choices.weight_mode, choices.picks_columns, choices.rows_share_vector, choices.block_strides);
   nest.parallel_outer = true;
   generate(nest, mk.tree(choices.weight_mode), &step);
   return mk.stored_points(choices.lane_points);

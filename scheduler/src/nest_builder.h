@@ -108,6 +108,7 @@ struct MicrokernelChoices {
   bool weight_mode = false;   // a small output with long reductions: reduction tiles outside the blocks
   bool zero_init = false;     // blocks start from zero accumulators (no default tensor)
   std::vector<bool> picks_columns;  // per other output variable (Microkernel::others): no broadcast input reads it
+  bool rows_share_vector = true;  // some input read along the vector variable does not follow the block variable
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
   std::vector<double> block_strides;  // per block dimension (others, Bb, Bv): bytes between its values in the output
   isl::set lane_points;       // the domain with the block variable unconstrained: v's range at each reduction point
