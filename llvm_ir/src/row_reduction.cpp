@@ -90,7 +90,8 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       for (size_t a = 1; a < acc_.size(); ++a) total = accumulate(c.aggregation, total, b_.CreateLoad(vty, acc_[a]), t);
       // The lanes in halves (a tree of log2(lanes) vector steps, not a chain of lanes - 1 scalar ones: the
       // sum runs once per row and reduction tile, and a chain of 15 adds is 60 cycles of latency).
-      for (unsigned width = lanes; width > 1 && width % 2 == 0; width /= 2) {
+      unsigned width = lanes;
+      for (; width > 1 && width % 2 == 0; width /= 2) {
         std::vector<int> low, high;
         for (unsigned l = 0; l < width / 2; ++l) {
           low.push_back(static_cast<int>(l));
@@ -98,9 +99,8 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
         }
         total = accumulate(c.aggregation, b_.CreateShuffleVector(total, low), b_.CreateShuffleVector(total, high), t);
       }
-      const unsigned left = static_cast<unsigned>(llvm::cast<llvm::FixedVectorType>(total->getType())->getNumElements());
       Value* h = b_.CreateExtractElement(total, uint64_t{0});
-      for (unsigned l = 1; l < left; ++l) h = accumulate(c.aggregation, h, b_.CreateExtractElement(total, l), t);
+      for (unsigned l = 1; l < width; ++l) h = accumulate(c.aggregation, h, b_.CreateExtractElement(total, l), t);
       Value* addr = output_address(vars);
       Typed old = load_address(t, addr);
       store_address(t, addr, {accumulate(c.aggregation, old.v, h, t), t});

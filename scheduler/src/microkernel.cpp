@@ -99,26 +99,17 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // Which other output variables leave the broadcast operands alone (they only pick columns of the
   // vector operand: a conv's output channel blocks, a packed matrix's panels). Without a broadcast operand
   // (a depthwise conv's image and weights both read the channels), none: they pick rows of the operands.
+  // Also whether the rows of a block share a vector operand (sgemm's B panel, a conv's weights), or each
+  // reads its own (an NCHW depthwise conv's image planes, one per channel row).
   std::vector<bool> picks_columns(mk.others.size(), true);
-  bool broadcast = false;
+  bool broadcast = false, shared_vector = false;
   for (const auto& in : c.inputs) {
-    bool has_v = false;
-    for (const auto& p : in.indices) has_v |= p.coefficient(plan->vector) != Rational(0);
-    if (has_v) continue;
-    broadcast = true;
-    for (size_t j = 0; j < mk.others.size(); ++j)
-      for (const auto& p : in.indices) picks_columns[j] = picks_columns[j] && p.coefficient(nest.variables[mk.others[j]]) == Rational(0);
-  }
-  // Whether the rows of a block share a vector operand (sgemm's B panel, a conv's weights), or each reads
-  // its own (an NCHW depthwise conv's image planes, one per channel row).
-  bool shared_vector = false;
-  for (const auto& in : c.inputs) {
-    bool has_v = false, has_b = false;
-    for (const auto& p : in.indices) {
-      has_v |= p.coefficient(plan->vector) != Rational(0);
-      has_b |= p.coefficient(plan->block) != Rational(0);
+    if (uses(in.indices, plan->vector)) {
+      shared_vector |= !uses(in.indices, plan->block);
+      continue;
     }
-    shared_vector |= has_v && !has_b;
+    broadcast = true;
+    for (size_t j = 0; j < mk.others.size(); ++j) picks_columns[j] = picks_columns[j] && !uses(in.indices, nest.variables[mk.others[j]]);
   }
   if (!broadcast) picks_columns.assign(mk.others.size(), false);
   // The inputs' access functions over S, not restricted to the domain: footprints are then those of

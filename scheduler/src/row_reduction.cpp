@@ -21,35 +21,25 @@ namespace polytile::sched::internal {
 
 namespace {
 
-struct RowTiles {
-  size_t outer_outputs = 0, hoisted = 0;
-  int64_t tile = 0;
-};
-
-// Reduction tiles of a row reduction (RowReduction::hoisted). Its rows are its output variables' points,
-// each the whole reduction over the other reduction variables and r. Where rows read the same elements
-// (an NCHW depthwise conv's weight gradient DK[c, j, i]: the 9 rows of a channel read the same planes of I
-// and DO) and one row reads more than `budget` bytes, every row read them from L2 again (8 images of a
-// channel, 100 KB, 9 times). The other reduction variables then move, from the first, outside the rows
-// that share (the output variables after the longest prefix that every input follows), the last moved in
-// tiles of the most values whose reads by all those rows fit the budget: one image of a channel there, 13
-// KB read 9 times from L1. Each row's accumulators are then summed into the output once a tile.
-RowTiles row_reduction_tiles(const Nest& nest, const Contraction& c, const ProgramTypes& types,
-                             const std::vector<poly::VariableBounds>& bounds, int64_t budget) {
-  RowTiles none;
-  const RowReduction& red = *nest.reduction;
-  if (red.outputs.empty() || red.others.empty()) return none;
+// Reduction tiles of a row reduction (RowReduction::outer_outputs, hoisted, tile: set in `red`, left 0 for
+// none). Its rows are its output variables' points, each the whole reduction over the other reduction
+// variables and r. Where rows read the same elements (an NCHW depthwise conv's weight gradient DK[c, j, i]:
+// the 9 rows of a channel read the same planes of I and DO) and one row reads more than `budget` bytes,
+// every row read them from L2 again (8 images of a channel, 100 KB, 9 times). The other reduction
+// variables then move, from the first, outside the rows that share (the output variables after the
+// longest prefix that every input follows), the last moved in tiles of the most values whose reads by all
+// those rows fit the budget: one image of a channel there, 13 KB read 9 times from L1. Each row's
+// accumulators are then summed into the output once a tile.
+void plan_row_tiles(RowReduction& red, const std::vector<std::string>& names, const Contraction& c, const ProgramTypes& types,
+                    const std::vector<poly::VariableBounds>& bounds, int64_t budget) {
+  if (red.outputs.empty() || red.others.empty()) return;
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
-  const auto& names = nest.variables;
-  auto follows = [&](const TensorAccess& in, const std::string& v) {
-    return std::any_of(in.indices.begin(), in.indices.end(), [&](const Polynomial& p) { return p.coefficient(v) != Rational(0); });
-  };
   size_t outer = 0;
   while (outer < red.outputs.size() &&
-         std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) { return follows(in, names[red.outputs[outer]]); }))
+         std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& in) { return uses(in.indices, names[red.outputs[outer]]); }))
     ++outer;
-  if (outer == 0 || outer == red.outputs.size()) return none;  // the threads split the outer rows; some rows must share
+  if (outer == 0 || outer == red.outputs.size()) return;  // the threads split the outer rows; some rows must share
   // The bytes that the points of `vars` (each over its extent, or `sizes`) read, at fixed other variables: per
   // dim of each input the values its index takes, at most the dim.
   auto bytes = [&](const std::map<std::string, int64_t>& sizes) {
@@ -72,17 +62,21 @@ RowTiles row_reduction_tiles(const Nest& nest, const Contraction& c, const Progr
   };
   std::map<std::string, int64_t> row{{names[red.vector], red.hi - red.lo + 1}};
   for (size_t k : red.others) row[names[k]] = extent[names[k]];
-  if (bytes(row) <= static_cast<double>(budget)) return none;
+  if (bytes(row) <= static_cast<double>(budget)) return;
   for (size_t k = outer; k < red.outputs.size(); ++k) row[names[red.outputs[k]]] = extent[names[red.outputs[k]]];
   for (size_t q = 0; q < red.others.size(); ++q) {
     const std::string& e = names[red.others[q]];
     for (int64_t size = extent[e] - 1; size >= 1; --size) {
       row[e] = size;
-      if (bytes(row) <= static_cast<double>(budget)) return {outer, q + 1, size};
+      if (bytes(row) <= static_cast<double>(budget)) {
+        red.outer_outputs = outer;
+        red.hoisted = q + 1;
+        red.tile = size;
+        return;
+      }
     }
     row.erase(e);  // moved out whole: one value a tile
   }
-  return none;
 }
 
 }  // namespace
@@ -154,6 +148,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
     if (!std::all_of(polys.begin(), polys.end(), integral)) return false;
     red.ragged = true;
   }
+  plan_row_tiles(red, nest.variables, c, types, a.bounds, target.cpu.l1_bytes / 2);
   nest.reduction = red;
 
   auto pick = [&positional](const std::vector<size_t>& ks) {
@@ -162,10 +157,6 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
     return out;
   };
   const std::vector<std::string> outs = pick(red.outputs), others = pick(red.others);
-  const RowTiles tiles = row_reduction_tiles(nest, c, types, a.bounds, target.cpu.l1_bytes / 2);
-  nest.reduction->outer_outputs = tiles.outer_outputs;
-  nest.reduction->hoisted = tiles.hoisted;
-  nest.reduction->tile = tiles.tile;
   const int64_t group = int64_t{red.accumulators} * lanes;
   std::vector<std::string> f_vars = outs;
   f_vars.insert(f_vars.end(), others.begin(), others.end());
@@ -175,17 +166,17 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   isl::set steps = domain.apply(isl::map(ctx.get(), "{ " + tuple + " -> F[" + join(f_image) + "] }")).coalesce();
   // The tiles' coordinates (RowReduction::hoisted): the hoisted variables, the last one's tile.
   std::vector<std::string> tile_names, tile_of;
-  for (size_t q = 0; q < tiles.hoisted; ++q) {
+  for (size_t q = 0; q < red.hoisted; ++q) {
     const size_t k = red.others[q];
     tile_names.push_back("h" + std::to_string(q));
-    if (q + 1 < tiles.hoisted) {
+    if (q + 1 < red.hoisted) {
       tile_of.push_back(positional[k]);
       continue;
     }
     int64_t lo = 0;
     for (const auto& b : a.bounds)
       if (b.name == nest.variables[k]) lo = b.min;
-    tile_of.push_back("floor((" + positional[k] + " - (" + std::to_string(lo) + "))/" + std::to_string(tiles.tile) + ")");
+    tile_of.push_back("floor((" + positional[k] + " - (" + std::to_string(lo) + "))/" + std::to_string(red.tile) + ")");
   }
   std::vector<std::string> row_image = outs, row_vars = outs;
   row_image.insert(row_image.end(), tile_of.begin(), tile_of.end());
@@ -205,16 +196,16 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
                                                  join(row) + "] }"));
   };
   if (!outs.empty()) {
-    const std::vector<std::string> outer(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(tiles.hoisted ? tiles.outer_outputs : outs.size()));
+    const std::vector<std::string> outer(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(red.hoisted ? red.outer_outputs : outs.size()));
     node = rows_band(node, outer, outer);
     if (parallel) {  // proven: distinct rows write distinct elements
       node = node.as<isl::schedule_node_band>().member_set_coincident(0, 1);
       node = node.insert_mark(statements.parallel_mark).child(0);
     }
     node = node.child(0);
-    if (tiles.hoisted) {
+    if (red.hoisted) {
       node = rows_band(node, tile_names, tile_of).child(0);
-      const std::vector<std::string> shared(outs.begin() + static_cast<std::ptrdiff_t>(tiles.outer_outputs), outs.end());
+      const std::vector<std::string> shared(outs.begin() + static_cast<std::ptrdiff_t>(red.outer_outputs), outs.end());
       node = rows_band(node, shared, shared).child(0);
     }
   }
