@@ -2715,8 +2715,9 @@ TEST(CpuTest, LongReductionsOverflowingL2TakeL2SizedTiles) {
   };
   const std::string long_reduction = tile_of(920), short_reduction = tile_of(697);
   // A block (6 rows of A, 16 columns of B in f64: 176 bytes per value of k) over a tile within 3/4 of L1,
-  // 3072 bytes: 17 values of k; within an eighth of L2, 8192 bytes: 46 (both already balanced).
-  EXPECT_NE(long_reduction.find("c4 <= ((46 * c2) + 45)"), std::string::npos) << long_reduction;
+  // 3072 bytes: 17 values of k (already balanced); within three eighths of L2, 24576 bytes: 139, so 920 in
+  // 7 tiles, balanced to 132.
+  EXPECT_NE(long_reduction.find("c4 <= min(919, ((132 * c2) + 131))"), std::string::npos) << long_reduction;
   EXPECT_NE(short_reduction.find("c3 <= ((17 * c1) + 16)"), std::string::npos) << short_reduction;
   // Several short reduction variables (a window's), 48 x 48 = 2304 points, keep L1 tiles: the accumulators
   // they reload are a few blocks' (a 3x3 256->256 conv's forward and data gradient ran 6% faster on one

@@ -228,7 +228,9 @@ bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target) {
 }
 
 int64_t reduction_tile_budget(bool long_tiles, const Target& target) {
-  const int64_t bytes = long_tiles || target.cpu.fma_per_cycle < 2 ? target.cpu.l2_bytes / 8 : target.cpu.l1_bytes * 3 / 4;
+  const int64_t bytes = long_tiles                     ? target.cpu.l2_bytes * 3 / 8
+                        : target.cpu.fma_per_cycle < 2 ? target.cpu.l2_bytes / 8
+                                                       : target.cpu.l1_bytes * 3 / 4;
   return bytes * std::max(1, target.cpu.reduction_tile_percent) / 100;
 }
 
