@@ -2002,7 +2002,8 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   EXPECT_EQ(lowered(ab, plain).find("A_T["), std::string::npos) << lowered(ab, plain);
   // An NCHW conv's input channels are its longest reduction, a plane (32 x 32 floats, 4 KB) apart: read
   // from an NHWC copy, the channels the innermost reduction. Its data gradient reads the output gradient
-  // after the weights, so a copy would not make the channels innermost there: none.
+  // after the weights, so a copy would not make the channels innermost there; with its blocks along x the
+  // rows share each line of the output gradient: no copy.
   const CompileOptions avx512 = microkernels_forced(512);
   auto lowered_wide = [&](const Program& p, const TensorMap& in) { return print(compile(p, types_of(in), avx512)->program()); };
   Program nchw = padded_nchw_conv();
@@ -2019,6 +2020,26 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   EXPECT_NE(backward.find("DI_L["), std::string::npos) << backward;
   EXPECT_EQ(backward.find("DO_T["), std::string::npos) << backward;
   expect_same(gradient, planes, "NCHW data gradient, output gradient read as it is", avx512);
+  // A stride-2 NCHW conv's data gradient whose blocks run over the images: each row reads its own image
+  // of the output gradient, a plane (16 x 16 f64, 2 KB) further at every output channel. The gradient's
+  // product then reads an NHWC copy of it first (x y = y x), which makes the output channels the
+  // innermost reduction; the swapped product is proven with isl in its original order (expect_same's
+  // verify) and run against the interpreter.
+  const Program strided = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H/2, W/2] = +(I[n, ci, 2*y + j - 1, 2*x + i - 1] * K[co, ci, j, i]); }");
+  const Program strided_gradient = ad::vjp(strided, data).program;
+  TensorMap images = inputs_for({{"I", {4, 16, 32, 32}}, {"K", {16, 16, 3, 3}}, {"DO", {4, 16, 16, 16}}}, DType::f64, 77);
+  auto compiled = compile(strided_gradient, types_of(images), avx512);
+  const std::string swapped = print(compiled->program());
+  EXPECT_NE(swapped.find("DO_T[t0, t2, t3, t1 : 4, 16, 16, 16] = =(DO[t0, t1, t2, t3])"), std::string::npos) << swapped;
+  EXPECT_NE(swapped.find("= +(DO_T["), std::string::npos) << swapped;
+  bool innermost = false;
+  for (const auto& nest : compiled->schedule().nests)
+    if (nest.microkernel && !nest.microkernel->reductions.empty())
+      innermost = nest.variables[nest.microkernel->reductions.back()] == "v4";  // the output channel
+  EXPECT_TRUE(innermost) << sched::print_loops(compiled->schedule());
+  expect_same(strided_gradient, images, "strided NCHW data gradient, output gradient copied and read first", avx512);
 }
 
 // Output permutation (prepare_layouts): an NCHW convolution's output is contiguous along x, 7 columns that
