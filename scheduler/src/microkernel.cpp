@@ -216,9 +216,9 @@ class MicrokernelNest {
   // Cost model: reduction tiles sized by footprints computed with isl. The inputs a block (in a
   // weight-gradient nest, a row of blocks across all columns) reads over one full reduction tile -- the
   // bounding box of the image of the tile's points under each access function -- must fit in three
-  // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles in three
-  // eighths of L2, on a core of one FMA a cycle in an eighth (plan.h, reduction_tile_budget). Filled innermost
-  // reduction variable first, each as large as fits (binary search), then balanced.
+  // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles in
+  // three eighths of L2, on a core of one FMA a cycle in an eighth (plan.h, reduction_tile_budget). Filled
+  // innermost reduction variable first, each as large as fits (binary search), then balanced.
   void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode, bool long_tiles) {
     tile_.assign(reds_.size(), 1);
     red_lo_.assign(reds_.size(), 0);

@@ -67,8 +67,8 @@ bool long_tiles(int64_t out_bytes, int64_t longest, const Target& target);
 // in tiles of an eighth of L2 (3 of 683) they went back to L3 twice a block. On a 2-core Emerald Rapids
 // guest (interleaved, fastest of 10 runs, 2026-12-06): sgemm 2048 55.7-56.5 -> 53.9-54.6 ms, 2000
 // 51.5-52.3 -> 50.4-50.8, 1000 6.50-6.63 -> 6.40-6.45, A^T B 2048 57.4-58.9 -> 55.5-57.0; a quarter of
-// L2 (tiles of 1024) was within the noise of an eighth. An eighth of L2 on a core
-// that issues one full-width FMA a cycle (CpuModel::fma_per_cycle; Zen 4): a step of R rows x C chunks
+// L2 (tiles of 1024) was within the noise of an eighth. An eighth of L2 on a core that issues one
+// full-width FMA a cycle (CpuModel::fma_per_cycle; Zen 4): a step of R rows x C chunks
 // then takes R x C cycles, twice two FMAs a cycle's, and its C vector loads stream from L2 at half the
 // rate, while longer tiles load and store the accumulators fewer times. On a 2-core Zen 4 guest
 // (interleaved, 2026-11-29) the 3x3 convs' forward and data gradients ran 2-3% faster with it (128

@@ -276,9 +276,10 @@ struct Microkernel {
   bool prefetch_next_block = false;
   // When positive, every fma step of a uniform block prefetches each cache line of its vector operand
   // this many steps of the innermost reduction variable ahead. Set where the reduction tiles are sized
-  // for L2 (plan.h long_tiles: a product whose output overflows L2, as sgemm 2048's packed panels of 2048 x
-  // 64 floats, 512 KiB, in one tile): the vector operand then streams from L2 at every block, a step's lines (4 of them
-  // for 4 chunks of 16 floats) for every step's 24 FMAs, and asked for ahead its loads find them in L1.
+  // for L2 (plan.h long_tiles: a product whose output overflows L2, as sgemm 2048's packed panels of
+  // 2048 x 64 floats, 512 KiB, in one tile): the vector operand then streams from L2 at every block, a
+  // step's lines (4 of them for 4 chunks of 16 floats) for every step's 24 FMAs, and asked for ahead its
+  // loads find them in L1.
   int prefetch_vector_steps = 0;
   // Every lane of every block is in the vector variable's range (isl: no block has a lane outside it, as
   // with 64 channels in blocks of 16): predicated blocks then mask their rows only, never their lanes.
