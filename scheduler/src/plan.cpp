@@ -668,16 +668,16 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
 
 // The statements that compute `c` with the layouts its micro-kernel `plan` wants: the broadcast operand
 // transposed (far_broadcast_steps), the vector operand packed into panels or transposed, then `c` reading them.
-// `commuted` gets c's output where its two inputs were swapped (FarSteps::first).
+// `commuted` (when given) gets c's output where its two inputs were swapped (FarSteps::first).
 void lay_out(const Contraction& c, const ProgramTypes& types, MicroPlan plan, const std::vector<poly::VariableBounds>& bounds,
-             const Target& target, std::set<std::string>& names, std::vector<Statement>& out, std::set<std::string>& commuted) {
+             const Target& target, std::set<std::string>& names, std::vector<Statement>& out, std::set<std::string>* commuted) {
   Contraction rewritten = c;
   if (auto far = far_broadcast_steps(c, types, plan, bounds)) {
     out.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(far->input)], far->r, types, names));
     if (far->first) {
       std::swap(rewritten.inputs[0], rewritten.inputs[1]);
       if (plan.transpose_input >= 0) plan.transpose_input = 1 - plan.transpose_input;
-      commuted.insert(c.output);
+      if (commuted) commuted->insert(c.output);
     }
   }
   if (std::optional<Program> packed = pack_vector_operand(rewritten, types, plan, bounds, target, names)) {
@@ -696,8 +696,7 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
                         std::map<std::string, std::pair<std::string, size_t>>* permuted, std::set<std::string>* commuted) {
   Program out = program;
   out.statements.clear();
-  std::set<std::string> names = tensor_names(program), swapped;
-  if (!commuted) commuted = &swapped;
+  std::set<std::string> names = tensor_names(program);
   const isl_support::IslContext ctx;
   for (const auto& st : program.statements) {
     const auto* c = std::get_if<Contraction>(&st);
@@ -713,7 +712,7 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
     }
     const std::optional<MicroPlan> plan = plan_microkernel(*c, types, a.bounds, target, true);
     if (std::optional<PermutedOutput> p = permuted_output(*c, types, plan, analysis, target, names)) {
-      lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements, *commuted);
+      lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements, commuted);
       out.statements.push_back(p->copy);
       if (permuted) (*permuted)[p->inner.output] = {c->output, p->moved};
       continue;
@@ -722,7 +721,7 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
       out.statements.push_back(st);
       continue;
     }
-    lay_out(*c, types, *plan, a.bounds, target, names, out.statements, *commuted);
+    lay_out(*c, types, *plan, a.bounds, target, names, out.statements, commuted);
   }
   return out;
 }
