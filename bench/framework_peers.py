@@ -278,28 +278,44 @@ def available():
     return peers, versions
 
 
-def measure(cases, repeats=10, log=print):
+def measure(cases, repeats=10, log=print, rounds=3):
     """{(case, peer): (rate, unit)} for every polytile case a framework computes; the names of cases
-    without a spec are returned too, to be reported."""
+    without a spec are returned too, to be reported.
+
+    The cases are timed in `rounds` passes over all of them, and each rate is the median of its passes'
+    medians: a framework is timed after the C++ bench, not interleaved with polytile, and on a shared
+    machine one pass over a case could fall in a slow minute (PyTorch's 7x7 stem 283 and 143 GFLOP/s in two
+    passes minutes apart on a 2-core guest, 2026-12-06), which a median over passes spread through the
+    run leaves out."""
     peers, versions = available()
-    log("frameworks: " + ", ".join(versions))
-    rates, unknown = {}, []
+    log("frameworks: " + ", ".join(versions) + f"; {rounds} passes over the cases")
+    specs, unknown = {}, []
     for case in cases:
         spec = parse(case)
         if spec is None:
             unknown.append(case)
-            continue
-        kind, args, work, unit = spec
-        for peer, (make, sync) in sorted(peers.items()):
-            steps = make(kind, args)
-            if steps is None:
-                continue
-            if not isinstance(steps, dict):
-                steps = {"": steps}
-            timed = {label: median_seconds(step, sync, repeats) for label, step in steps.items()}
-            label = min(timed, key=timed.get)  # the fastest variant (PyTorch: memory format)
-            seconds = timed[label]
-            rates[(case, peer)] = (work * 1e-9 / seconds, unit)
-            others = ", ".join(f"{k} {work * 1e-9 / v:.1f}" for k, v in timed.items() if k != label)
-            log(f"  {case} {peer}: {work * 1e-9 / seconds:.1f} {unit}" + (f" ({label}; {others})" if others else ""))
+        else:
+            specs[case] = spec
+    passes = {}  # (case, peer) -> {label: [seconds of each pass]}
+    for _ in range(rounds):
+        for case, (kind, args, work, unit) in specs.items():
+            for peer, (make, sync) in sorted(peers.items()):
+                steps = make(kind, args)
+                if steps is None:
+                    continue
+                if not isinstance(steps, dict):
+                    steps = {"": steps}
+                timed = passes.setdefault((case, peer), {})
+                for label, step in steps.items():
+                    timed.setdefault(label, []).append(median_seconds(step, sync, repeats))
+                del steps
+    rates = {}
+    for (case, peer), timed in sorted(passes.items()):
+        kind, args, work, unit = specs[case]
+        seconds = {label: statistics.median(t) for label, t in timed.items()}
+        label = min(seconds, key=seconds.get)  # the fastest variant (PyTorch: memory format)
+        rates[(case, peer)] = (work * 1e-9 / seconds[label], unit)
+        spread = f"passes {work * 1e-9 / max(timed[label]):.1f}-{work * 1e-9 / min(timed[label]):.1f}"
+        others = ", ".join(f"{k} {work * 1e-9 / v:.1f}" for k, v in seconds.items() if k != label)
+        log(f"  {case} {peer}: {work * 1e-9 / seconds[label]:.1f} {unit} ({spread}" + (f"; {label}; {others})" if others else ")"))
     return rates, unknown

@@ -4,12 +4,13 @@ of the machine's limits measured in the same run (peak/fma, peak/triad) as a tab
 the absolute rates with those limits as lines to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
 Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [--frameworks]
-                          [-- BENCH ARGS]
+                          [--framework-passes N] [-- BENCH ARGS]
 A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
 no_prefetch, unfused, unsplit, alone, cached, through_max; on a GPU cublas, cudnn, cudnn_tf32);
 the ratio is polytile's rate over the peer's (above 1: polytile is faster). With --frameworks, JAX and
 PyTorch (bench/framework_peers.py, where they import: run with build/python-venv/bin/python) time the same
-cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them).
+cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them),
+each rate the median over N passes through all the cases (3 by default).
 The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bundles KIT/bundles
 Every library in the run gets its large allocations on transparent huge pages where the kernel gives them,
 as polytile's buffers do (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for malloc, THP_MEM_ALLOC_ENABLE=1 for
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(root, "build", "polytile_bench"))
     ap.add_argument("--out", default=here, help="folder for results.json and ratios.png")
     ap.add_argument("--frameworks", action="store_true", help="also time JAX and PyTorch on the same cases")
+    ap.add_argument("--framework-passes", type=int, default=3,
+                    help="passes of JAX and PyTorch through the cases; each rate is the median over them")
     ap.add_argument("--cpu", help="polytile's code for this CPU as LLVM names it (e.g. znver3: AVX2 code on an AVX-512 machine)")
     ap.add_argument("--peers-isa", choices=["avx2"],
                     help="hold oneDNN, OpenBLAS and PyTorch to this instruction set (JAX's XLA keeps its own choice)")
@@ -105,7 +108,8 @@ def main():
         import framework_peers
 
         cases = sorted({r[0] for r in rows})
-        measured, unknown = framework_peers.measure(cases, log=lambda line: print(line, file=sys.stderr))
+        measured, unknown = framework_peers.measure(cases, log=lambda line: print(line, file=sys.stderr),
+                                                     rounds=max(1, args.framework_passes))
         if unknown:
             print("frameworks: no spec in bench/framework_peers.py for " + ", ".join(unknown), file=sys.stderr)
         polytile_rate = {r[0]: r[2] for r in rows}
