@@ -4,13 +4,16 @@ of the machine's limits measured in the same run (peak/fma, peak/triad) as a tab
 the absolute rates with those limits as lines to bench/ratios.png (matplotlib, from Debian's python3-matplotlib).
 
 Usage: bench/run_bench.py [--filter REGEX] [--min-time SECONDS] [--binary BENCH] [--out DIR] [--frameworks]
-                          [--framework-passes N] [-- BENCH ARGS]
+                          [--framework-passes N] [--reuse] [-- BENCH ARGS]
 A case "<name>/polytile" is paired with "<name>/<peer>" (onednn, onednn_reorders, openblas, no_defract,
 no_prefetch, unfused, unsplit, alone, cached, through_max; on a GPU cublas, cudnn, cudnn_tf32);
 the ratio is polytile's rate over the peer's (above 1: polytile is faster). With --frameworks, JAX and
 PyTorch (bench/framework_peers.py, where they import: run with build/python-venv/bin/python) time the same
 cases right after, as the peers "jax" and "torch" of the same table and plot (frameworks.json keeps them),
-each rate the median over N passes through all the cases (3 by default).
+each rate the median over N passes through all the cases (3 by default). The summary table -- a row per
+conv or kernel, polytile against its library peer, PyTorch and JAX, and the machine's limits -- goes to
+table.md in --out too (the README's table). --reuse runs nothing and tabulates and plots the results
+already in --out.
 The GPU benchmark: bench/run_bench.py --binary build/polytile_gpu_bench -- --bundles KIT/bundles
 Every library in the run gets its large allocations on transparent huge pages where the kernel gives them,
 as polytile's buffers do (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for malloc, THP_MEM_ALLOC_ENABLE=1 for
@@ -34,6 +37,75 @@ def rate(b):
     return 1.0 / b["real_time"], "1/time"
 
 
+# The peers a user would pick instead of polytile (the table's columns); the other pairings (no_prefetch,
+# unfused, cached, ...) are polytile against itself.
+LIBRARY_PEERS = ("onednn", "onednn_reorders", "openblas", "cublas", "cudnn", "cudnn_tf32")
+FRAMEWORK_PEERS = ("torch", "jax")
+ITEM_ORDER = ("fwd", "bwd_data", "bwd_weights", "bwd", "bwd_stop_max", "rows", "columns", "total", "columns_max")
+
+
+def group_of(case):
+    """(row, item) of a case in the summary table: a conv's directions, the sizes of a matrix product and
+    the variants of a kernel share a row."""
+    parts = case.split("/")
+    if parts[0] in ("conv", "conv_nchw") and len(parts) == 3:
+        return "/".join(parts[:2]), parts[2]
+    if parts[0].startswith("sgemm") and len(parts) >= 2:
+        return parts[0], parts[1]
+    return parts[0], "/".join(parts[1:])
+
+
+def summary_table(rows, of_limit):
+    """The README's table: a row per conv (its directions) or kernel (its sizes or variants), each column
+    its cases' values joined by " / ": polytile's rate, the library peer's (oneDNN, OpenBLAS, cuBLAS or
+    cuDNN: the one the bench pairs with the case), PyTorch's and JAX's, polytile's ratio to each, and
+    polytile's fraction of the machine's limit. Compile times as ms. Then how many cases polytile ran at
+    least as fast as every peer."""
+    by_case = {}
+    for case, peer, mine, theirs, unit, ratio in rows:
+        entry = by_case.setdefault(case, {"mine": mine, "unit": unit, "peers": {}})
+        if peer in LIBRARY_PEERS + FRAMEWORK_PEERS:
+            entry["peers"][peer] = (theirs, ratio)
+    groups = {}
+    for case, entry in by_case.items():
+        if entry["peers"]:
+            group, item = group_of(case)
+            groups.setdefault(group, []).append((item, case))
+
+    def order(item):
+        if item in ITEM_ORDER:
+            return (0, ITEM_ORDER.index(item), "")
+        return (1, int(item), "") if item.isdigit() else (2, 0, item)
+
+    def value(rate, unit):
+        return f"{1e3 / rate:.0f}" if unit == "compiles/s" else f"{rate:.1f}"
+
+    lines = ["| case | unit | polytile | oneDNN / OpenBLAS | PyTorch | JAX | polytile / oneDNN, OpenBLAS | "
+             "polytile / PyTorch | polytile / JAX | polytile / limit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for group in sorted(groups):
+        items = sorted(groups[group], key=lambda ic: order(ic[0]))
+        unit = by_case[items[0][1]]["unit"]
+        cols = {k: [] for k in ("mine", "lib", "torch", "jax", "r_lib", "r_torch", "r_jax", "limit")}
+        for _, case in items:
+            entry = by_case[case]
+            cols["mine"].append(value(entry["mine"], unit))
+            cols["limit"].append(of_limit(entry["mine"], unit))
+            lib = next((entry["peers"][p] for p in LIBRARY_PEERS if p in entry["peers"]), None)
+            for key, got in (("lib", lib), ("torch", entry["peers"].get("torch")), ("jax", entry["peers"].get("jax"))):
+                cols[key].append(value(got[0], unit) if got else "-")
+                cols["r_" + key].append(f"{got[1]:.2f}" if got else "-")
+        label = " ".join([group] + [" / ".join(item.replace("_", "-") if item in ITEM_ORDER else item for item, _ in items)]).strip()
+        shown_unit = "ms" if unit == "compiles/s" else unit
+        lines.append(f"| {label} | {shown_unit} | " + " | ".join(" / ".join(cols[k]) for k in
+                     ("mine", "lib", "torch", "jax", "r_lib", "r_torch", "r_jax", "limit")) + " |")
+    paired = [e for e in by_case.values() if e["peers"]]
+    ahead = sum(1 for e in paired if min(r for _, r in e["peers"].values()) >= 1.0)
+    lines.append("")
+    lines.append(f"polytile at least as fast as every peer on {ahead} of the {len(paired)} cases with a peer")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--filter", default=".")
@@ -46,6 +118,8 @@ def main():
     ap.add_argument("--cpu", help="polytile's code for this CPU as LLVM names it (e.g. znver3: AVX2 code on an AVX-512 machine)")
     ap.add_argument("--peers-isa", choices=["avx2"],
                     help="hold oneDNN, OpenBLAS and PyTorch to this instruction set (JAX's XLA keeps its own choice)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="run nothing: tabulate and plot the results.json (and frameworks.json) already in --out")
     ap.add_argument("rest", nargs="*", help="arguments for the benchmark binary (after --)")
     args = ap.parse_args()
     if args.cpu:
@@ -64,9 +138,11 @@ def main():
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, "results.json")
-    r = subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
-                        "--benchmark_out=" + out, "--benchmark_out_format=json", *args.rest])
-    status = 1 if r.returncode else 0  # a failed check still leaves the other cases' numbers
+    status = 0
+    if not args.reuse:
+        r = subprocess.run([args.binary, "--benchmark_filter=" + args.filter, "--benchmark_min_time=" + args.min_time,
+                            "--benchmark_out=" + out, "--benchmark_out_format=json", *args.rest])
+        status = 1 if r.returncode else 0  # a failed check still leaves the other cases' numbers
     if not os.path.exists(out):
         sys.exit(f"run_bench: {args.binary} failed (exit {r.returncode}) and wrote no results")
     with open(out) as f:
@@ -103,21 +179,26 @@ def main():
                 rows.append((case, peer, mine, theirs, unit, mine / theirs))
         if not any(r[0] == case for r in rows):
             rows.append((case, "-", mine, float("nan"), unit, float("nan")))
-    if args.frameworks:
-        sys.path.insert(0, here)
-        import framework_peers
+    frameworks_json = os.path.join(args.out, "frameworks.json")
+    if args.frameworks or (args.reuse and os.path.exists(frameworks_json)):
+        if args.reuse:
+            with open(frameworks_json) as f:
+                measured = {(m["case"], m["peer"]): (m["rate"], m["unit"]) for m in json.load(f)}
+        else:
+            sys.path.insert(0, here)
+            import framework_peers
 
-        cases = sorted({r[0] for r in rows})
-        measured, unknown = framework_peers.measure(cases, log=lambda line: print(line, file=sys.stderr),
-                                                     rounds=max(1, args.framework_passes))
-        if unknown:
-            print("frameworks: no spec in bench/framework_peers.py for " + ", ".join(unknown), file=sys.stderr)
+            cases = sorted({r[0] for r in rows})
+            measured, unknown = framework_peers.measure(cases, log=lambda line: print(line, file=sys.stderr),
+                                                         rounds=max(1, args.framework_passes))
+            if unknown:
+                print("frameworks: no spec in bench/framework_peers.py for " + ", ".join(unknown), file=sys.stderr)
         polytile_rate = {r[0]: r[2] for r in rows}
         for (case, peer), (theirs, unit) in sorted(measured.items()):
             rows.append((case, peer, polytile_rate[case], theirs, unit, polytile_rate[case] / theirs))
         rows.sort(key=lambda r: (r[0], r[1]))
         rows = [r for r in rows if r[1] != "-" or not any(o[0] == r[0] and o[1] != "-" for o in rows)]
-        with open(os.path.join(args.out, "frameworks.json"), "w") as f:
+        with open(frameworks_json, "w") as f:
             json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
     # The machine's limits, measured in the same run (bench/machine_bench.cpp): each rate as a fraction.
     # A limit is the best of its repetitions, not their median: what the machine can do, which a
@@ -145,6 +226,10 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for case, peer, mine, theirs, unit, ratio in rows:
         print(f"| {case} | {peer} | {mine:.1f} | {theirs:.1f} | {unit} | {ratio:.2f} | {of_limit(mine, unit)} |")
+    summary = summary_table(rows, of_limit)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    print("\n" + "\n".join(summary) + "\n(also in " + os.path.join(args.out, "table.md") + ")")
     for b in benches:
         if b["name"].startswith("compile/"):
             stages = {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}
