@@ -144,6 +144,8 @@ def main():
                             "--benchmark_out=" + out, "--benchmark_out_format=json", *args.rest])
         status = 1 if r.returncode else 0  # a failed check still leaves the other cases' numbers
     if not os.path.exists(out):
+        if args.reuse:
+            sys.exit(f"run_bench: --reuse found no {out}: run the bench with this --out first")
         sys.exit(f"run_bench: {args.binary} failed (exit {r.returncode}) and wrote no results")
     with open(out) as f:
         benches = json.load(f)["benchmarks"]
@@ -180,6 +182,8 @@ def main():
         if not any(r[0] == case for r in rows):
             rows.append((case, "-", mine, float("nan"), unit, float("nan")))
     frameworks_json = os.path.join(args.out, "frameworks.json")
+    if args.reuse and args.frameworks and not os.path.exists(frameworks_json):
+        sys.exit(f"run_bench: --reuse --frameworks needs {frameworks_json}, which a run with --frameworks writes")
     if args.frameworks or (args.reuse and os.path.exists(frameworks_json)):
         if args.reuse:
             with open(frameworks_json) as f:
