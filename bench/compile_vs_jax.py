@@ -45,7 +45,7 @@ def main():
     step()  # JAX's one-time start-up
     mine, theirs = [], []
     for r in range(args.rounds):
-        theirs.append(framework_peers.median_seconds(step, lambda x: x.block_until_ready(), 5) * 1e3)
+        theirs.append(framework_peers.mean_seconds(step, lambda x: x.block_until_ready(), 5) * 1e3)
         mine.append(polytile_ms(args.binary))
         print(f"round {r}: polytile {mine[-1]:.1f} ms, jax {theirs[-1]:.1f} ms, ratio {theirs[-1] / mine[-1]:.2f}", flush=True)
     ratios = [t / m for m, t in zip(mine, theirs)]

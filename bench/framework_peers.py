@@ -1,7 +1,7 @@
 """The Python frameworks as peers of build/polytile_bench: JAX (jit) and PyTorch (eager, channels_last) on the
-C++ bench's own cases, timed the way it times polytile (median of repeated runs into the framework's own
-outputs, after a warm-up that compiles), so that bench/run_bench.py --frameworks joins their rates with
-the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
+C++ bench's own cases, timed the way it times polytile (the mean of repeated runs into the framework's own
+outputs over at least 0.2 s, after a warm-up that compiles; the median of such repetitions), so that
+bench/run_bench.py --frameworks joins their rates with the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
 each is used where it imports (build/python-venv/bin/pip install jax).
 
 The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes (A B, and A^T B as sgemm_tn), max pool 2x2 on 8x112x112x64, softmax on
@@ -85,17 +85,20 @@ def parse(case):
     return None
 
 
-def median_seconds(step, sync, repeats, min_seconds=0.2):
+def mean_seconds(step, sync, repeats, min_seconds=0.2):
+    """Seconds per run of `step`, as Google Benchmark times polytile's repetitions: runs one after another
+    for at least `min_seconds` (run_bench.py's --min-time) and `repeats` runs, their total time over their
+    count. (A median of single runs would drop the slow ones a repetition's mean keeps: 4-7% less for
+    torch.mm on 1024 x 1024 on a 2-core guest, 2026-12-06, which would have favoured the frameworks.)"""
     sync(step())  # warm-up: compiles (JAX) or allocates (PyTorch)
-    times = []
+    runs = 0
     start = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
+    while runs < repeats or time.perf_counter() - start < min_seconds:
         sync(step())
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 1000:
+        runs += 1
+        if runs >= 1000:
             break
-    return statistics.median(times)
+    return (time.perf_counter() - start) / runs
 
 
 def jax_step(kind, args):
@@ -283,10 +286,10 @@ def measure(cases, repeats=10, log=print, rounds=3):
     without a spec are returned too, to be reported.
 
     The cases are timed in `rounds` passes over all of them, and each rate is the median of its passes'
-    medians: a framework is timed after the C++ bench, not interleaved with polytile, and on a shared
-    machine one pass over a case could fall in a slow minute (PyTorch's 7x7 stem 283 and 143 GFLOP/s in two
-    passes minutes apart on a 2-core guest, 2026-12-06), which a median over passes spread through the
-    run leaves out."""
+    means (mean_seconds): a framework is timed after the C++ bench, not interleaved with polytile, and on
+    a shared machine one pass over a case could fall in a slow minute (PyTorch's 7x7 stem 283 and 143
+    GFLOP/s in two passes minutes apart on a 2-core guest, 2026-12-06), which a median over passes spread
+    through the run leaves out."""
     peers, versions = available()
     log("frameworks: " + ", ".join(versions) + f"; {rounds} passes over the cases")
     specs, unknown = {}, []
@@ -307,7 +310,7 @@ def measure(cases, repeats=10, log=print, rounds=3):
                     steps = {"": steps}
                 timed = passes.setdefault((case, peer), {})
                 for label, step in steps.items():
-                    timed.setdefault(label, []).append(median_seconds(step, sync, repeats))
+                    timed.setdefault(label, []).append(mean_seconds(step, sync, repeats))
                 del steps
     rates = {}
     for (case, peer), timed in sorted(passes.items()):
