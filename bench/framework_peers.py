@@ -1,8 +1,9 @@
 """The Python frameworks as peers of build/polytile_bench: JAX (jit) and PyTorch (eager, channels_last) on the
 C++ bench's own cases, timed the way it times polytile (the mean of repeated runs into the framework's own
 outputs over at least 0.2 s, after a warm-up that compiles; the median of such repetitions), so that
-bench/run_bench.py --frameworks joins their rates with the Google Benchmark JSON in one table and one plot. Neither framework is needed by the build or the tests:
-each is used where it imports (build/python-venv/bin/pip install jax).
+bench/run_bench.py --frameworks joins their rates with the Google Benchmark JSON in one table and one plot.
+Neither framework is needed by the build or the tests: each is used where it imports
+(build/python-venv/bin/pip install jax).
 
 The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes (A B, and A^T B as sgemm_tn), max pool 2x2 on 8x112x112x64, softmax on
 4096x1000, the bias gradient of 64x28x28x32 and the transpositions, with the same flop and byte counts); a polytile case with no spec here is reported, never
@@ -311,10 +312,10 @@ def measure(cases, repeats=10, log=print, rounds=3):
                 timed = passes.setdefault((case, peer), {})
                 for label, step in steps.items():
                     timed.setdefault(label, []).append(mean_seconds(step, sync, repeats))
-                del steps
+                del steps  # the case's tensors go before the next case makes its own
     rates = {}
     for (case, peer), timed in sorted(passes.items()):
-        kind, args, work, unit = specs[case]
+        _, _, work, unit = specs[case]
         seconds = {label: statistics.median(t) for label, t in timed.items()}
         label = min(seconds, key=seconds.get)  # the fastest variant (PyTorch: memory format)
         rates[(case, peer)] = (work * 1e-9 / seconds[label], unit)

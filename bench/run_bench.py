@@ -37,9 +37,10 @@ def rate(b):
     return 1.0 / b["real_time"], "1/time"
 
 
-# The peers a user would pick instead of polytile (the table's columns); the other pairings (no_prefetch,
-# unfused, cached, ...) are polytile against itself.
+# The peers a user would pick instead of polytile (the summary table's columns), and the pairings of
+# polytile against itself (a switch off, another input or size), which only the long table shows.
 LIBRARY_PEERS = ("onednn", "onednn_reorders", "openblas", "cublas", "cudnn", "cudnn_tf32")
+SELF_PEERS = ("no_defract", "no_prefetch", "unfused", "unsplit", "alone", "cached", "through_max")
 FRAMEWORK_PEERS = ("torch", "jax")
 ITEM_ORDER = ("fwd", "bwd_data", "bwd_weights", "bwd", "bwd_stop_max", "rows", "columns", "total", "columns_max")
 
@@ -173,8 +174,7 @@ def main():
         i = parts.index("polytile")
         case = "/".join(parts[:i] + parts[i + 1:])
         mine, unit = rate(b)
-        for peer in ("onednn", "onednn_reorders", "openblas", "no_defract", "no_prefetch", "unfused", "unsplit", "alone", "cached", "through_max",
-                     "cublas", "cudnn", "cudnn_tf32"):
+        for peer in LIBRARY_PEERS + SELF_PEERS:
             other = by_name.get("/".join(parts[:i] + [peer] + parts[i + 1:]))
             if other:
                 theirs, _ = rate(other)
@@ -202,8 +202,9 @@ def main():
             rows.append((case, peer, polytile_rate[case], theirs, unit, polytile_rate[case] / theirs))
         rows.sort(key=lambda r: (r[0], r[1]))
         rows = [r for r in rows if r[1] != "-" or not any(o[0] == r[0] and o[1] != "-" for o in rows)]
-        with open(frameworks_json, "w") as f:
-            json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
+        if not args.reuse:
+            with open(frameworks_json, "w") as f:
+                json.dump([{"case": c, "peer": p, "rate": t, "unit": u} for (c, p), (t, u) in sorted(measured.items())], f, indent=1)
     # The machine's limits, measured in the same run (bench/machine_bench.cpp): each rate as a fraction.
     # A limit is the best of its repetitions, not their median: what the machine can do, which a
     # repetition that shared the cores or the memory with another guest of the host (half the FMA rate,
