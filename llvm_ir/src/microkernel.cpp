@@ -385,9 +385,16 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
 // The block's accumulators into the assign's output P, whose dims are the contraction output's in another
 // order, with the block variable contiguous in P (the scheduler's condition: an NCHW conv's columns x,
 // with its channels in the lanes). The rows of each lane are then one short vector in P: each chunk's
-// rows x lanes are transposed in registers by one shuffle (LLVM makes it a few two-source permutes) and
-// stored lane by lane, rows wide (4 rows of floats: a 128-bit lane of the shuffled vectors). A predicated
-// block masks its invalid rows and its lanes out of range.
+// rows x lanes are transposed in registers and stored lane by lane, rows wide. A predicated block masks
+// its invalid rows and its lanes out of range.
+//
+// The transposition is a butterfly over groups of G rows (the rows' count rounded up to a power of two,
+// at most the lanes; more rows take several groups): log2(G) stages, each combining pairs of vectors by
+// two two-source shuffles, each one instruction (vpermt2ps with AVX-512), after which every vector holds
+// lanes / G lanes' G rows one after another. A 6-row block of 16 lanes takes 24 shuffles a chunk. Until
+// 2026-12-07 one shuffle of all the rows' concatenation made them, which LLVM lowered to 66 a chunk
+// (ResNet's NCHW stem, 7x7 stride 2, 6 x 4 blocks: 264 shuffles against 3528 FMAs a block, on the FMAs'
+// port).
 void NestEmitter::permuted_store(std::map<std::string, Value*> vars, Value* b0, Value* v0, const BlockValidity* valid_at) {
   const auto& mk = *nest_.microkernel;
   const Contraction& c = nest_.contraction;
@@ -401,37 +408,75 @@ void NestEmitter::permuted_store(std::map<std::string, Value*> vars, Value* b0, 
   const std::vector<Polynomial> at = sched::permuted_indices(c, copy);
   const int64_t row_step = flat_step(copy.output, at, names[mk.block]), lane_step = flat_step(copy.output, at, names[mk.vector]);
   if (row_step != 1) throw InternalError("the permuted copy " + copy.output + " of " + c.output + " is not contiguous in its block variable");
+  if ((lanes & (lanes - 1)) != 0) throw InternalError("permuted store of " + c.output + ": " + std::to_string(lanes) + " lanes, not a power of two");
+  unsigned group = 1;  // G
+  while (group < rows && group < lanes) group *= 2;
   vars[names[mk.block]] = b0;
-  auto* i1 = b_.getInt1Ty();
   for (int k = 0; k < mk.chunks; ++k) {
     vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * mk.lanes));
     std::vector<Value*> idx;
     for (const auto& p : at) idx.push_back(poly(p, vars));
     Value* base = element_address(copy.output, idx);  // row 0, lane 0 of the chunk
-    std::vector<Value*> acc;
-    for (unsigned d = 0; d < rows; ++d) acc.push_back(b_.CreateLoad(vty, acc_[d * static_cast<unsigned>(mk.chunks) + static_cast<unsigned>(k)]));
     Value* lane_mask = valid_at ? valid_at->lanes[static_cast<size_t>(k)] : nullptr;
-    // All rows in one vector ([row][lane]), then lane-major: [lane][row].
-    std::vector<int> transpose;
-    for (unsigned l = 0; l < lanes; ++l)
-      for (unsigned d = 0; d < rows; ++d) transpose.push_back(static_cast<int>(d * lanes + l));
-    Value* by_lane = b_.CreateShuffleVector(llvm::concatenateVectors(b_, acc), transpose);
-    Value* row_mask = nullptr;
-    if (valid_at) {
-      row_mask = llvm::PoisonValue::get(llvm::FixedVectorType::get(i1, rows));
-      for (unsigned d = 0; d < rows; ++d) row_mask = b_.CreateInsertElement(row_mask, valid_at->rows[d], b_.getInt64(d));
-    }
-    for (unsigned l = 0; l < lanes; ++l) {
-      std::vector<int> piece;
-      for (unsigned d = 0; d < rows; ++d) piece.push_back(static_cast<int>(l * rows + d));
-      Value* value = b_.CreateShuffleVector(by_lane, piece);
-      Value* addr = b_.CreateGEP(storage_type(t), base, ix(static_cast<int64_t>(l) * lane_step));
-      if (!valid_at) {
-        b_.CreateAlignedStore(value, addr, align);
-        continue;
+    for (unsigned first = 0; first < rows; first += group) {
+      const unsigned in_group = std::min(group, rows - first);
+      // The group's rows, padded with poison to G, each element labelled with its (row, lane).
+      std::vector<Value*> v(group);
+      std::vector<std::vector<std::pair<unsigned, unsigned>>> label(group, std::vector<std::pair<unsigned, unsigned>>(lanes));
+      for (unsigned r = 0; r < group; ++r) {
+        v[r] = r < in_group ? static_cast<Value*>(b_.CreateLoad(vty, acc_[(first + r) * static_cast<unsigned>(mk.chunks) + static_cast<unsigned>(k)]))
+                            : llvm::PoisonValue::get(vty);
+        for (unsigned l = 0; l < lanes; ++l) label[r][l] = {r, l};
       }
-      Value* mask = b_.CreateAnd(row_mask, b_.CreateVectorSplat(rows, b_.CreateExtractElement(lane_mask, b_.getInt64(l))));
-      b_.CreateMaskedStore(value, addr, align, mask);
+      // Stage s pairs the vectors whose indices differ in bit s; output h of a pair takes, at position p,
+      // from the pair's vector chosen by bit s of p, the element at p with bit s removed and h on top.
+      unsigned log_lanes = 0;
+      while ((1u << log_lanes) < lanes) ++log_lanes;
+      for (unsigned s = 0; (1u << s) < group; ++s) {
+        for (unsigned a = 0; a < group; ++a) {
+          if (a & (1u << s)) continue;
+          const unsigned b = a | (1u << s);
+          Value* out[2];
+          std::vector<std::pair<unsigned, unsigned>> out_label[2];
+          for (unsigned h = 0; h < 2; ++h) {
+            std::vector<int> mask;
+            for (unsigned p = 0; p < lanes; ++p) {
+              const unsigned from = (p >> s) & 1u;
+              const unsigned src = (h << (log_lanes - 1)) | ((p >> (s + 1)) << s) | (p & ((1u << s) - 1));
+              mask.push_back(static_cast<int>(from * lanes + src));
+              out_label[h].push_back((from ? label[b] : label[a])[src]);
+            }
+            out[h] = b_.CreateShuffleVector(v[a], v[b], mask);
+          }
+          v[a] = out[0];
+          v[b] = out[1];
+          label[a] = out_label[0];
+          label[b] = out_label[1];
+        }
+      }
+      // Every vector now holds lanes / G segments, each one lane's G rows in order.
+      for (unsigned w = 0; w < group; ++w)
+        for (unsigned q = 0; q < lanes / group; ++q) {
+          const unsigned l = label[w][q * group].second;
+          for (unsigned r = 0; r < group; ++r)
+            if (label[w][q * group + r] != std::pair{r, l})
+              throw InternalError("permuted store of " + c.output + ": the transposition misplaced a row");
+          // The whole segment, masked past the group's rows (one masked store, where a store of 6 rows took
+          // three instructions: two pieces and an extract).
+          std::vector<int> piece;
+          for (unsigned r = 0; r < group; ++r) piece.push_back(static_cast<int>(q * group + r));
+          Value* value = b_.CreateShuffleVector(v[w], piece);
+          Value* addr = b_.CreateGEP(storage_type(t), base, ix(static_cast<int64_t>(l) * lane_step + first));
+          if (!valid_at && in_group == group) {
+            b_.CreateAlignedStore(value, addr, align);
+            continue;
+          }
+          Value* mask = llvm::ConstantVector::getSplat(llvm::ElementCount::getFixed(group), b_.getFalse());
+          for (unsigned r = 0; r < in_group; ++r)
+            mask = b_.CreateInsertElement(mask, valid_at ? valid_at->rows[first + r] : b_.getTrue(), b_.getInt64(r));
+          if (valid_at) mask = b_.CreateAnd(mask, b_.CreateVectorSplat(group, b_.CreateExtractElement(lane_mask, b_.getInt64(l))));
+          b_.CreateMaskedStore(value, addr, align, mask);
+        }
     }
   }
 }
