@@ -2201,6 +2201,42 @@ TEST(CpuTest, PermutedOutputsAreStoredByTheirBlocks) {
   }
 }
 
+// Rows a page apart in a broadcast operand whose steps cross pages every few steps (steps_across_pages):
+// a stride-2 NCHW conv reads its image as it is (each element serves 72 points, too few for a copy), its
+// input channels a plane of 6.4 KB apart at every ninth step; blocks of 4 images would put each
+// row on a page of its own at each of those steps, so the plan takes blocks of columns, which the
+// blocks' permuted stores then move into place. Its data gradient reads a copy of the output gradient
+// (channels last, each step the next channel) and keeps its blocks of images.
+TEST(CpuTest, BlocksAvoidRowsOnPagesOfTheirOwn) {
+  CompileOptions o = microkernels_forced(512);
+  o.target.cpu.l1_bytes = 48 << 10;
+  o.target.cpu.l2_bytes = 2 << 20;
+  o.target.cpu.l3_bytes = 32 << 20;
+  Program strided = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, H / 2, W / 2] = +(I[n, ci, 2 * y + j - 1, 2 * x + i - 1] * K[co, ci, j, i]); }");
+  TensorMap in = inputs_for({{"I", {4, 32, 40, 40}}, {"K", {32, 32, 3, 3}}}, DType::f32, 131);
+  auto compiled = compile(strided, types_of(in), o);
+  std::string block;
+  for (const auto& nest : compiled->schedule().nests)
+    if (nest.tensor == "O_L" && nest.microkernel) block = nest.variables[nest.microkernel->block];
+  const std::string loops = sched::print_loops(compiled->schedule());
+  EXPECT_EQ(block, "x") << loops;
+  EXPECT_NE(loops.find("last tiles stored permuted into O"), std::string::npos) << loops;
+  expect_same(strided, in, "stride-2 NCHW convolution in blocks of columns", o);
+  ad::Options ao;
+  ao.wrt = {"I"};
+  Program gradient = ad::vjp(strided, ao).program;
+  TensorMap with_seed = in;
+  with_seed["DO"] = inputs_for({{"DO", {4, 32, 20, 20}}}, DType::f32, 132).at("DO");
+  auto backward = compile(gradient, types_of(with_seed), o);
+  std::string images;
+  for (const auto& nest : backward->schedule().nests)
+    if (nest.tensor == "DI_L" && nest.microkernel) images = nest.variables[nest.microkernel->block];
+  EXPECT_EQ(images, "v0") << sched::print_loops(backward->schedule());
+  expect_same(gradient, with_seed, "stride-2 NCHW data gradient in blocks of images", o);
+}
+
 // The blocks of one column of the vector operand run one after another inside a reduction tile, so the
 // column's part of the tile is read from L1 by all of them. A convolution whose weights are packed into
 // panels has output channels in blocks (co_blk) that only pick columns; its block step's arguments are

@@ -60,6 +60,51 @@ bool transposable(const std::vector<Polynomial>& idx, const std::string& v) {
   return dims == 1;
 }
 
+// The reduction variable of a micro-kernel's innermost loop: the last one in the contraction's order.
+std::string innermost_reduction(const Contraction& c) {
+  std::string r;
+  for (const auto& v : c.index_variables())
+    if (!uses(c.output_indices, v)) r = v;
+  return r;
+}
+
+// Each element of a broadcast operand serving this many points or more, the layouts pass copies it with
+// the variable its steps cross pages along last (far_broadcast_steps): the innermost reduction variable,
+// or the longest one of kServedLongest.
+constexpr int64_t kServedInnermost = 16, kServedLongest = 256;
+
+// The reduction variables along which a broadcast operand's steps cross pages, if any do: the innermost
+// one, and the longest one where the variables inside it in the loops take 16 steps or fewer (an NCHW
+// conv's input channels, with the 3 x 3 taps inside them). Empty strings where there is no reduction.
+std::pair<std::string, std::string> step_variables(const Contraction& c, std::map<std::string, int64_t> extent) {
+  const std::string innermost = innermost_reduction(c);
+  std::vector<std::string> reductions;  // in loop order
+  for (const auto& v : c.index_variables())
+    if (!uses(c.output_indices, v)) reductions.push_back(v);
+  if (reductions.empty()) return {};
+  auto at = std::max_element(reductions.begin(), reductions.end(), [&](const auto& a, const auto& b) { return extent[a] < extent[b]; });
+  int64_t inside = 1;
+  for (auto v = at + 1; v != reductions.end(); ++v) inside *= extent[*v];
+  return {innermost, extent[*at] > extent[innermost] && inside <= 16 ? *at : innermost};
+}
+
+// Whether operand `idx` of `c`, a tensor of `type`, read as a broadcast operand, steps a page or more
+// (kPagePathBytes) along one of its step_variables, and stays so: the layouts pass does not copy it
+// (each element serves fewer than kServedInnermost or kServedLongest points of `points`).
+bool steps_across_pages(const Contraction& c, const std::vector<Polynomial>& idx, const TensorType& type,
+                        const std::map<std::string, int64_t>& extent, int64_t points) {
+  const auto [innermost, longest] = step_variables(c, extent);
+  int64_t elements = 1;
+  for (int64_t d : type.shape) elements *= d;
+  for (const std::string& r : {innermost, longest}) {
+    if (r.empty() || !uses(idx, r)) continue;
+    if (output_stride(idx, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes) continue;
+    const int64_t served = r == innermost ? kServedInnermost : kServedLongest;
+    if (!transposable(idx, r) || elements * served > points) return true;
+  }
+  return false;
+}
+
 // The dims of an access in the order a micro-kernel reads them: the dim holding v (transposable or
 // contiguous_in: one at most) last, the others in order; empty when no dim holds v.
 std::vector<size_t> vector_dim_last(const std::vector<Polynomial>& idx, const std::string& v) {
@@ -375,15 +420,20 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     std::string name;
     int score = 0;
     int64_t extent = 1;
-    bool border = false, far = false;
+    bool border = false, far = false, paged = false;
   };
   std::vector<Candidate> candidates;
   for (const auto& b : outputs) {
     if (b == plan.vector) continue;
-    Candidate cand{b, 0, extent[b], coupled(b), false};
+    Candidate cand{b, 0, extent[b], coupled(b), false, false};
     for (size_t k = 0; k < in.size(); ++k) {
       bool is_vector = uses(in[k], plan.vector) || static_cast<int>(k) == plan.transpose_input;
-      if (!is_vector && uses(in[k], b)) cand.score += 2;
+      if (!is_vector && uses(in[k], b)) {
+        cand.score += 2;
+        const TensorType& type = types.tensors.at(c.inputs[k].tensor);
+        cand.paged = cand.paged || (output_stride(in[k], b, type.shape) * static_cast<double>(element_bytes) >= kPagePathBytes &&
+                                    steps_across_pages(c, in[k], type, extent, points));
+      }
       if (is_vector && !uses(in[k], b)) cand.score += 1;
     }
     // Distance between consecutive rows of the output.
@@ -424,6 +474,15 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
         // Rows in distant pages: each its own stream for the prefetchers and the TLB, 4% a row (4 rows lose
         // 16%; 2 rows, 8%: on Zen 3 a conv's 2 rows of 4 chunks over the batch beat the same over x by 3-10%).
         if (cand.far) efficiency *= 1 - 0.04 * static_cast<double>(rows);
+        // Rows a page or more apart in a broadcast operand whose steps cross pages every few steps
+        // (steps_across_pages): each step of each row on a page of its own, 6% a row. A stride-2 NCHW conv
+        // reading its image as it is (channels a plane apart at every ninth step; 64 -> 64 channels on
+        // 56 x 56, 8 images) ran blocks of 4 images (its output moved into place by a nest of its own) at
+        // 1.67-1.75 ms against 1.41-1.50 for blocks of 4 columns (stored permuted by their blocks), the
+        // seed's stride-3 conv in NCHW 0.40 against 0.34-0.36, and with AVX2 code 3.1-3.7 against 2.6-2.7, on
+        // a 2-core Intel Xeon guest with AMX (2 MiB L2 a core), 2026-12-07 (fastest of 30-100 runs, 3
+        // alternating rounds).
+        if (cand.paged) efficiency *= 1 - 0.06 * static_cast<double>(rows);
         double key = cand.score + 0.99 * efficiency;
         if (key >= best.key - 1e-9) {
           best.key = key;
@@ -460,13 +519,6 @@ int64_t elements_of(const TensorType& t) {
   return n;
 }
 
-// The reduction variable of a micro-kernel's innermost loop: the last one in the contraction's order.
-std::string innermost_reduction(const Contraction& c) {
-  std::string r;
-  for (const auto& v : c.index_variables())
-    if (!uses(c.output_indices, v)) r = v;
-  return r;
-}
 
 // A copy of `access`'s tensor with the dim that holds v (transposable) moved last, one assign contraction,
 // which `access` then reads with its indices permuted alike.
@@ -521,19 +573,13 @@ struct FarSteps {
 
 std::optional<FarSteps> far_broadcast_steps(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
                                             const std::vector<poly::VariableBounds>& bounds) {
-  const std::string innermost = innermost_reduction(c);
-  if (innermost.empty()) return std::nullopt;
-  // The longest reduction variable, where the ones inside it in the loops take few steps (an NCHW conv's
-  // 3 x 3 taps inside its channels; not a weight gradient's rows, with its columns inside).
+  // The innermost reduction variable, and the longest, where the ones inside it in the loops take few
+  // steps (an NCHW conv's 3 x 3 taps inside its channels; not a weight gradient's rows, with its columns
+  // inside).
   std::map<std::string, int64_t> extent;
   for (const auto& b : bounds) extent[b.name] = b.max - b.min + 1;
-  std::vector<std::string> reductions;  // in loop order
-  for (const auto& v : c.index_variables())
-    if (!uses(c.output_indices, v)) reductions.push_back(v);
-  auto at = std::max_element(reductions.begin(), reductions.end(), [&](const auto& a, const auto& b) { return extent[a] < extent[b]; });
-  int64_t inside = 1;
-  for (auto v = at + 1; v != reductions.end(); ++v) inside *= extent[*v];
-  const std::string longest = extent[*at] > extent[innermost] && inside <= 16 ? *at : innermost;
+  const auto [innermost, longest] = step_variables(c, extent);
+  if (innermost.empty()) return std::nullopt;
   for (const std::string& r : {innermost, longest}) {
     for (size_t k = 0; k < c.inputs.size(); ++k) {
       const TensorAccess& in = c.inputs[k];
@@ -541,9 +587,9 @@ std::optional<FarSteps> far_broadcast_steps(const Contraction& c, const ProgramT
       if (!transposable(in.indices, r)) continue;
       const TensorType& type = types.tensors.at(in.tensor);
       if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes) continue;
-      if (elements_of(type) * 16 > box_points(bounds)) continue;
+      if (elements_of(type) * kServedInnermost > box_points(bounds)) continue;
       if (r != innermost) {  // each element serving 256 points or more, and the copy making r the innermost
-        if (elements_of(type) * 256 > box_points(bounds)) continue;
+        if (elements_of(type) * kServedLongest > box_points(bounds)) continue;
         Contraction copied = c;
         std::set<std::string> scratch = {in.tensor};
         transposed_copy(copied.inputs[k], r, types, scratch);
