@@ -2120,7 +2120,8 @@ TEST(CpuTest, OutputsArePermutedForTheirMicroKernel) {
 // their last reduction tile, each lane's rows transposed in registers into one vector of the output,
 // instead of by a nest of its own: with one reduction tile (zero, fmas, epilogue) and several (partial
 // sums stored to the scratch output and loaded back between them), border blocks predicated, rows that
-// are not a power of two (7 and 12), f32 and f64, vectors of 128 and 512 bits. The assign keeps its nest
+// are not a power of two (7 and 12, and 12 in two groups of 8 lanes' transpositions), f32 and f64, vectors
+// of 128 and 512 bits. The assign keeps its nest
 // where the block variable is not contiguous in its output (blocks of y), where the blocks leave elements
 // unstored (a constraint), and where another statement reads the contraction's output too. Each against
 // the interpreter, every rewrite proven with isl (expect_same).
@@ -2175,12 +2176,22 @@ TEST(CpuTest, PermutedOutputsAreStoredByTheirBlocks) {
   const std::string contraction = "  T[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co])";
   const std::string assign = "  O[n, co, y, x : N, CO, H, W] = =(T[n, y, x, co]);";
   Program mine = parse_program("function (I[N, H, W, CI], K[CI, CO]) -> (O) {" + contraction + ";" + assign + " }");
-  for (const auto& [shape, rows] : std::vector<std::pair<std::vector<int64_t>, int>>{{{2, 5, 7, 64}, 7}, {{2, 3, 12, 64}, 12}}) {
-    TensorMap in = inputs_for({{"I", shape}, {"K", {64, 32}}}, DType::f32, 94);
+  // In f64 with 8 output channels, blocks of 12 rows of one vector of 8 lanes: transposed in two groups
+  // of rows (8 and 4), each lane's rows stored in two pieces.
+  struct Mine {
+    std::vector<int64_t> image;
+    int64_t channels;
+    DType dtype;
+    std::string kernel;
+  };
+  for (const Mine& m : std::vector<Mine>{{{2, 5, 7, 64}, 32, DType::f32, "7x2x16"},
+                                         {{2, 3, 12, 64}, 32, DType::f32, "12x2x16"},
+                                         {{2, 3, 12, 64}, 8, DType::f64, "12x1x8"}}) {
+    TensorMap in = inputs_for({{"I", m.image}, {"K", {64, m.channels}}}, m.dtype, 94);
     Seen s = seen(mine, in, wide);
     EXPECT_TRUE(s.fused == 1 && !s.copy_nest && s.block == "x") << s.loops;
-    EXPECT_NE(s.loops.find("micro-kernel " + std::to_string(rows) + "x"), std::string::npos) << s.loops;
-    expect_same(mine, in, "a permuting assign stored by blocks of " + std::to_string(rows) + " rows", wide);
+    EXPECT_NE(s.loops.find("micro-kernel " + m.kernel), std::string::npos) << s.loops;
+    expect_same(mine, in, "a permuting assign stored by blocks of " + m.kernel, wide);
   }
   // The assign keeps its nest: blocks of y (8 rows), blocks of x that skip the rows y >= 5, and T read twice.
   struct Kept {
