@@ -2212,6 +2212,31 @@ TEST(CpuTest, PermutedOutputsAreStoredByTheirBlocks) {
   }
 }
 
+// Conditions that couple a block's rows and lanes: a stride-2 conv's data gradient (reduced and
+// defracted) writes DI[n, ci, y0 + 2*y1, x0 + 2*x1], its blocks' rows x1 and its lanes x0, and on 25
+// columns the last row's second lane (x = 25) is out of range though the row is in range at lane 0 and the
+// lane in every other row. Such conditions mask each row's lanes (BlockValidity::cells); they were
+// checked at lane 0 only, and that element's store (a zero) landed on column 0 of the next image row.
+TEST(CpuTest, BlocksMaskLanesWhereConditionsCoupleRowsAndLanes) {
+  const CompileOptions o = microkernels_forced(512);
+  Program strided = parse_program(
+      "function (I[N, CI, H, W], K[CO, CI, KH, KW]) -> (O) {"
+      "  O[n, co, y, x : N, CO, 2, 11] = +(I[n, ci, 2 * y + j, 2 * x + i] * K[co, ci, j, i]); }");
+  ad::Options ao;
+  ao.wrt = {"I"};
+  Program gradient = ad::vjp(strided, ao).program;
+  for (DType t : {DType::f32, DType::f64}) {
+    TensorMap in = inputs_for({{"I", {1, 3, 5, 25}}, {"K", {16, 3, 3, 5}}, {"DO", {1, 16, 2, 11}}}, t, 133);
+    auto compiled = compile(gradient, types_of(in), o);
+    std::string kernel;
+    for (const auto& nest : compiled->schedule().nests)
+      if (nest.tensor == "DI" && nest.microkernel)
+        kernel = nest.variables[nest.microkernel->block] + " x " + nest.variables[nest.microkernel->vector];
+    EXPECT_EQ(kernel, "v3_1 x v3_0") << sched::print_loops(compiled->schedule());
+    expect_same(gradient, in, "a strided data gradient whose rows and lanes share a condition", o);
+  }
+}
+
 // Rows a page apart in a broadcast operand whose steps cross pages every few steps (steps_across_pages):
 // a stride-2 NCHW conv reads its image as it is (each element serves 72 points, too few for a copy), its
 // input channels a plane of 6.4 KB apart at every ninth step; blocks of 4 images would put each

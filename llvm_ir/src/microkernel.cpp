@@ -29,14 +29,41 @@ void NestEmitter::each_condition(Conditions which, const std::function<void(cons
 // The valid-point rule of the interpreter (every access in bounds, every constraint holds; the
 // micro-kernel's index polynomials are integral) for one row of a block. Only the conditions on the
 // block variable can differ between rows: the others hold at every point of the block's domain, which
-// is the union of its rows' valid points.
+// is the union of its rows' valid points. Conditions on the vector variable too differ between the
+// row's lanes: they are cell_valid's.
 Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, Conditions which) {
   const std::string& b = nest_.variables[nest_.microkernel->block];
+  const std::string& v = nest_.variables[nest_.microkernel->vector];
   Value* ok = b_.getTrue();
   each_condition(which, [&](const Polynomial& p, int64_t hi) {
-    if (p.coefficient(b) == Rational(0)) return;
-    auto [x, den] = scaled_poly(p, vars);
+    const Polynomial q = p.bind_dims(types_.dims);
+    if (q.coefficient(b) == Rational(0) || q.coefficient(v) != Rational(0)) return;
+    auto [x, den] = scaled_poly(q, vars);
     ok = b_.CreateAnd(ok, in_range(x, hi * den));
+  });
+  return ok;
+}
+
+// The conditions on both the block and the vector variable (a strided conv's gradient writing
+// DI[..., x0 + 2 * x1] with x1 its rows and x0 its lanes: the row's last column in range for lane 0, not
+// for lane 1) at the lanes from `first` of the row at `vars`; null where there are none.
+Value* NestEmitter::cell_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes, Conditions which) {
+  const std::string& b = nest_.variables[nest_.microkernel->block];
+  const std::string& v = nest_.variables[nest_.microkernel->vector];
+  std::map<std::string, Value*> at = vars;
+  at[v] = first;
+  std::vector<llvm::Constant*> iota;
+  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+  Value* steps = llvm::ConstantVector::get(iota);
+  auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
+  Value* ok = nullptr;
+  each_condition(which, [&](const Polynomial& p, int64_t hi) {
+    const Polynomial q = p.bind_dims(types_.dims);
+    if (q.coefficient(b) == Rational(0) || q.coefficient(v) == Rational(0)) return;
+    auto [x, den] = scaled_poly(q, at);
+    Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
+    Value* in = b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den))));
+    ok = ok ? b_.CreateAnd(ok, in) : in;
   });
   return ok;
 }
@@ -170,6 +197,15 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   for (int k = 0; k < mk.chunks; ++k)
     valid_at.lanes.push_back(mk.lanes_in_range ? llvm::Constant::getAllOnesValue(llvm::FixedVectorType::get(b_.getInt1Ty(), static_cast<unsigned>(lanes)))
                                                : lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
+  for (int d = 0; d < mk.rows; ++d) {
+    vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
+    for (int k = 0; k < mk.chunks; ++k) {
+      Value* cell = cell_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes),
+                               n.statement == St::fma ? Conditions::inputs : Conditions::output);
+      if (!cell) break;
+      valid_at.cells.push_back(cell);
+    }
+  }
   if (n.statement != St::fma) {
     microkernel_rows(n, vars, b0, v0, &valid_at);
     return;
@@ -182,6 +218,7 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
   Value* every = b_.getTrue();
   for (Value* row : valid_at.rows) every = b_.CreateAnd(every, row);
   for (Value* in_range : valid_at.lanes) every = b_.CreateAnd(every, b_.CreateAndReduce(in_range));
+  for (Value* in_range : valid_at.cells) every = b_.CreateAnd(every, b_.CreateAndReduce(in_range));
   auto* all_bb = llvm::BasicBlock::Create(ctx_, "fma.all", fn_);
   auto* some_bb = llvm::BasicBlock::Create(ctx_, "fma.some", fn_);
   auto* join_bb = llvm::BasicBlock::Create(ctx_, "fma.join", fn_);
@@ -293,6 +330,7 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
       vars[names[mk.vector]] = b_.CreateAdd(v0, b_.getInt64(k * lanes));
       llvm::AllocaInst* acc = acc_[static_cast<size_t>(d * mk.chunks + k)];
       Value* mask = row ? b_.CreateAnd(b_.CreateVectorSplat(static_cast<unsigned>(lanes), row), lane_mask[static_cast<size_t>(k)]) : nullptr;
+      if (mask && !valid_at->cells.empty()) mask = b_.CreateAnd(mask, valid_at->cells[static_cast<size_t>(d * mk.chunks + k)]);
       auto vload = [&](Value* addr, Value* m) -> Value* {
         if (!m) return b_.CreateAlignedLoad(vty, addr, align);
         return b_.CreateMaskedLoad(vty, addr, align, m, llvm::Constant::getNullValue(vty));
@@ -356,6 +394,7 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
           for (const auto& p : c.output_indices) at.push_back(poly(p, vars));
           width_ = static_cast<unsigned>(lanes);
           mask_ = row ? lane_mask[static_cast<size_t>(k)] : nullptr;
+          if (row && !valid_at->cells.empty()) mask_ = b_.CreateAnd(mask_, valid_at->cells[static_cast<size_t>(d * mk.chunks + k)]);
           lanes_[c.output] = {b_.CreateLoad(vty, acc), t};
           const DType et = types_.tensors.at(e.output).dtype;
           Typed value = expr(e.expr, at);
@@ -472,8 +511,13 @@ void NestEmitter::permuted_store(std::map<std::string, Value*> vars, Value* b0, 
             continue;
           }
           Value* mask = llvm::ConstantVector::getSplat(llvm::ElementCount::getFixed(group), b_.getFalse());
-          for (unsigned r = 0; r < in_group; ++r)
-            mask = b_.CreateInsertElement(mask, valid_at ? valid_at->rows[first + r] : b_.getTrue(), b_.getInt64(r));
+          for (unsigned r = 0; r < in_group; ++r) {
+            Value* ok = valid_at ? valid_at->rows[first + r] : b_.getTrue();
+            if (valid_at && !valid_at->cells.empty())
+              ok = b_.CreateAnd(ok, b_.CreateExtractElement(valid_at->cells[(first + r) * static_cast<unsigned>(mk.chunks) + static_cast<unsigned>(k)],
+                                                            b_.getInt64(l)));
+            mask = b_.CreateInsertElement(mask, ok, b_.getInt64(r));
+          }
           if (valid_at) mask = b_.CreateAnd(mask, b_.CreateVectorSplat(group, b_.CreateExtractElement(lane_mask, b_.getInt64(l))));
           b_.CreateMaskedStore(value, addr, align, mask);
         }

@@ -248,13 +248,15 @@ class NestEmitter {
   // reductions (an fma statement), those of the inputs and constraints on v and them instead (a padded
   // NCHW conv's x + i - 1 in the image; not the panel's output index, see Conditions). A vector of i1.
   Value* lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes);
+  Value* cell_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes, Conditions which);
 
   // load / fma / store of a micro-kernel block (see Microkernel in scheduler.h).
   void microkernel_statement(const sched::LoopNode& n);
   // A predicated block's validity at a statement: per row (its accesses and constraints hold), per chunk
-  // (the lanes in the vector variable's range).
+  // (the lanes in the vector variable's range), and per row and chunk (row-major) where conditions
+  // couple the two (cell_valid; empty where none do).
   struct BlockValidity {
-    std::vector<Value*> rows, lanes;
+    std::vector<Value*> rows, lanes, cells;
   };
   void microkernel_rows(const sched::LoopNode& n, std::map<std::string, Value*> vars, Value* b0, Value* v0,
                         const BlockValidity* valid_at);
