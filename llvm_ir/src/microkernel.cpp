@@ -6,8 +6,6 @@
 #include <functional>
 #include <set>
 
-#include <llvm/Analysis/VectorUtils.h>
-
 namespace polytile::llvm_ir::internal {
 
 Value* NestEmitter::in_range(Value* x, int64_t hi) { // 0 <= x < hi
