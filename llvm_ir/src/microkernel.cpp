@@ -42,6 +42,19 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, Conditions 
   return ok;
 }
 
+// 0 <= q < hi * den at each of `lanes` lanes, q's value at lane l being its value at `at` (whose vector
+// variable is the first lane's) plus l times v's coefficient.
+Value* NestEmitter::lanes_in_range(const Polynomial& q, int64_t hi, const std::map<std::string, Value*>& at, unsigned lanes) {
+  const std::string& v = nest_.variables[nest_.microkernel->vector];
+  std::vector<llvm::Constant*> iota;
+  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+  Value* steps = llvm::ConstantVector::get(iota);
+  auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
+  auto [x, den] = scaled_poly(q, at);
+  Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
+  return b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den))));
+}
+
 // The conditions on both the block and the vector variable (a strided conv's gradient writing
 // DI[..., x0 + 2 * x1] with x1 its rows and x0 its lanes: the row's last column in range for lane 0, not
 // for lane 1) at the lanes from `first` of the row at `vars`; null where there are none.
@@ -50,17 +63,11 @@ Value* NestEmitter::cell_valid(const std::map<std::string, Value*>& vars, Value*
   const std::string& v = nest_.variables[nest_.microkernel->vector];
   std::map<std::string, Value*> at = vars;
   at[v] = first;
-  std::vector<llvm::Constant*> iota;
-  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-  Value* steps = llvm::ConstantVector::get(iota);
-  auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
   Value* ok = nullptr;
   each_condition(which, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(b) == Rational(0) || q.coefficient(v) == Rational(0)) return;
-    auto [x, den] = scaled_poly(q, at);
-    Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
-    Value* in = b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den))));
+    Value* in = lanes_in_range(q, hi, at, lanes);
     ok = ok ? b_.CreateAnd(ok, in) : in;
   });
   return ok;
@@ -83,18 +90,14 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   at[v] = first;
   std::vector<llvm::Constant*> iota;
   for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-  Value* steps = llvm::ConstantVector::get(iota);
-  auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
-  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(splat(first), steps), splat(b_.getInt64(mk.vector_hi)));
-  // 0 <= p < hi * den at every lane, p's value at lane l being its value at `first` plus l times v's coefficient.
+  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, first), llvm::ConstantVector::get(iota)),
+                               b_.CreateVectorSplat(lanes, b_.getInt64(mk.vector_hi)));
   each_condition(at_point ? Conditions::inputs : Conditions::all, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);
     if (q.coefficient(v) == Rational(0)) return;
     for (const auto& [name, coeff] : q.index_terms())
       if (!known.count(name)) return;  // with the block variable, or a reduction's outside an fma: implied (see Microkernel)
-    auto [x, den] = scaled_poly(q, at);
-    Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
-    ok = b_.CreateAnd(ok, b_.CreateAnd(b_.CreateICmpSGE(lane, splat(b_.getInt64(0))), b_.CreateICmpSLT(lane, splat(b_.getInt64(hi * den)))));
+    ok = b_.CreateAnd(ok, lanes_in_range(q, hi, at, lanes));
   });
   return ok;
 }
@@ -185,24 +188,24 @@ void NestEmitter::microkernel_statement(const sched::LoopNode& n) {
     return;
   }
   // A predicated block: each row's validity and each chunk's lanes in range, made once for the statement.
+  const Conditions which = n.statement == St::fma ? Conditions::inputs : Conditions::output;
   BlockValidity valid_at;
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
     vars[names[mk.vector]] = v0;
-    valid_at.rows.push_back(valid(vars, n.statement == St::fma ? Conditions::inputs : Conditions::output));
+    valid_at.rows.push_back(valid(vars, which));
   }
   // Lanes the scheduler proved in range in every block (Microkernel::lanes_in_range) need no mask.
   for (int k = 0; k < mk.chunks; ++k)
     valid_at.lanes.push_back(mk.lanes_in_range ? llvm::Constant::getAllOnesValue(llvm::FixedVectorType::get(b_.getInt1Ty(), static_cast<unsigned>(lanes)))
                                                : lanes_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes)));
+  // Conditions that couple rows and lanes are the same kinds in every cell: none at the first, none at all.
   for (int d = 0; d < mk.rows; ++d) {
     vars[names[mk.block]] = b_.CreateAdd(b0, b_.getInt64(d));
-    for (int k = 0; k < mk.chunks; ++k) {
-      Value* cell = cell_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes),
-                               n.statement == St::fma ? Conditions::inputs : Conditions::output);
-      if (!cell) break;
-      valid_at.cells.push_back(cell);
-    }
+    for (int k = 0; k < mk.chunks; ++k)
+      if (Value* cell = cell_valid(vars, b_.CreateAdd(v0, b_.getInt64(k * lanes)), static_cast<unsigned>(lanes), which))
+        valid_at.cells.push_back(cell);
+    if (valid_at.cells.empty()) break;
   }
   if (n.statement != St::fma) {
     microkernel_rows(n, vars, b0, v0, &valid_at);

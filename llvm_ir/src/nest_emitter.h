@@ -247,6 +247,7 @@ class NestEmitter {
   // panel's last block column: the output's index VL*vb + vl in range), and, where `vars` has the
   // reductions (an fma statement), those of the inputs and constraints on v and them instead (a padded
   // NCHW conv's x + i - 1 in the image; not the panel's output index, see Conditions). A vector of i1.
+  Value* lanes_in_range(const Polynomial& q, int64_t hi, const std::map<std::string, Value*>& at, unsigned lanes);
   Value* lanes_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes);
   Value* cell_valid(const std::map<std::string, Value*>& vars, Value* first, unsigned lanes, Conditions which);
 

@@ -60,6 +60,12 @@ bool transposable(const std::vector<Polynomial>& idx, const std::string& v) {
   return dims == 1;
 }
 
+int64_t elements_of(const TensorType& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return n;
+}
+
 // The reduction variable of a micro-kernel's innermost loop: the last one in the contraction's order.
 std::string innermost_reduction(const Contraction& c) {
   std::string r;
@@ -76,16 +82,16 @@ constexpr int64_t kServedInnermost = 16, kServedLongest = 256;
 // The reduction variables along which a broadcast operand's steps cross pages, if any do: the innermost
 // one, and the longest one where the variables inside it in the loops take 16 steps or fewer (an NCHW
 // conv's input channels, with the 3 x 3 taps inside them). Empty strings where there is no reduction.
-std::pair<std::string, std::string> step_variables(const Contraction& c, std::map<std::string, int64_t> extent) {
+std::pair<std::string, std::string> step_variables(const Contraction& c, const std::map<std::string, int64_t>& extent) {
   const std::string innermost = innermost_reduction(c);
   std::vector<std::string> reductions;  // in loop order
   for (const auto& v : c.index_variables())
     if (!uses(c.output_indices, v)) reductions.push_back(v);
   if (reductions.empty()) return {};
-  auto at = std::max_element(reductions.begin(), reductions.end(), [&](const auto& a, const auto& b) { return extent[a] < extent[b]; });
+  auto at = std::max_element(reductions.begin(), reductions.end(), [&](const auto& a, const auto& b) { return extent.at(a) < extent.at(b); });
   int64_t inside = 1;
-  for (auto v = at + 1; v != reductions.end(); ++v) inside *= extent[*v];
-  return {innermost, extent[*at] > extent[innermost] && inside <= 16 ? *at : innermost};
+  for (auto v = at + 1; v != reductions.end(); ++v) inside *= extent.at(*v);
+  return {innermost, extent.at(*at) > extent.at(innermost) && inside <= 16 ? *at : innermost};
 }
 
 // Whether operand `idx` of `c`, a tensor of `type`, read as a broadcast operand, steps a page or more
@@ -94,13 +100,11 @@ std::pair<std::string, std::string> step_variables(const Contraction& c, std::ma
 bool steps_across_pages(const Contraction& c, const std::vector<Polynomial>& idx, const TensorType& type,
                         const std::map<std::string, int64_t>& extent, int64_t points) {
   const auto [innermost, longest] = step_variables(c, extent);
-  int64_t elements = 1;
-  for (int64_t d : type.shape) elements *= d;
   for (const std::string& r : {innermost, longest}) {
     if (r.empty() || !uses(idx, r)) continue;
     if (output_stride(idx, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes) continue;
     const int64_t served = r == innermost ? kServedInnermost : kServedLongest;
-    if (!transposable(idx, r) || elements * served > points) return true;
+    if (!transposable(idx, r) || elements_of(type) * served > points) return true;
   }
   return false;
 }
@@ -512,13 +516,6 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
 }
 
 namespace {
-
-int64_t elements_of(const TensorType& t) {
-  int64_t n = 1;
-  for (int64_t d : t.shape) n *= d;
-  return n;
-}
-
 
 // A copy of `access`'s tensor with the dim that holds v (transposable) moved last, one assign contraction,
 // which `access` then reads with its indices permuted alike.
