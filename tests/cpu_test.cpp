@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1822,11 +1823,12 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
     }
     Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
     // The last two shapes read B's rows 2 KiB or more apart: with an L2 smaller than B (16 KiB), B is
-    // packed into panels first; 600 columns into panels whose last one is padded at every vector width.
+    // packed into panels first (40 rows of A: each element of B serves 32 points or more); 600 columns
+    // into panels whose last one is padded at every vector width.
     CompileOptions small_l2 = o;
     small_l2.target.cpu.l2_bytes = 16 * 1024;
-    for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}, std::tuple{20, 9, 512},
-                           std::tuple{20, 9, 600}}) {
+    for (auto [m, k, n] : {std::tuple{37, 23, 70}, std::tuple{6, 1, 16}, std::tuple{13, 40, 3}, std::tuple{40, 9, 512},
+                           std::tuple{40, 9, 600}}) {
       for (DType t : {DType::f32, DType::f64}) {
         TensorMap in = inputs_for({{"A", {m, k}}, {"B", {k, n}}}, t, 40);
         expect_same(mm, in, "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n), small_l2);
@@ -1836,7 +1838,7 @@ TEST(CpuTest, MicrokernelsMatchTheInterpreter) {
   }
   std::cout << microkernels << " micro-kernel nests, " << predicated << " with predicated blocks, " << packed << " packed\n";
   EXPECT_GE(microkernels, 40);
-  EXPECT_EQ(packed, 12);  // 20x9x512 and 20x9x600 in f32 and f64 at every vector width
+  EXPECT_EQ(packed, 12);  // 40x9x512 and 40x9x600 in f32 and f64 at every vector width
   EXPECT_GE(predicated, 20);
   // Everything else, with micro-kernels wherever they apply.
   CompileOptions o;
@@ -1958,6 +1960,43 @@ TEST(CpuTest, OperandsThatFitInL2AreNotPacked) {
     EXPECT_EQ(lowered.find("B_P[") != std::string::npos, l2 == 32 * 1024) << l2 << " bytes of L2\n" << lowered;
     expect_same(mm, in, std::to_string(l2) + " bytes of L2", o);
   }
+}
+
+// Nor is a B beyond L2 whose elements each serve fewer than 32 points (plan.cpp kServedPagePack): a
+// skinny matmul's B, read by a few rows of A, would be copied and read again, three passes over memory
+// where the rows' blocks of a column read each tile of it once. With an L2 of 32 KiB, B of 64x512 (128
+// KiB, rows 2 KiB apart): 8 rows of A unpacked, 32 packed. The interpreter's values either way.
+TEST(CpuTest, SkinnyMatmulsReadTheirWideOperandAsItIs) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  for (int64_t rows : {8, 32}) {
+    TensorMap in = inputs_for({{"A", {rows, 64}}, {"B", {64, 512}}}, DType::f32, 43);
+    CompileOptions o = microkernels_forced(512);
+    o.target.cpu.l2_bytes = 32 * 1024;
+    const std::string lowered = print(compile(mm, types_of(in), o)->program());
+    EXPECT_EQ(lowered.find("B_P[") != std::string::npos, rows == 32) << rows << " rows of A\n" << lowered;
+    expect_same(mm, in, std::to_string(rows) + " rows of A", o);
+  }
+}
+
+// A weight-mode micro-kernel (a small output, a long reduction) sizes its reduction tiles by a row of
+// blocks across all columns, unless that row fills L1 in fewer than 16 steps: then by one block, whose
+// column the next blocks reuse. C = A B of 6 x 2048 times 2048 x 1024 (B unpacked: 6 points an element;
+// 16 columns of 64 floats, 4 KiB a step of k) took tiles of 8 steps, now of 128. Read off
+// the loop around the FMAs (for cN = (T * cM) ...); against the interpreter.
+TEST(CpuTest, WeightModeRowsThatFillL1InAFewStepsTileByOneBlock) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in = inputs_for({{"A", {6, 2048}}, {"B", {2048, 1024}}}, DType::f32, 45);
+  CompileOptions o = microkernels_forced(512);
+  o.target.cpu.l1_bytes = 48 * 1024;
+  o.target.cpu.l2_bytes = 2 << 20;
+  auto compiled = compile(mm, types_of(in), o);
+  const std::string loops = sched::print_loops(compiled->schedule());
+  EXPECT_EQ(print(compiled->program()).find("B_P["), std::string::npos) << loops;
+  const std::regex tile_loop(R"(for c\d+ = \((\d+) \* c\d+\) while[^\n]*\n\s*Fma\()");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(loops, m, tile_loop)) << loops;
+  EXPECT_GE(std::stoi(m[1].str()), 16) << loops;
+  expect_same(mm, in, "skinny matmul in weight mode", o);
 }
 
 // Panels for vector operands whose rows are wider than a block column (prepare_layouts): a convolution's
@@ -3649,10 +3688,10 @@ TEST(CpuTest, LargeOutputsAreStoredPastTheCaches) {
 
 // A copy into panels that a micro-kernel reads (plan.h pack_vector_operand) of a core's L2 or more is
 // stored past the caches too (scheduler.cpp panel_copy): every thread reads all of it, so the next run's
-// stores would each wait for the other cores' copies of the line to be dropped. B of a 20x9x600 matmul
+// stores would each wait for the other cores' copies of the line to be dropped. B of a 40x9x600 matmul
 // (21 KiB, against an L2 of 16 KiB), a copy of few points that the loop vectorizer makes vector stores
 // (its last panel's rows shorter, their tail zeroed by a nest of its own, through the caches); B of
-// 20x9x16384, whose copy O3 makes one memcpy per panel row, which the streaming body moves by
+// 40x9x16384, whose copy O3 makes one memcpy per panel row, which the streaming body moves by
 // non-temporal vector stores. Not with streaming off.
 TEST(CpuTest, PackedPanelsAreStoredPastTheCaches) {
   const Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
@@ -3665,7 +3704,7 @@ TEST(CpuTest, PackedPanelsAreStoredPastTheCaches) {
       CompileOptions o = microkernels_forced(512);
       o.target.cpu.l2_bytes = 16 * 1024;
       o.target.cpu.stream_stores = on;
-      const TensorMap in = inputs_for({{"A", {20, 9}}, {"B", {9, n}}}, DType::f32, 5);
+      const TensorMap in = inputs_for({{"A", {40, 9}}, {"B", {9, n}}}, DType::f32, 5);
       auto compiled = compile(mm, types_of(in), o);
       const auto& nests = compiled->schedule().nests;
       int copy = -1;  // C is below a quarter of the last-level cache; B_P's zero tail (600 columns) is no copy

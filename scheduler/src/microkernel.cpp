@@ -219,16 +219,35 @@ class MicrokernelNest {
   // quarters of L1: the vector operand is then reused from L1 by every block row; with long_tiles in
   // three eighths of L2, on a core of one FMA a cycle in an eighth (plan.h, reduction_tile_budget). Filled
   // innermost reduction variable first, each as large as fits (binary search), then balanced.
+  // A weight-mode row whose columns fill that budget in fewer than kFewestTilePoints reduction points (a
+  // skinny matmul's B read by a few rows of A, unpacked: 64 columns of 64 floats, 16 KiB a step of k) is
+  // sized by one block instead, whose column's part the next blocks of the column reuse (they run one
+  // after another, block_bands): tiles of 2 steps loaded and stored the accumulators every 48 FMAs. C =
+  // A B, 16 x 4096 times 4096 x 4096 split into slices of k, on the 2-core Xeon guest with AMX
+  // (2026-12-07, fastest of 15): 7.5-7.6 -> 3.3 ms (tiles of 128 steps), 6 rows 2.1-2.2 -> 1.4-1.6. Not
+  // for rows that fill a tile's worth: the 3x3 128->128 weight gradient's rows (2 columns) took tiles of
+  // 2 x 28 pixels, sized by one block 4 x 28, and ran 3-8% slower (NHWC 5.18-5.30 against 4.93-5.13 ms,
+  // NCHW 5.10-5.45 against 4.96-5.06).
+  static constexpr int64_t kFewestTilePoints = 16;
   void size_reduction_tiles(const std::vector<isl::map>& reads, bool weight_mode, bool long_tiles) {
+    const isl::set block = blocks_.lexmin();
+    if (!weight_mode) {
+      fill_reduction_tiles(reads, block, long_tiles);
+      return;
+    }
+    // The blocks of the representative's row in every column: { B[.., bv] -> B[.., bv2] }.
+    const Tuple B = named("B", block_dims_);
+    const isl::map row = B.to(unnamed("Row", block_dims_.size() - 1), B.vars(cat(others_, {"bb"})));
+    fill_reduction_tiles(reads, block.apply(row.apply_range(row.reverse())).intersect(blocks_), long_tiles);
+    int64_t points = 1;
+    for (int64_t t : tile_) points *= t;
+    if (points < kFewestTilePoints) fill_reduction_tiles(reads, block, long_tiles);
+  }
+
+  // tile_ and red_lo_ for the blocks `representative`, whose footprint fills the budget.
+  void fill_reduction_tiles(const std::vector<isl::map>& reads, const isl::set& representative, bool long_tiles) {
     tile_.assign(reds_.size(), 1);
     red_lo_.assign(reds_.size(), 0);
-    isl::set representative = blocks_.lexmin();
-    if (weight_mode) {
-      // The blocks of the representative's row in every column: { B[.., bv] -> B[.., bv2] }.
-      const Tuple B = named("B", block_dims_);
-      const isl::map row = B.to(unnamed("Row", block_dims_.size() - 1), B.vars(cat(others_, {"bb"})));
-      representative = representative.apply(row.apply_range(row.reverse())).intersect(blocks_);
-    }
     isl::set points = representative.apply(block_lanes());
     auto footprint = [&]() {
       isl::set piece = points;  // bounded by the tile (not through isl text: this runs ~10 times a nest)

@@ -78,6 +78,9 @@ std::string innermost_reduction(const Contraction& c) {
 // the variable its steps cross pages along last (far_broadcast_steps): the innermost reduction variable,
 // or the longest one of kServedLongest.
 constexpr int64_t kServedInnermost = 16, kServedLongest = 256;
+// Each element of a vector operand whose rows lie a page or more apart serving this many points or more,
+// the layouts pass copies it into panels where it does not fit in L2 (pack_vector_operand).
+constexpr int64_t kServedPagePack = 32;
 
 // The reduction variables along which a broadcast operand's steps cross pages, if any do: the innermost
 // one, and the longest one where the variables inside it in the loops take 16 steps or fewer (an NCHW
@@ -187,8 +190,20 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   // reads, half of them written by the other core (sgemm 512 on a 2-core Zen 4 guest: 1.28 -> 1.21 ms
   // unpacked in quiet minutes, 1.46 -> 1.20 in slow ones; at 1024, 4 MiB of B, C = A B ran 6% faster
   // unpacked but C = A^T B 3% slower, and at 2000 the copy pays 7%).
+  // Nor one whose elements each serve fewer than kServedPagePack points (a skinny matmul's B, read by a
+  // few rows of A): the copy reads it and writes it, and the micro-kernel reads the panels again, while
+  // the rows' blocks of a column, one after another, read each reduction tile of it from memory once
+  // (microkernel.cpp, size_reduction_tiles). C = A B on the 2-core Xeon guest with AMX (2026-12-07,
+  // fastest of 10-15 runs, packed against not), B 4096 x 4096: 16 rows of A 9.7 against 3.1-3.9 ms, 24
+  // rows 10.0-10.5 against 5.9, 32 rows 11.2-11.5 against 5.7-6.0, 64 rows 14.5-14.9 against 10.2-11.1;
+  // B 2048 x 4096: 32 rows 4.0-4.3 against 4.0-4.1, 100 rows 7.8-8.0 against 10.7-12.2; B 4096 x 1024,
+  // 31 rows: 2.2-2.3 against 1.1; B 8192 x 512, 200 rows: 6.1-6.7 against 8.8-9.0. Below 32 rows the
+  // copy lost in every shape measured; from there on it depends on the shape (more rows share each tile
+  // of B from L1 while the accumulators stream through L2 once per tile).
   const bool page_path = nearest >= kPagePathBytes;
-  if (page_path && plan.transpose_input < 0 && operand_bytes <= target.cpu.l2_bytes) return std::nullopt;
+  if (page_path && plan.transpose_input < 0 &&
+      (operand_bytes <= target.cpu.l2_bytes || box_points(bounds) < kServedPagePack * (operand_bytes / element_bytes)))
+    return std::nullopt;
   if (!page_path) {  // no page per step: only the sets of L1
     int64_t out_bytes = element_bytes, reduction_points = 1;
     for (int64_t d : types.tensors.at(c.output).shape) out_bytes *= d;
