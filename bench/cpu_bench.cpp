@@ -326,6 +326,9 @@ const char* kMaxPool =
     "  O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2;\n}\n";
 // A bias gradient: the sum over batch and space of each channel (a reduction over the non-contiguous axes).
 const char* kBiasGradient = "function (D[N, H, W, C]) -> (B) {\n  B[c : C] = +(D[n, y, x, c]);\n}\n";
+// A normalization's scale gradient: each channel's sum over batch and space of the output gradient times
+// the normalized input (a product's reduction over the non-contiguous axes; both tensors read once).
+const char* kScaleGradient = "function (D[N, H, W, C], X[N, H, W, C]) -> (G) {\n  G[c : C] = +(D[n, y, x, c] * X[n, y, x, c]);\n}\n";
 const char* kSoftmax =
     "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
     "  S[i, 0 : N, 1] = +(E[i, j]);\n  O = E / S;\n}\n";
@@ -495,6 +498,8 @@ void register_all() {
   const double bias_bytes = 4.0 * 64 * 28 * 28 * 32;
   benchmark::RegisterBenchmark("bias_grad/polytile", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit)->Unit(benchmark::kMillisecond)->UseRealTime();
+  TensorMap scale_in{{"D", random_f32({64, 28, 28, 32}, 7)}, {"X", random_f32({64, 28, 28, 32}, 9)}};
+  benchmark::RegisterBenchmark("scale_grad/polytile", BM_Polytile, kScaleGradient, scale_in, false, 2 * bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
   benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -30,6 +30,7 @@ CONVS = {
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
 POOL_GRAD_BYTES = 4.0 * 8 * 112 * 112 * 64 * 2.25  # I and DO read, DI written (as cpu_bench.cpp counts)
 BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
+SCALE_BYTES = 2 * BIAS_BYTES  # scale_grad: two tensors of BIAS_SHAPE read, a channel's sum of their product
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
 SOFTMAX_GRAD_BYTES = 4.0 * 4096 * 1000 * 3  # X and DO read, DX written
 # reduce/<name>: a 64 MiB matrix reduced along axis (None: all of it) with sum or max (as cpu_bench.cpp's).
@@ -69,6 +70,8 @@ def parse(case):
         return "sgemm", (n, parts[0] == "sgemm_tn"), 2.0 * n ** 3, "GFLOP/s"
     if case == "bias_grad":
         return "bias_grad", (), BIAS_BYTES, "GB/s"
+    if case == "scale_grad":
+        return "scale_grad", (), SCALE_BYTES, "GB/s"
     if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
         return "reduce", REDUCTIONS[parts[1]], REDUCE_BYTES, "GB/s"
     if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
@@ -149,6 +152,11 @@ def jax_step(kind, args):
         d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
         f = jax.jit(lambda d: jnp.sum(d, axis=(0, 1, 2)))
         return lambda: f(d)
+    if kind == "scale_grad":
+        d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
+        x = jax.random.normal(jax.random.PRNGKey(2), BIAS_SHAPE, jnp.float32)
+        f = jax.jit(lambda d, x: jnp.sum(d * x, axis=(0, 1, 2)))
+        return lambda: f(d, x)
     if kind == "reduce":
         op, axis = args
         x = jax.random.normal(key, REDUCE_SHAPE, jnp.float32)
@@ -190,9 +198,9 @@ TORCH_LAYOUTS = ("channels_last", "nchw")
 
 
 def torch_step(kind, args):
-    """{memory format: step} for the 4-d cases (convs, max pool, the bias gradient), else one step; None
+    """{memory format: step} for the 4-d cases (convs, max pool, the bias and scale gradients), else one step; None
     for a case eager PyTorch has no step for (compiling)."""
-    if kind in ("conv", "maxpool", "bias_grad"):
+    if kind in ("conv", "maxpool", "bias_grad", "scale_grad"):
         return {layout: torch_step_in(kind, args, layout) for layout in TORCH_LAYOUTS}
     if kind == "conv_nchw":  # the tensors a caller holds in PyTorch's default layouts
         return torch_step_in("conv", args, "nchw")
@@ -227,6 +235,11 @@ def torch_step_in(kind, args, layout):
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
         return lambda: d.sum(dim=(0, 2, 3))
+    if kind == "scale_grad":
+        n, h, w, c = BIAS_SHAPE
+        d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
+        x = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
+        return lambda: (d * x).sum(dim=(0, 2, 3))
     if kind == "reduce":
         op, axis = args
         x = torch.randn(*REDUCE_SHAPE, generator=g)
