@@ -3038,6 +3038,39 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
   EXPECT_EQ(reductions, 3 * 2 * 11);
 }
 
+// Rows of one vector to two (16-31 f32 with AVX-512) run as row reductions too, a full vector and a
+// masked one: an NCHW global average pool and maximum (28 columns a row, the other reduction variable the
+// image's rows), sums over 16 and 17 columns; rows under one vector (15) stay plain nests. NaN and inf
+// at the start of every other row: a lane past a row's end would reach the next row's.
+TEST(CpuTest, RowsOfOneToTwoVectorsRunAsRowReductions) {
+  struct Case {
+    const char* text;
+    Shapes shapes;
+    bool row_reduction;
+  };
+  const Case cases[] = {
+      {"function (X[N, C, H, W]) -> (G) { G[n, c : N, C] = +(X[n, c, y, x]); }", {{"X", {2, 5, 28, 28}}}, true},
+      {"function (X[N, C, H, W]) -> (G) { G[n, c : N, C] = >(X[n, c, y, x]); }", {{"X", {2, 5, 28, 28}}}, true},
+      {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 16}}}, true},
+      {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 17}}}, true},
+      {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 15}}}, false},
+  };
+  CompileOptions o = microkernels_forced(512);
+  for (const auto& cs : cases) {
+    Program p = parse_program(cs.text);
+    TensorMap in = inputs_for(cs.shapes, DType::f32, 83);
+    const int64_t row = cs.shapes.at("X").back();
+    for (int64_t at = 0; at < in.at("X").size(); at += 2 * row) {
+      in.at("X").set(at, std::numeric_limits<double>::quiet_NaN());
+      if (at + row < in.at("X").size()) in.at("X").set(at + row, -std::numeric_limits<double>::infinity());
+    }
+    int rows = 0;
+    for (const auto& nest : compile(p, types_of(in), o)->schedule().nests) rows += nest.reduction.has_value();
+    EXPECT_EQ(rows, cs.row_reduction ? 1 : 0) << cs.text << " " << row << " columns";
+    expect_same(p, in, std::string(cs.text) + ", " + std::to_string(row) + " columns", o);
+  }
+}
+
 // Row reductions whose reduction variable's range follows the other variables mask each step's lanes by
 // the accesses and constraints at that point, and run the steps whose lanes all lie in that range
 // unmasked: cumulative sums along rows (k <= i, and k >= i), a max over a window that the row's end cuts short, and
