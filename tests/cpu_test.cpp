@@ -3040,9 +3040,11 @@ TEST(CpuTest, RowReductionsMatchTheInterpreter) {
 
 // Rows of one vector to two (16-31 f32 with AVX-512) run as row reductions too, a full vector and a
 // masked one: an NCHW global average pool and maximum (28 columns a row, the other reduction variable the
-// image's rows), sums over 16 and 17 columns; rows under one vector (15) stay plain nests. NaN and inf
-// at the start of every other row: a lane past a row's end would reach the next row's.
-TEST(CpuTest, RowsOfOneToTwoVectorsRunAsRowReductions) {
+// image's rows), sums over 16 and 17 columns; rows under one vector (15) stay plain nests, unless other
+// reduction variables give each output two vectors' worth of points (an NCHW global pool over 7 x 7, 49
+// points; not over 3 x 3, 9). NaN and inf at the start of every other row: a lane past a row's end would
+// reach the next row's.
+TEST(CpuTest, RowsShorterThanTwoVectorsRunAsRowReductions) {
   struct Case {
     const char* text;
     Shapes shapes;
@@ -3054,6 +3056,9 @@ TEST(CpuTest, RowsOfOneToTwoVectorsRunAsRowReductions) {
       {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 16}}}, true},
       {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 17}}}, true},
       {"function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }", {{"X", {300, 15}}}, false},
+      {"function (X[N, C, H, W]) -> (G) { G[n, c : N, C] = +(X[n, c, y, x]); }", {{"X", {4, 64, 7, 7}}}, true},
+      {"function (X[N, C, H, W]) -> (G) { G[n, c : N, C] = >(X[n, c, y, x]); }", {{"X", {4, 64, 7, 7}}}, true},
+      {"function (X[N, C, H, W]) -> (G) { G[n, c : N, C] = +(X[n, c, y, x]); }", {{"X", {4, 64, 3, 3}}}, false},
   };
   CompileOptions o = microkernels_forced(512);
   for (const auto& cs : cases) {
