@@ -328,6 +328,10 @@ const char* kMaxPool =
 const char* kBiasGradient = "function (D[N, H, W, C]) -> (B) {\n  B[c : C] = +(D[n, y, x, c]);\n}\n";
 // A normalization's scale gradient: each channel's sum over batch and space of the output gradient times
 // the normalized input (a product's reduction over the non-contiguous axes; both tensors read once).
+// A global average pool (a ResNet-50's head: 2048 channels of 7 x 7, 64 images) in NCHW and in NHWC: the
+// mean of each image's channel plane, 49 contiguous floats in NCHW, 49 floats 8 KiB apart in NHWC.
+const char* kGlobalPoolNchw = "function (X[N, C, H, W]) -> (G) {\n  S[n, c : N, C] = +(X[n, c, y, x]);\n  G = S / 49.0;\n}\n";
+const char* kGlobalPoolNhwc = "function (X[N, H, W, C]) -> (G) {\n  S[n, c : N, C] = +(X[n, y, x, c]);\n  G = S / 49.0;\n}\n";
 const char* kScaleGradient = "function (D[N, H, W, C], X[N, H, W, C]) -> (G) {\n  G[c : C] = +(D[n, y, x, c] * X[n, y, x, c]);\n}\n";
 const char* kSoftmax =
     "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
@@ -500,6 +504,10 @@ void register_all() {
   benchmark::RegisterBenchmark("bias_grad/unsplit", BM_Polytile, kBiasGradient, bias_in, false, bias_bytes, Variant::unsplit)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap scale_in{{"D", random_f32({64, 28, 28, 32}, 7)}, {"X", random_f32({64, 28, 28, 32}, 9)}};
   benchmark::RegisterBenchmark("scale_grad/polytile", BM_Polytile, kScaleGradient, scale_in, false, 2 * bias_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  const double pool_head_bytes = 4.0 * 64 * 2048 * 7 * 7;
+  TensorMap head_nchw{{"X", random_f32({64, 2048, 7, 7}, 10)}}, head_nhwc{{"X", random_f32({64, 7, 7, 2048}, 10)}};
+  benchmark::RegisterBenchmark("global_pool/nchw/polytile", BM_Polytile, kGlobalPoolNchw, head_nchw, false, pool_head_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("global_pool/nhwc/polytile", BM_Polytile, kGlobalPoolNhwc, head_nhwc, false, pool_head_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
   benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();

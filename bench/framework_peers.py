@@ -30,6 +30,8 @@ CONVS = {
 POOL_SHAPE, POOL_BYTES = (8, 112, 112, 64), 4.0 * 8 * 112 * 112 * 64 * 1.25
 POOL_GRAD_BYTES = 4.0 * 8 * 112 * 112 * 64 * 2.25  # I and DO read, DI written (as cpu_bench.cpp counts)
 BIAS_SHAPE, BIAS_BYTES = (64, 28, 28, 32), 4.0 * 64 * 28 * 28 * 32
+# global_pool/<layout>: a ResNet-50's global average pool, 64 images of 2048 channels of 7 x 7.
+GLOBAL_POOL_NCHW, GLOBAL_POOL_BYTES = (64, 2048, 7, 7), 4.0 * 64 * 2048 * 7 * 7
 SCALE_BYTES = 2 * BIAS_BYTES  # scale_grad: two tensors of BIAS_SHAPE read, a channel's sum of their product
 SOFTMAX_SHAPE, SOFTMAX_BYTES = (4096, 1000), 4.0 * 4096 * 1000 * 2
 SOFTMAX_GRAD_BYTES = 4.0 * 4096 * 1000 * 3  # X and DO read, DX written
@@ -72,6 +74,8 @@ def parse(case):
         return "bias_grad", (), BIAS_BYTES, "GB/s"
     if case == "scale_grad":
         return "scale_grad", (), SCALE_BYTES, "GB/s"
+    if parts[0] == "global_pool" and len(parts) == 2 and parts[1] in ("nchw", "nhwc"):
+        return "global_pool", (parts[1],), GLOBAL_POOL_BYTES, "GB/s"
     if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
         return "reduce", REDUCTIONS[parts[1]], REDUCE_BYTES, "GB/s"
     if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
@@ -152,6 +156,12 @@ def jax_step(kind, args):
         d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
         f = jax.jit(lambda d: jnp.sum(d, axis=(0, 1, 2)))
         return lambda: f(d)
+    if kind == "global_pool":
+        n, c, h, w = GLOBAL_POOL_NCHW
+        nchw = args[0] == "nchw"
+        x = jax.random.normal(key, (n, c, h, w) if nchw else (n, h, w, c), jnp.float32)
+        f = jax.jit(lambda x: jnp.mean(x, axis=(2, 3) if nchw else (1, 2)))
+        return lambda: f(x)
     if kind == "scale_grad":
         d = jax.random.normal(key, BIAS_SHAPE, jnp.float32)
         x = jax.random.normal(jax.random.PRNGKey(2), BIAS_SHAPE, jnp.float32)
@@ -235,6 +245,12 @@ def torch_step_in(kind, args, layout):
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
         return lambda: d.sum(dim=(0, 2, 3))
+    if kind == "global_pool":  # the layout is the case's: NCHW contiguous, or channels_last
+        n, c, h, w = GLOBAL_POOL_NCHW
+        x = torch.randn(n, c, h, w, generator=g)
+        if args[0] == "nhwc":
+            x = x.to(memory_format=torch.channels_last)
+        return lambda: x.mean(dim=(2, 3))
     if kind == "scale_grad":
         n, h, w, c = BIAS_SHAPE
         d = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
