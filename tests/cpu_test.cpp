@@ -13,7 +13,6 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1992,10 +1991,12 @@ TEST(CpuTest, WeightModeRowsThatFillL1InAFewStepsTileByOneBlock) {
   auto compiled = compile(mm, types_of(in), o);
   const std::string loops = sched::print_loops(compiled->schedule());
   EXPECT_EQ(print(compiled->program()).find("B_P["), std::string::npos) << loops;
-  const std::regex tile_loop(R"(for c\d+ = \((\d+) \* c\d+\) while[^\n]*\n\s*Fma\()");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(loops, m, tile_loop)) << loops;
-  EXPECT_GE(std::stoi(m[1].str()), 16) << loops;
+  // T of the loop right around the FMAs, "for cN = (T * cM) while ...".
+  const size_t fma = loops.find("Fma(");
+  ASSERT_NE(fma, std::string::npos) << loops;
+  const size_t loop = loops.rfind("for c", fma), from = loops.find(" = (", loop);
+  ASSERT_TRUE(loop != std::string::npos && from < loops.find('\n', loop)) << loops;
+  EXPECT_GE(std::stoll(loops.substr(from + 4)), 16) << loops;
   expect_same(mm, in, "skinny matmul in weight mode", o);
 }
 
