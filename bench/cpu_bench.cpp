@@ -326,12 +326,12 @@ const char* kMaxPool =
     "  O[n, y, x, c : N, H/2, W/2, C] = >(I[n, 2*y + j, 2*x + i, c]), j < 2, i < 2;\n}\n";
 // A bias gradient: the sum over batch and space of each channel (a reduction over the non-contiguous axes).
 const char* kBiasGradient = "function (D[N, H, W, C]) -> (B) {\n  B[c : C] = +(D[n, y, x, c]);\n}\n";
-// A normalization's scale gradient: each channel's sum over batch and space of the output gradient times
-// the normalized input (a product's reduction over the non-contiguous axes; both tensors read once).
 // A global average pool (a ResNet-50's head: 2048 channels of 7 x 7, 64 images) in NCHW and in NHWC: the
 // mean of each image's channel plane, 49 contiguous floats in NCHW, 49 floats 8 KiB apart in NHWC.
 const char* kGlobalPoolNchw = "function (X[N, C, H, W]) -> (G) {\n  S[n, c : N, C] = +(X[n, c, y, x]);\n  G = S / 49.0;\n}\n";
 const char* kGlobalPoolNhwc = "function (X[N, H, W, C]) -> (G) {\n  S[n, c : N, C] = +(X[n, y, x, c]);\n  G = S / 49.0;\n}\n";
+// A normalization's scale gradient: each channel's sum over batch and space of the output gradient times
+// the normalized input (a product's reduction over the non-contiguous axes; both tensors read once).
 const char* kScaleGradient = "function (D[N, H, W, C], X[N, H, W, C]) -> (G) {\n  G[c : C] = +(D[n, y, x, c] * X[n, y, x, c]);\n}\n";
 const char* kSoftmax =
     "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  E = exp(X - M);\n"
@@ -376,14 +376,16 @@ const char* kColumnMax = "function (X[M, N]) -> (S) {\n  S[j : N] = >(X[i, j]);\
 const char* kTotal = "function (X[M, N]) -> (S) {\n  S[0 : 1] = +(X[i, j]);\n}\n";
 constexpr int64_t kReduceRows = 8192, kReduceColumns = 2048;
 
-void BM_OneDnnReduction(benchmark::State& state, dnnl::algorithm algorithm, memory::dims dst_dims) {
+// oneDNN's reduction of a src of `src_dims` to `dst_dims` (both in the layout `tag`), f32.
+void BM_OneDnnReduction(benchmark::State& state, dnnl::algorithm algorithm, memory::dims src_dims, memory::dims dst_dims,
+                        memory::format_tag tag) {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  memory::desc src_md({kReduceRows, kReduceColumns}, memory::data_type::f32, memory::format_tag::ab);
-  memory::desc dst_md(dst_dims, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc src_md(src_dims, memory::data_type::f32, tag);
+  memory::desc dst_md(dst_dims, memory::data_type::f32, tag);
   dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(algorithm, src_md, dst_md, 0.f, 0.f), eng);
   std::vector<Buffer> storage;
   memory src = on_buffer(src_md, eng, storage), dst = on_buffer(dst_md, eng, storage);
-  time_onednn(state, dnnl::reduction(pd), src, dst, 4.0 * kReduceRows * kReduceColumns);
+  time_onednn(state, dnnl::reduction(pd), src, dst, static_cast<double>(src_md.get_size()));
 }
 
 // ---------------------------------------------------------------------------------------------- compile time
@@ -508,6 +510,10 @@ void register_all() {
   TensorMap head_nchw{{"X", random_f32({64, 2048, 7, 7}, 10)}}, head_nhwc{{"X", random_f32({64, 7, 7, 2048}, 10)}};
   benchmark::RegisterBenchmark("global_pool/nchw/polytile", BM_Polytile, kGlobalPoolNchw, head_nchw, false, pool_head_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("global_pool/nhwc/polytile", BM_Polytile, kGlobalPoolNhwc, head_nhwc, false, pool_head_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+  // oneDNN's mean over the plane, its dims N, C, H, W in either layout (abcd: NCHW, acdb: NHWC).
+  for (auto [layout, tag] : {std::pair{"nchw", memory::format_tag::abcd}, std::pair{"nhwc", memory::format_tag::acdb}})
+    benchmark::RegisterBenchmark((std::string("global_pool/") + layout + "/onednn").c_str(), BM_OneDnnReduction, dnnl::algorithm::reduction_mean,
+                                 memory::dims{64, 2048, 7, 7}, memory::dims{64, 2048, 1, 1}, tag)->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
   benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -538,7 +544,8 @@ void register_all() {
         std::tuple{"total", kTotal, dnnl::algorithm::reduction_sum, memory::dims{1, 1}}}) {
     const std::string base = std::string("reduce/") + name;
     benchmark::RegisterBenchmark((base + "/polytile").c_str(), BM_Polytile, text, reduce_in, false, reduce_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnReduction, algorithm, dst)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((base + "/onednn").c_str(), BM_OneDnnReduction, algorithm, memory::dims{kReduceRows, kReduceColumns}, dst,
+                                 memory::format_tag::ab)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   benchmark::RegisterBenchmark("compile/conv3x3_64_56/fwd+bwd/polytile", BM_CompileConvForwardAndBackward)
       ->Unit(benchmark::kMillisecond)

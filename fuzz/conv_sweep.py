@@ -5,11 +5,11 @@ Each case is a conv of random images, channels, kernel, stride, dilation and pad
 PyTorch's NCHW layouts, O[n, co, y, x] = +(I[n, ci, s*y + d*j - p, s*x + d*i - p] * K[co, ci, j, i]), or
 TensorFlow's NHWC ones, O[n, y, x, co] = +(I[n, s*y + d*j - p, s*x + d*i - p, ci] * K[j, i, ci, co]);
 some are depthwise (one channel per group: K[c, j, i] or K[j, i, c]), some have 32-144 channels on small
-images. For about half of them one gradient
-is checked too, with respect to I or K (`polytile grad`, reduced and defracted). Every program runs on the
-reference interpreter and on the CPU backend for each --cpu target (AVX-512 where the host has it, AVX2,
-SSE), on the same deterministic random inputs; the outputs must agree to a relative 1e-4 (f32) or 1e-11
-(f64). --layouts nchw keeps to NCHW convs and their data gradients, as the sweep was first written.
+images. For about half of them one gradient is checked too, with respect to I or K (`polytile grad`,
+reduced and defracted). Every program runs on the reference interpreter and on the CPU backend for each
+--cpu target (AVX-512 where the host has it, AVX2, SSE), on the same deterministic random inputs; the
+outputs must agree to a relative 1e-4 (f32) or 1e-11 (f64). --layouts nchw keeps to NCHW convs and their
+data gradients, as the sweep was first written.
 
     build/python-venv/bin/python fuzz/conv_sweep.py --seed 1 --count 40
 
@@ -25,6 +25,10 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def dims(shape):
+    return "x".join(map(str, shape))
 
 
 def conv_text(layout, depthwise, oh, ow, stride, dilation, pad):
@@ -99,7 +103,6 @@ def main():
             else:
                 weights = (co, ci, kh, kw) if layout == "nchw" else (kh, kw, ci, co)
             seed = (n, co, oh, ow) if layout == "nchw" else (n, oh, ow, co)
-            dims = lambda shape: "x".join(map(str, shape))
             inputs = [f"I={dims(image)}:{dtype}", f"K={dims(weights)}:{dtype}"]
             cases = [(forward, inputs, "O")]
             if rnd.random() < 0.5:

@@ -42,13 +42,17 @@ Value* NestEmitter::valid(const std::map<std::string, Value*>& vars, Conditions 
   return ok;
 }
 
+Value* NestEmitter::lane_indices(unsigned lanes) {
+  std::vector<llvm::Constant*> iota;
+  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+  return llvm::ConstantVector::get(iota);
+}
+
 // 0 <= q < hi * den at each of `lanes` lanes, q's value at lane l being its value at `at` (whose vector
 // variable is the first lane's) plus l times v's coefficient.
 Value* NestEmitter::lanes_in_range(const Polynomial& q, int64_t hi, const std::map<std::string, Value*>& at, unsigned lanes) {
   const std::string& v = nest_.variables[nest_.microkernel->vector];
-  std::vector<llvm::Constant*> iota;
-  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-  Value* steps = llvm::ConstantVector::get(iota);
+  Value* steps = lane_indices(lanes);
   auto splat = [&](Value* x) { return b_.CreateVectorSplat(lanes, x); };
   auto [x, den] = scaled_poly(q, at);
   Value* lane = b_.CreateAdd(splat(x), b_.CreateMul(steps, splat(b_.getInt64((q.coefficient(v) * Rational(den)).num()))));
@@ -88,9 +92,7 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
     }
   std::map<std::string, Value*> at = vars;
   at[v] = first;
-  std::vector<llvm::Constant*> iota;
-  for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
-  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, first), llvm::ConstantVector::get(iota)),
+  Value* ok = b_.CreateICmpSLE(b_.CreateAdd(b_.CreateVectorSplat(lanes, first), lane_indices(lanes)),
                                b_.CreateVectorSplat(lanes, b_.getInt64(mk.vector_hi)));
   each_condition(at_point ? Conditions::inputs : Conditions::all, [&](const Polynomial& p, int64_t hi) {
     const Polynomial q = p.bind_dims(types_.dims);

@@ -228,6 +228,7 @@ class NestEmitter {
 
   // ------------------------------------------------------------------ micro-kernels
   Value* in_range(Value* x, int64_t hi);  // 0 <= x < hi
+  Value* lane_indices(unsigned lanes);    // <0, 1, ..., lanes - 1> in i64
 
   // Which conditions of the valid-point rule: the output's indices, the inputs' and the constraints, or all.
   // A micro-kernel's fused multiply-adds need only the inputs' and the constraints: an accumulator whose

@@ -27,14 +27,13 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
       for (size_t k = 0; k < rd.others.size(); ++k) vars[names[rd.others[k]]] = vals[rd.outputs.size() + k];
       const int64_t group = int64_t{rd.accumulators} * rd.lanes;  // r's values per step
       Value* first = b_.CreateNSWAdd(b_.getInt64(rd.lo), b_.CreateNSWMul(vals.back(), b_.getInt64(group)));
-      std::vector<llvm::Constant*> iota;
-      for (unsigned l = 0; l < lanes; ++l) iota.push_back(b_.getInt64(l));
+      Value* iota = lane_indices(lanes);
       // r's valid values at this point: its range, or, where the range follows the other variables, the
       // interval its conditions leave (every condition is affine in r), whose bounds do not change from
       // step to step (LICM takes them out of the loop over the steps).
       const auto [lo, hi] = rd.ragged ? ragged_range(vars, names[rd.vector]) : std::pair<Value*, Value*>{b_.getInt64(rd.lo), b_.getInt64(rd.hi)};
       auto lanes_in = [&](Value* base) {  // the lanes of base + l in [lo, hi] (from rd.lo on: a step's first is)
-        Value* at = b_.CreateAdd(b_.CreateVectorSplat(lanes, base), llvm::ConstantVector::get(iota));
+        Value* at = b_.CreateAdd(b_.CreateVectorSplat(lanes, base), iota);
         Value* below = b_.CreateICmpSLE(at, b_.CreateVectorSplat(lanes, hi));
         return rd.ragged ? b_.CreateAnd(b_.CreateICmpSGE(at, b_.CreateVectorSplat(lanes, lo)), below) : below;
       };

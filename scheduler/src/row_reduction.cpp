@@ -141,10 +141,9 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   // (ragged, below): an NCHW depthwise weight gradient over 7 x 7 images went 0.50 -> 1.16 ms (over 10 x
   // 10 and 14 x 14 it ran 1.5-2x faster, not taken).
   const int64_t row = red.hi - red.lo + 1;
-  int64_t points = row;
-  for (size_t k : red.others)
-    for (const auto& b : a.bounds)
-      if (b.name == nest.variables[k]) points *= b.max - b.min + 1;
+  int64_t points = 1;  // per output element: r's and the other reduction variables'
+  for (const auto& b : a.bounds)
+    if (!in_output.count(b.name)) points *= b.max - b.min + 1;
   if (row < 2 || (row < lanes && points < 2 * lanes)) return false;
   // Where r's range does not depend on the other variables, every lane in range is a valid point. Where it
   // does (an NCHW depthwise conv's weight gradient: x + i - 1 in the image), each step masks its lanes by
