@@ -18,6 +18,7 @@
 #include <llvm/IR/PatternMatch.h>
 #include <llvm/MC/MCContext.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Transforms/IPO/AlwaysInliner.h>
 #include <llvm/Transforms/InstCombine/InstCombine.h>
 #include <llvm/Transforms/Scalar.h>
 #include <llvm/Transforms/Scalar/AlignmentFromAssumptions.h>
@@ -90,9 +91,6 @@ sched::LowerOptions lower_options(const CompileOptions& options) {
   return l;
 }
 
-// glibc's vector math library (exp, log, sin, cos, pow on 4 and 8 lanes), when the system has it: the
-// vectorizer then keeps transcendental loops vector instead of calling libm per element.
-bool have_libmvec = false;  // set by initialize_llvm
 }  // namespace
 
 void initialize_llvm() {
@@ -100,7 +98,9 @@ void initialize_llvm() {
   std::call_once(once, [] {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
-    have_libmvec = !llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
+    // glibc's vector math library, when the system has it (vector_math_variants): the vectorizer then keeps
+    // transcendental loops vector instead of calling libm per element.
+    llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
   });
 }
 
@@ -426,37 +426,27 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
   llvm::ModuleAnalysisManager mam;
+  // libmvec's variants on this target's widths: the vectorizer calls them in loops of libm calls and LLVM
+  // math intrinsics (LLVM 16's own libmvec table stops at AVX2 widths and at glibc 2.22's functions), and
+  // they replace the emitter's lane-by-lane calls in vector code it wrote itself (a micro-kernel's
+  // epilogue: tanh in a GELU after a matmul).
+  const std::vector<VectorMathVariant> variants = vector_math_variants(tm);
+  call_vector_math(m, variants);
   llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
-  if (have_libmvec) tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86, tm.getTargetTriple());
-  // LLVM 16's libmvec table stops at AVX2 widths; glibc (since 2.22) has AVX-512 variants of these too.
-  // On an AVX-512 machine a module that calls one of them prefers 512-bit vectors, so the vectorizer
-  // takes 16 lanes of f32 (8 of f64) and calls the variant: exp on 16 lanes is 1.4x exp on 8 here. So
-  // does a module with the emitter's inline f32 exp (llvm_ir::kVectorMathAttribute), whose 13-20
-  // instructions are the loop's cost: softmax forward took 1.34 ms with 8 lanes and 1.12 with 16.
-  bool wide = avx512 && !vector_already && std::any_of(m.begin(), m.end(), [](const llvm::Function& f) {
-                return f.hasFnAttribute(llvm_ir::kVectorMathAttribute);
+  std::vector<llvm::VecDesc> descs;
+  for (const VectorMathVariant& v : variants)
+    descs.push_back({v.scalar, v.vector, llvm::ElementCount::getFixed(v.lanes)});
+  tlii.addVectorizableFunctions(descs);
+  // On an AVX-512 machine a module that calls a libm function with a 512-bit variant prefers 512-bit
+  // vectors, so the vectorizer takes 16 lanes of f32 (8 of f64) and calls the variant: exp on 16 lanes is
+  // 1.4x exp on 8 here. So does a module with the emitter's inline f32 exp (llvm_ir::kVectorMathAttribute),
+  // whose 13-20 instructions are the loop's cost: softmax forward took 1.34 ms with 8 lanes and 1.12 with 16.
+  bool wide = avx512 && !vector_already && std::any_of(m.begin(), m.end(), [&variants](const llvm::Function& f) {
+                if (f.hasFnAttribute(llvm_ir::kVectorMathAttribute)) return true;
+                return f.isDeclaration() && std::any_of(variants.begin(), variants.end(), [&f](const VectorMathVariant& v) {
+                         return v.lanes * (f.getReturnType()->isDoubleTy() ? 64 : 32) == 512 && f.getName() == v.scalar;
+                       });
               });
-  if (have_libmvec && avx512 && !vector_already) {
-    const auto lanes16 = llvm::ElementCount::getFixed(16), lanes8 = llvm::ElementCount::getFixed(8);
-    static const llvm::VecDesc variants[] = {
-        {"expf", "_ZGVeN16v_expf", lanes16},      {"llvm.exp.f32", "_ZGVeN16v_expf", lanes16},
-        {"logf", "_ZGVeN16v_logf", lanes16},      {"llvm.log.f32", "_ZGVeN16v_logf", lanes16},
-        {"sinf", "_ZGVeN16v_sinf", lanes16},      {"llvm.sin.f32", "_ZGVeN16v_sinf", lanes16},
-        {"cosf", "_ZGVeN16v_cosf", lanes16},      {"llvm.cos.f32", "_ZGVeN16v_cosf", lanes16},
-        {"powf", "_ZGVeN16vv_powf", lanes16},     {"llvm.pow.f32", "_ZGVeN16vv_powf", lanes16},
-        {"exp", "_ZGVeN8v_exp", lanes8},          {"llvm.exp.f64", "_ZGVeN8v_exp", lanes8},
-        {"log", "_ZGVeN8v_log", lanes8},          {"llvm.log.f64", "_ZGVeN8v_log", lanes8},
-        {"sin", "_ZGVeN8v_sin", lanes8},          {"llvm.sin.f64", "_ZGVeN8v_sin", lanes8},
-        {"cos", "_ZGVeN8v_cos", lanes8},          {"llvm.cos.f64", "_ZGVeN8v_cos", lanes8},
-        {"pow", "_ZGVeN8vv_pow", lanes8},         {"llvm.pow.f64", "_ZGVeN8vv_pow", lanes8},
-    };
-    tlii.addVectorizableFunctions(variants);
-    const bool calls = std::any_of(m.begin(), m.end(), [](const llvm::Function& f) {
-      return f.isDeclaration() && std::any_of(std::begin(variants), std::end(variants),
-                                              [&f](const llvm::VecDesc& v) { return f.getName() == v.ScalarFnName; });
-    });
-    wide = wide || calls;
-  }
   if (wide)
     for (llvm::Function& f : m)
       if (!f.isDeclaration()) f.addFnAttr("prefer-vector-width", "512");
@@ -496,6 +486,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   fpm.addPass(llvm::AlignmentFromAssumptionsPass());  // as O3 does after its vectorizers
   fpm.addPass(StreamStores());
   llvm::ModulePassManager mpm;
+  mpm.addPass(llvm::AlwaysInlinerPass());  // lane-by-lane calls no vector library replaced
   mpm.addPass(llvm::createModuleToFunctionPassAdaptor(std::move(fpm)));
   mpm.run(m, mam);
 }

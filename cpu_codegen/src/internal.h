@@ -8,6 +8,7 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Target/TargetMachine.h>
 #include <tbb/task_arena.h>
 
 #include <chrono>
@@ -149,6 +150,22 @@ std::string cpu_feature_string(const std::string& name);
 
 // Once per process: LLVM's native target, and glibc's vector math library where the system has it.
 void initialize_llvm();
+
+// A vector version of a libm function or LLVM math intrinsic in glibc's vector math library (libmvec).
+struct VectorMathVariant {
+  std::string scalar;  // "tanhf", "llvm.sin.f64"
+  std::string vector;  // "_ZGVeN16v_tanhf", "_ZGVdN4v_sin"
+  unsigned lanes;
+};
+
+// The variants `tm`'s instruction sets run (SSE, AVX2, AVX-512 widths) that this process can call: none
+// without libmvec, those of glibc 2.22 (sin, cos, exp, log, pow) or also of 2.35 (tanh, erf, tan, asin,
+// acos, atan, sinh, cosh) as the system's has them.
+std::vector<VectorMathVariant> vector_math_variants(const llvm::TargetMachine& tm);
+
+// Calls a variant in place of each call of the emitter's lane-by-lane functions (llvm_ir::kLanesPrefix)
+// and of vector math intrinsics (llvm.sin.v16f32, ...) on as many lanes as it takes.
+void call_vector_math(llvm::Module& m, const std::vector<VectorMathVariant>& variants);
 
 // An ORC JIT for this machine whose code may call the process's symbols (libm, libmvec, libc).
 std::unique_ptr<llvm::orc::LLJIT> make_jit();

@@ -133,12 +133,33 @@ Value* NestEmitter::fn_call(const char* name, Typed x) {
   if (device_) return device_call(name, {x.v});  // no libm on the device (kernels are scalar code)
   bool f32 = x.t == DType::f32 || x.t == DType::f16;  // f16 values are f32s
   llvm::Type* ty = x.v->getType()->getScalarType();
-  llvm::FunctionCallee callee = m_.getOrInsertFunction(std::string(name) + (f32 ? "f" : ""), ty, ty);
+  const std::string scalar = std::string(name) + (f32 ? "f" : "");
+  llvm::FunctionCallee callee = m_.getOrInsertFunction(scalar, ty, ty);
+  // errno, the only memory libm's functions touch, is nothing a program reads: without memory effects
+  // the calls can be vectorized (a vector library's variants) and hoisted like any arithmetic.
+  if (auto* f = llvm::dyn_cast<llvm::Function>(callee.getCallee())) {
+    f->setDoesNotAccessMemory();
+    f->setDoesNotThrow();
+    f->setWillReturn();
+  }
   if (!width_) return b_.CreateCall(callee, {x.v});
-  Value* out = llvm::UndefValue::get(x.v->getType());  // libm has no vector versions: lane by lane
-  for (unsigned l = 0; l < width_; ++l)
-    out = b_.CreateInsertElement(out, b_.CreateCall(callee, {b_.CreateExtractElement(x.v, l)}), l);
-  return out;
+  // libm has no vector versions: `polytile.lanes.<fn>.v<W>` (kLanesPrefix) calls it lane by lane, where a
+  // host code generator may call a vector library's variant instead.
+  auto* vty = llvm::FixedVectorType::get(ty, width_);
+  const std::string lanes_name = std::string(kLanesPrefix) + scalar + ".v" + std::to_string(width_);
+  llvm::Function* lanes = m_.getFunction(lanes_name);
+  if (!lanes) {
+    lanes = llvm::Function::Create(llvm::FunctionType::get(vty, {vty}, false), llvm::GlobalValue::InternalLinkage,
+                                   lanes_name, m_);
+    lanes->addFnAttr(llvm::Attribute::AlwaysInline);
+    lanes->addFnAttr(llvm::Attribute::NoUnwind);
+    llvm::IRBuilder<> lb(llvm::BasicBlock::Create(ctx_, "entry", lanes));
+    Value* out = llvm::UndefValue::get(vty);
+    for (unsigned l = 0; l < width_; ++l)
+      out = lb.CreateInsertElement(out, lb.CreateCall(callee, {lb.CreateExtractElement(lanes->getArg(0), l)}), l);
+    lb.CreateRet(out);
+  }
+  return b_.CreateCall(lanes, {x.v});
 }
 
 Value* NestEmitter::intrinsic(llvm::Intrinsic::ID id, std::vector<Value*> args) {

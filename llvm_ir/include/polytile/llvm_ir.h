@@ -53,6 +53,12 @@ void emit_kernel(llvm::Module& module, const sched::Nest& nest, const std::strin
 // instructions a wider vector halves, for a target that has the width to prefer it.
 inline constexpr const char* kVectorMathAttribute = "polytile-vector-math";
 
+// The prefix of the internal, always-inlined functions `polytile.lanes.<fn>.v<W>` (e.g.
+// polytile.lanes.tanhf.v16: <16 x float> -> <16 x float>) that apply libm's function <fn> to each lane of a
+// vector expression (a micro-kernel's epilogue) with one call per lane: a host code generator may call a
+// vector math library's variant of <fn> on W lanes in their place.
+inline constexpr const char* kLanesPrefix = "polytile.lanes.";
+
 // The parameter attribute (no value) on the tensor a streaming nest (sched::Nest::stream) writes, in the
 // nest's second body, which its entry calls where that tensor's pointer is 64-byte aligned (the parameter
 // says `align 64`): a code generator may make that body's aligned vector stores to it non-temporal.
