@@ -241,6 +241,12 @@ TEST(SchedulerTest, BroadcastLoweringSubstitutesOnlyPlainBroadcasts) {
   std::string yes = lowered(head + "(O) { T[i, j : N, C] = +(A[i, 0]); O = T * B; }");
   EXPECT_EQ(yes.find("T["), std::string::npos) << yes;
   EXPECT_NE(yes.find("O = cast(A + 0, f32) * B;"), std::string::npos) << yes;
+  // A product of two broadcast reads (autodiff's adjoint of D * D broadcast along rows) and a sum of two.
+  std::string product = lowered(head + "(O) { T[i, j : N, C] = +(B[i, j] * A[i, 0]); O = T + B; }");
+  EXPECT_EQ(product.find("T["), std::string::npos) << product;
+  EXPECT_NE(product.find("O = cast(B * A + 0, f32) + B;"), std::string::npos) << product;
+  std::string sum = lowered(head + "(O) { T[i, j : N, C] = +(A[i, 0] + B[i, j]); O = T * B; }");
+  EXPECT_NE(sum.find("O = cast(A + B + 0, f32) * B;"), std::string::npos) << sum;
   const char* kept[] = {
       "(O, T) { T[i, j : N, C] = +(A[i, 0]); O = T * B; }",                          // a program output
       "(O) { T[i, j : N, C] = +(A[i, 0]); O[i : N] = +(T[i, j]); }",                // read by a contraction
@@ -248,6 +254,8 @@ TEST(SchedulerTest, BroadcastLoweringSubstitutesOnlyPlainBroadcasts) {
       "(O) { T[i, j : N, C] = +(B[i, k]); O = T * B; }",                             // a reduction
       "(O) { T[i, j : N, C] = +(B[i, j]), j < 3; O = T * B; }",                      // a constraint
       "(O) { T[i, j : N, C] = +(B[i, C - 1 - j]); O = T * B; }",                     // not the aligned element
+      "(O) { T[i, j : N, C] = +(A[i, 0] * B[i, C - 1 - j]); O = T * B; }",           // a product of one
+      "(O) { T[i, j : N, C] = +(B[i, k] * B[k, j]); O = T * B; }",                   // a matmul
       "(O) { T[j, i : C, N] = +(B[i, j]); Bt[j, i : C, N] = =(B[i, j]); O = T * Bt; }",  // a transpose
   };
   for (const char* k : kept) {

@@ -35,10 +35,13 @@ bool is_broadcast_read(const TensorAccess& access, const std::vector<std::string
 // The elementwise expression equal, element for element, to `c` when every output element gets exactly
 // one term: the term, aggregated with the aggregation's identity exactly as the contraction does (a sum
 // adds it to 0, which turns -0 into +0); for a conditional term, the value where the condition holds and
-// 0 (an unwritten element) elsewhere.
+// 0 (an unwritten element) elsewhere. A product or sum of two reads (autodiff's adjoint of D * D broadcast
+// along a row: D[n, c] * DQ[n, 0]) is that operation on operands of the output's dtype, which is where the
+// contraction computes it.
 std::optional<Expr> as_broadcast(const Contraction& c, const ProgramTypes& types) {
   if (c.init || !c.constraints.empty()) return std::nullopt;
-  if (c.combination != CombinationOp::none && c.combination != CombinationOp::cond) return std::nullopt;
+  const bool arithmetic = c.combination == CombinationOp::mul || c.combination == CombinationOp::add;
+  if (c.combination != CombinationOp::none && c.combination != CombinationOp::cond && !arithmetic) return std::nullopt;
   if (c.combination == CombinationOp::cond && c.aggregation != AggregationOp::sum) return std::nullopt;
   const TensorType& out = types.tensors.at(c.output);
   std::vector<std::string> out_vars;
@@ -55,9 +58,12 @@ std::optional<Expr> as_broadcast(const Contraction& c, const ProgramTypes& types
   if (c.combination == CombinationOp::cond &&
       types.tensors.at(c.inputs[0].tensor).dtype != types.tensors.at(c.inputs[1].tensor).dtype)
     return std::nullopt;
+  if (arithmetic && types.tensors.at(c.inputs[0].tensor).dtype != out.dtype) return std::nullopt;
   Expr term = Expr::tensor(c.inputs.back().tensor);
+  if (arithmetic)
+    term = Expr::binary(c.combination == CombinationOp::mul ? BinaryOp::mul : BinaryOp::add, Expr::tensor(c.inputs[0].tensor), term);
   if (c.aggregation == AggregationOp::sum) term = Expr::binary(BinaryOp::add, term, Expr::literal(0, true));
-  if (c.combination == CombinationOp::none) return term;
+  if (c.combination != CombinationOp::cond) return term;
   Expr hit = Expr::binary(BinaryOp::eq, Expr::tensor(c.inputs[0].tensor), Expr::tensor(c.inputs[1].tensor));
   return Expr::call(Intrinsic::select, {hit, term, Expr::literal(0, true)});
 }

@@ -62,7 +62,8 @@ Program widen_half_contractions(const Program& program, const ProgramTypes& type
 // broadcasting (output indices distinct plain variables; input indices the aligned variable or 0 on a dim
 // of size 1; no constraints, no default; the term's dtype the output's), and which only elementwise
 // statements of its own shape read, is substituted into them as an elementwise expression (a sum adds the
-// term to 0; a conditional sum selects it where the condition holds and 0 elsewhere), so fusion can run
+// term to 0; a conditional sum selects it where the condition holds and 0 elsewhere; a product or sum
+// of two reads of the output's dtype is that operation on them), so fusion can run
 // it in their nest instead of materializing it. Autodiff's adjoints of broadcasts and of a max's argmax
 // are such contractions. With `verify`, isl proves the single term per element of each one substituted.
 Program broadcasts_to_elementwise(const Program& program, const ProgramTypes& types, bool verify = false);
