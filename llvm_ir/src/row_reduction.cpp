@@ -59,7 +59,7 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
               x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), t)));
             }
           }
-          Value* value = c.combination == CombinationOp::mul ? b_.CreateFMul(x[0], x[1]) : x[0];
+          Value* value = c.combination != CombinationOp::mul ? x[0] : is_float(t) ? b_.CreateFMul(x[0], x[1]) : b_.CreateMul(x[0], x[1]);
           if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes outside r's interval add nothing
           Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
           b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);

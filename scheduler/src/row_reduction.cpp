@@ -87,10 +87,15 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   if (c.aggregation != AggregationOp::sum && c.aggregation != AggregationOp::max && c.aggregation != AggregationOp::min)
     return false;
   if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul) return false;
+  // Floats, and integers, whose wrapping sums and products and whose maxima are exact in any order; a
+  // count (the sum of bools, an i32) converts each vector of them.
   const DType t = types.tensors.at(c.output).dtype;
-  if (t != DType::f32 && t != DType::f64) return false;
-  for (const auto& in : c.inputs)
-    if (types.tensors.at(in.tensor).dtype != t) return false;
+  if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64) return false;
+  for (const auto& in : c.inputs) {
+    const DType from = types.tensors.at(in.tensor).dtype;
+    const bool count = from == DType::boolean && t == DType::i32 && c.combination == CombinationOp::none;
+    if (from != t && !count) return false;
+  }
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::set<std::string> in_output;
   for (const auto& p : c.output_indices)
