@@ -3201,6 +3201,54 @@ TEST(CpuTest, IntegerRowReductionsRunAsRowReductions) {
   }
 }
 
+// Conditional terms in row reductions: an argmax (the least index where a row holds its maximum, ties
+// and NaN included: NaN equals nothing), the count of a row's maxima and a sum over the elements equal to
+// another tensor's, the comparands f32, f64 or i32 and the values i32, i64 or f64. Before, an argmax of
+// 8192 x 1024 ran as a plain nest with the rows innermost: 56 ms, now 1.15.
+TEST(CpuTest, ConditionalRowReductionsMatchTheInterpreter) {
+  struct Case {
+    const char* text;
+    DType compared, value;
+  };
+  const Case cases[] = {
+      {"function (X[N, C], Idx[C]) -> (A) { M[n : N] = >(X[n, c]); A[n : N] = <(X[n, c] == M[n] ? Idx[c]); }", DType::f32, DType::i32},
+      {"function (X[N, C], Idx[C]) -> (A) { M[n : N] = >(X[n, c]); A[n : N] = <(X[n, c] == M[n] ? Idx[c]); }", DType::f64, DType::i64},
+      {"function (X[N, C], Idx[C]) -> (A) { M[n : N] = >(X[n, c]); A[n : N] = >(X[n, c] == M[n] ? Idx[c]); }", DType::i32, DType::f64},
+      {"function (X[N, C], Idx[C], Y[N, C]) -> (A) { A[n : N] = +(X[n, c] == Y[n, c] ? Idx[c]); }", DType::f32, DType::f64},
+  };
+  CompileOptions o = microkernels_forced(512);
+  for (const auto& cs : cases) {
+    const Program p = parse_program(cs.text);
+    for (int64_t cols : {16, 45, 300}) {
+      TensorMap in;
+      Buffer x(cs.compared, {9, cols}), y(cs.compared, {9, cols}), idx(cs.value, {cols});
+      for (int64_t e = 0; e < x.size(); ++e) {
+        x.set(e, static_cast<double>((e * 37) % 11));  // ties: a row's maximum recurs
+        y.set(e, static_cast<double>((e * 53) % 7));
+      }
+      if (cs.compared != DType::i32) x.set(cols + 3, std::numeric_limits<double>::quiet_NaN());
+      for (int64_t j = 0; j < cols; ++j) idx.set(j, static_cast<double>((j * 29) % cols) - 5);
+      in["X"] = x;
+      in["Idx"] = idx;
+      if (std::string(cs.text).find("Y[") != std::string::npos) in["Y"] = y;
+      const std::string what = std::string(cs.text) + ", " + to_string(cs.compared) + " compared, " + std::to_string(cols) + " columns";
+      int rows = 0;
+      for (const auto& nest : compile(p, types_of(in), o)->schedule().nests)
+        rows += nest.reduction.has_value() && nest.contraction.combination == CombinationOp::cond;
+      EXPECT_GE(rows, 1) << what;
+      const Buffer want = interpret(p, in).at("A"), got = run(p, in, o).at("A");
+      ASSERT_EQ(got.dtype(), want.dtype()) << what;
+      for (int64_t e = 0; e < want.size(); ++e) {
+        if (std::isnan(want.get(e))) {
+          EXPECT_TRUE(std::isnan(got.get(e))) << what << " A[" << e << "]";
+          continue;
+        }
+        EXPECT_EQ(got.get(e), want.get(e)) << what << " A[" << e << "]";
+      }
+    }
+  }
+}
+
 // Row reductions whose reduction variable's range follows the other variables mask each step's lanes by
 // the accesses and constraints at that point, and run the steps whose lanes all lie in that range
 // unmasked: cumulative sums along rows (k <= i, and k >= i), a max over a window that the row's end cuts short, and

@@ -45,21 +45,29 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
           vars[names[rd.vector]] = base;
           Value* mask = masked ? lanes_in(base) : nullptr;
           std::vector<Value*> x;
+          // A conditional term's comparands compare in their common type (as in the plain nests).
+          const DType compared = c.combination == CombinationOp::cond
+                                     ? promote(types_.tensors.at(c.inputs[0].tensor).dtype, types_.tensors.at(c.inputs[1].tensor).dtype)
+                                     : t;
           for (const auto& in : c.inputs) {
+            const DType as = x.size() < 2 && c.combination == CombinationOp::cond ? compared : t;
             std::vector<Value*> at;
             for (const auto& p : in.indices) at.push_back(poly(p, vars));
             bool along = !in.indices.empty() && in.indices.back().coefficient(names[rd.vector]) != Rational(0);
             if (along) {
               width_ = lanes;
               mask_ = mask;
-              x.push_back(convert(input(in.tensor, at), t));
+              x.push_back(convert(input(in.tensor, at), as));
               width_ = 0;
               mask_ = nullptr;
             } else {
-              x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), t)));
+              x.push_back(b_.CreateVectorSplat(lanes, convert(input(in.tensor, at), as)));
             }
           }
-          Value* value = c.combination != CombinationOp::mul ? x[0] : is_float(t) ? b_.CreateFMul(x[0], x[1]) : b_.CreateMul(x[0], x[1]);
+          Value* value = x[0];
+          if (c.combination == CombinationOp::mul) value = is_float(t) ? b_.CreateFMul(x[0], x[1]) : b_.CreateMul(x[0], x[1]);
+          if (c.combination == CombinationOp::cond)  // a miss contributes the identity
+            value = b_.CreateSelect(compare(BinaryOp::eq, {x[0], compared}, {x[1], compared}, compared), x[2], identity_vector);
           if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes outside r's interval add nothing
           Value* acc = b_.CreateLoad(vty, acc_[static_cast<size_t>(a)]);
           b_.CreateStore(accumulate(c.aggregation, acc, value, t), acc_[static_cast<size_t>(a)]);

@@ -86,15 +86,19 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
                                     const std::vector<std::string>& positional, bool parallel) {
   if (c.aggregation != AggregationOp::sum && c.aggregation != AggregationOp::max && c.aggregation != AggregationOp::min)
     return false;
-  if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul) return false;
+  if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul && c.combination != CombinationOp::cond)
+    return false;
   // Floats, and integers, whose wrapping sums and products and whose maxima are exact in any order; a
-  // count (the sum of bools, an i32) converts each vector of them.
+  // count (the sum of bools, an i32) converts each vector of them. A conditional term (an argmax's
+  // X[n, c] == M[n] ? Idx[c]) compares two numbers of any of these types.
   const DType t = types.tensors.at(c.output).dtype;
-  if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64) return false;
-  for (const auto& in : c.inputs) {
-    const DType from = types.tensors.at(in.tensor).dtype;
+  auto number = [](DType d) { return d == DType::f32 || d == DType::f64 || d == DType::i32 || d == DType::i64; };
+  if (!number(t)) return false;
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    const DType from = types.tensors.at(c.inputs[k].tensor).dtype;
     const bool count = from == DType::boolean && t == DType::i32 && c.combination == CombinationOp::none;
-    if (from != t && !count) return false;
+    const bool compared = c.combination == CombinationOp::cond && k < 2 && number(from);
+    if (from != t && !count && !compared) return false;
   }
   if (box_points(a.bounds) < target.cpu.microkernel_min_points) return false;
   std::set<std::string> in_output;
