@@ -75,13 +75,18 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     // Its readers: one elementwise statement, or a few that each read it once when it is cheap to compute
     // again (a softmax gradient's DE_2 = DO * (1 / S) + DS_1, read by the maxima's adjoint and by DX:
     // computed in both, it is no pass of its own over the rows).
-    const auto& r = readers[name];
-    if (r.empty() || r.size() > 3) continue;
-    if (r.size() > 1 && (std::set<size_t>(r.begin(), r.end()).size() < r.size() || !duplicable(*producer, types))) continue;
-    if (std::any_of(r.begin(), r.end(), [&](size_t k) {
-          return !std::holds_alternative<Elementwise>(p.statements[k]) || nodes[i] + nodes[k] > kMaxFusedNodes;
-        }))
+    // A duplicable producer that one contraction reads too (a layer norm's D = X - mean, read by the sum
+    // of D * D and by the output) goes into its elementwise readers and stays for the contraction alone,
+    // which then evaluates it where it reads it (nest fusion's inlined producers): no pass writes it.
+    std::vector<size_t> r;
+    std::set<size_t> contractions;
+    for (size_t k : readers[name])
+      (std::holds_alternative<Elementwise>(p.statements[k]) ? r.push_back(k) : (void)contractions.insert(k));
+    if (r.empty() || r.size() + contractions.size() > 3 || contractions.size() > 1) continue;
+    if (r.size() + contractions.size() > 1 && (std::set<size_t>(r.begin(), r.end()).size() < r.size() || !duplicable(*producer, types)))
       continue;
+    if (!contractions.empty() && std::get<Contraction>(p.statements[*contractions.begin()]).init == name) continue;
+    if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[i] + nodes[k] > kMaxFusedNodes; })) continue;
     Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
     for (size_t k : r) {
       auto& consumer = std::get<Elementwise>(p.statements[k]);
@@ -91,7 +96,7 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
       });
       nodes[k] += nodes[i];
     }
-    erased[i] = true;
+    erased[i] = contractions.empty();
   }
   std::vector<Statement> kept;
   for (size_t i = 0; i < p.statements.size(); ++i)
@@ -105,19 +110,23 @@ void verify_fusion(const Program& original, const Program& fused, const ProgramT
   std::map<std::string, const Statement*> before, after;
   for (const auto& st : original.statements) before[statement_output(st)] = &st;
   for (const auto& st : fused.statements) after[statement_output(st)] = &st;
-  std::map<std::string, const Elementwise*> absorbed;
+  std::map<std::string, const Elementwise*> absorbed;  // substituted: gone, or kept for a contraction
   for (const auto& [name, st] : before) {
-    if (after.count(name)) continue;
     const auto* e = std::get_if<Elementwise>(st);
+    if (after.count(name)) {
+      if (e) absorbed[name] = e;
+      continue;
+    }
     if (!e) fail("dropped contraction " + name);
     if (std::find(original.outputs.begin(), original.outputs.end(), name) != original.outputs.end())
       fail("absorbed the program output " + name);
     absorbed[name] = e;
   }
-  // A fused tree matches an original one where every read of an absorbed producer P became
-  // cast(P's expression, P's dtype), recursively; everything else is the same node.
+  // A fused tree matches an original one where a read of an elementwise producer P became cast(P's
+  // expression, P's dtype), recursively (every read of P where P is gone); everything else is the same node.
   std::function<bool(const Expr&, const Expr&)> matches = [&](const Expr& f, const Expr& o) {
-    if (o.kind() == Expr::Kind::tensor && absorbed.count(o.name())) {
+    if (o.kind() == Expr::Kind::tensor && absorbed.count(o.name()) &&
+        (!after.count(o.name()) || (f.kind() == Expr::Kind::call && f.intrinsic() == Intrinsic::cast))) {
       return f.kind() == Expr::Kind::call && f.intrinsic() == Intrinsic::cast &&
              f.cast_type() == types.tensors.at(o.name()).dtype && matches(f.args()[0], absorbed.at(o.name())->expr);
     }

@@ -478,7 +478,9 @@ struct Schedule {
 // exactly as the materialized tensor did; the chain then runs as one loop nest with no temporary. A cheap
 // one (no transcendental call, at most 12 nodes besides casts, at most one operand of its own shape) read
 // once by each of up to three elementwise statements is substituted into each of them: computing it again
-// costs less than a pass that writes it and passes that read it back.
+// costs less than a pass that writes it and passes that read it back. Where one contraction reads it too
+// (a layer norm's D = X - mean, read by the sum of D * D), it is substituted into the elementwise readers
+// and kept for the contraction alone, which evaluates it where it reads it (no nest writes it).
 // Broadcasting commutes with elementwise operations, so the substitution is exact for any shapes.
 Program fuse_elementwise(const Program& program, const ProgramTypes& types);
 
@@ -512,8 +514,9 @@ Program prepare_layouts(const Program& program, const ProgramTypes& types, const
 Program split_reductions(const Program& program, const ProgramTypes& types, const Target& target, bool verify = false);
 
 // Translation validation of fuse_elementwise: every statement of `fused`, with each cast(e, t) whose e is an
-// absorbed producer's expression with that producer's dtype (recursively) put back as the producer's tensor, is the statement of
-// `original` with the same output, and every absorbed producer was no output. InternalError otherwise.
+// elementwise producer's expression with that producer's dtype (recursively) put back as the producer's
+// tensor, is the statement of `original` with the same output; every producer gone from `fused` was no
+// output (one that stays, for a contraction, may be read either way). InternalError otherwise.
 void verify_fusion(const Program& original, const Program& fused, const ProgramTypes& types);
 
 // The synchronization of a kernel's loop IR, as the host runs it (threads one after another between
