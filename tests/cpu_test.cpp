@@ -426,10 +426,11 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     EXPECT_EQ(loaded.at("DI").to_doubles(), compiled->run(pool_in).at("DI").to_doubles());
   }
   // Chunk tensors of every element size: bool (1 byte), f16, f32 and f64 rows of 37 elements, placed at
-  // their offsets in the chunk memory, in the JIT and in an exported object.
+  // their offsets in the chunk memory, in the JIT and in an exported object. (B reads X and H: with only
+  // one operand of its shape, it would be computed in O and in K's sum, no tensor.)
   {
     const Program mixed = parse_program(
-        "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  B = X < M * 0.5;\n  H = exp(cast(X - M, f16));\n"
+        "function (X[N, C]) -> (O) {\n  M[i, 0 : N, 1] = >(X[i, j]);\n  H = exp(cast(X - M, f16));\n  B = X < M * 0.5 && H < 0.9;\n"
         "  S[i, 0 : N, 1] = +(H[i, j]);\n  K[i, 0 : N, 1] = +(B[i, j]);\n  D = cast(X, f64) * 2;\n  T[i, 0 : N, 1] = +(D[i, j]);\n"
         "  O = select(B, H / S, K + T);\n}\n");
     TensorMap x = inputs_for({{"X", {41, 37}}}, DType::f32, 6);
@@ -1178,6 +1179,34 @@ TEST(CpuTest, CheapProducersOfSeveralReadersAreComputedInEach) {
   std::vector<std::string> nests;
   for (const auto& n : compiled->schedule().nests) nests.push_back(n.name);
   EXPECT_EQ(nests, (std::vector<std::string>{"DM.init", "DM.update", "DX.elementwise"}));
+}
+
+// A cheap producer that one contraction reads too (a layer norm's D = X - mean, read by the sum of its
+// squares and by the output) is computed in its elementwise readers and evaluated where the contraction
+// reads it: no nest writes it (before, D was a pass of its own, a layer norm of 8192 x 1024 1.9 -> 1.6 ms
+// without it). Read by two contractions, it stays a tensor.
+TEST(CpuTest, CheapProducersOfAContractionAndElementwiseReadersAreNotMaterialized) {
+  const Program norm = parse_program(
+      "function (X[N, C]) -> (Y) { S[n, 0 : N, 1] = +(X[n, c]); D = X - S / 40.0; Q[n, 0 : N, 1] = +(D[n, c] * D[n, c]);"
+      " Y = D / sqrt(Q / 40.0 + 0.00001); }");
+  const Program twice = parse_program(
+      "function (X[N, C]) -> (Y) { S[n, 0 : N, 1] = +(X[n, c]); D = X - S / 40.0; Q[n, 0 : N, 1] = +(D[n, c] * D[n, c]);"
+      " R[n, 0 : N, 1] = >(D[n, c]); Y = D / sqrt(Q / 40.0 + 0.00001) + R; }");
+  for (DType t : {DType::f32, DType::f64}) {
+    TensorMap in = inputs_for({{"X", {300, 40}}}, t, 21);
+    CompileOptions verified;
+    verified.verify = true;  // fusion's translation validation
+    expect_same(norm, in, "layer norm in " + to_string(t));
+    std::vector<std::string> nests;
+    auto compiled = compile(norm, types_of(in), verified);
+    for (const auto& n : compiled->schedule().nests) nests.push_back(n.name);
+    EXPECT_EQ(nests, (std::vector<std::string>{"S.init", "S.update", "Q.init", "Q.update", "Y.elementwise"})) << print(compiled->program());
+    EXPECT_TRUE(compiled->schedule().nests[3].inlined.count("D"));
+    expect_same(twice, in, "D read by two contractions in " + to_string(t));
+    nests.clear();
+    for (const auto& n : compile(twice, types_of(in), verified)->schedule().nests) nests.push_back(n.name);
+    EXPECT_NE(std::find(nests.begin(), nests.end(), "D.elementwise"), nests.end());
+  }
 }
 
 // Semantic mutants: the examples with one integer literal changed (strides, offsets, dims, constraint
