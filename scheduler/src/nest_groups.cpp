@@ -81,8 +81,11 @@ bool row_local(const RowAccess& group, const RowAccess& next) {
   return flow.unite(anti).deltas().is_subset(same);
 }
 
-// Rows per chunk: the group's tensors, each spread evenly over the outer range, within half of L2; at
-// least four chunks per thread.
+// Rows per chunk: the group's tensors, each spread evenly over the outer range, within L1, so that the
+// passes after a chunk's first read it from L1; at least four chunks per thread. (Within half of L2, as
+// before 2026-12-07, a layer norm of 8192 x 1024 read each chunk of 127 rows three times from L2: 1.77
+// ms against 1.55 within L1, softmax forward 1.13 against 1.04 and backward 1.34 against 1.25, medians of
+// 4 alternating runs on the 2-core Xeon guest.)
 int64_t chunk_rows(const RowAccess& group, int64_t extent, const ProgramTypes& types, const Target& target) {
   std::set<std::string> tensors;
   group.writes.unite(group.reads).range().foreach_set([&](const isl::set& s) { tensors.insert(isl_set_get_tuple_name(s.get())); });
@@ -90,7 +93,7 @@ int64_t chunk_rows(const RowAccess& group, int64_t extent, const ProgramTypes& t
   for (const auto& t : tensors) {
     bytes += static_cast<double>(types.tensors.at(t).bytes()) / static_cast<double>(extent);
   }
-  const int64_t fit = static_cast<int64_t>(static_cast<double>(target.cpu.l2_bytes) / 2 / std::max(bytes, 1.0));
+  const int64_t fit = static_cast<int64_t>(static_cast<double>(target.cpu.l1_bytes) / std::max(bytes, 1.0));
   const int64_t balanced = std::max<int64_t>(1, extent / (4 * std::max(1, target.threads)));
   return std::clamp<int64_t>(fit, 1, balanced);
 }
