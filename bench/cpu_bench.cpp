@@ -342,14 +342,18 @@ const char* kSoftmax =
 const char* kTranspose2d = "function (I[M, N]) -> (O) {\n  O[i, j : N, M] = =(I[j, i]);\n}\n";
 const char* kTransposeNhwc = "function (I[N, H, W, C]) -> (O) {\n  O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]);\n}\n";
 
-// Times oneDNN primitive `p` from `src` (filled with the bench's random values) to `dst`, after one
-// warm-up run; `bytes` moved per run.
-void time_onednn(benchmark::State& state, const dnnl::primitive& p, memory& src, memory& dst, double bytes) {
-  dnnl::stream s{src.get_engine()};
-  const size_t size = src.get_desc().get_size();
-  Buffer values = random_f32({static_cast<int64_t>(size / 4)}, 8);
-  std::memcpy(src.get_data_handle(), values.data(), size);
-  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+// Times oneDNN primitive `p` on `args`, the memories of `sources` filled with the bench's random values,
+// after one warm-up run; `bytes` moved per run.
+void time_onednn_args(benchmark::State& state, const dnnl::primitive& p, const std::unordered_map<int, memory>& args,
+                      const std::vector<int>& sources, double bytes) {
+  dnnl::stream s{args.begin()->second.get_engine()};
+  uint64_t seed = 8;
+  for (int arg : sources) {
+    const memory& m = args.at(arg);
+    const size_t size = m.get_desc().get_size();
+    Buffer values = random_f32({static_cast<int64_t>(size / 4)}, seed++);
+    std::memcpy(m.get_data_handle(), values.data(), size);
+  }
   p.execute(s, args);
   s.wait();
   for (auto _ : state) {
@@ -357,6 +361,11 @@ void time_onednn(benchmark::State& state, const dnnl::primitive& p, memory& src,
     s.wait();
   }
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Times oneDNN primitive `p` from `src` (filled with the bench's random values) to `dst`.
+void time_onednn(benchmark::State& state, const dnnl::primitive& p, memory& src, memory& dst, double bytes) {
+  time_onednn_args(state, p, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}, {DNNL_ARG_SRC}, bytes);
 }
 
 void BM_OneDnnTranspose(benchmark::State& state, memory::dims dims, memory::format_tag from, memory::format_tag to) {
@@ -386,6 +395,66 @@ void BM_OneDnnReduction(benchmark::State& state, dnnl::algorithm algorithm, memo
   std::vector<Buffer> storage;
   memory src = on_buffer(src_md, eng, storage), dst = on_buffer(dst_md, eng, storage);
   time_onednn(state, dnnl::reduction(pd), src, dst, static_cast<double>(src_md.get_size()));
+}
+
+// A transformer's activation and normalization on 4096 and 8192 tokens of 1024 features: the GELU in its
+// tanh form (GPT-2's, PyTorch's gelu(approximate='tanh')) and a layer norm without scale and shift (eps
+// 1e-5), forward and backward; oneDNN's eltwise_gelu_tanh and layer_normalization in the same run (its
+// backward reads the mean and variance its training forward stored; polytile's gradient program
+// recomputes them from X).
+const char* kGelu = "function (X[N, C]) -> (Y) {\n  Y = 0.5 * X * (1.0 + tanh(0.7978845608 * (X + 0.044715 * X * X * X)));\n}\n";
+const char* kLayerNorm =
+    "function (X[N, C]) -> (Y) {\n  S[n, 0 : N, 1] = +(X[n, c]);\n  D = X - S / 1024.0;\n"
+    "  Q[n, 0 : N, 1] = +(D[n, c] * D[n, c]);\n  Y = D / sqrt(Q / 1024.0 + 0.00001);\n}\n";
+constexpr int64_t kGeluRows = 4096, kNormRows = 8192, kFeatures = 1024;
+
+void BM_OneDnnGelu(benchmark::State& state, bool backward) {
+  using namespace dnnl;
+  engine eng{engine::kind::cpu, 0};
+  memory::desc md({kGeluRows, kFeatures}, memory::data_type::f32, memory::format_tag::ab);
+  eltwise_forward::primitive_desc fwd(eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_tanh, md, 0.f, 0.f), eng);
+  std::vector<Buffer> storage;
+  memory src = on_buffer(md, eng, storage), dst = on_buffer(md, eng, storage);
+  const double bytes = static_cast<double>(md.get_size());
+  if (!backward) {
+    time_onednn(state, eltwise_forward(fwd), src, dst, 2 * bytes);
+    return;
+  }
+  eltwise_backward::primitive_desc bwd(eltwise_backward::desc(algorithm::eltwise_gelu_tanh, md, md, 0.f, 0.f), eng, fwd);
+  memory diff_dst = on_buffer(md, eng, storage), diff_src = on_buffer(md, eng, storage);
+  time_onednn_args(state, eltwise_backward(bwd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_src}},
+                   {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST}, 3 * bytes);
+}
+
+void BM_OneDnnLayerNorm(benchmark::State& state, bool backward) {
+  using namespace dnnl;
+  engine eng{engine::kind::cpu, 0};
+  memory::desc md({kNormRows, kFeatures}, memory::data_type::f32, memory::format_tag::ab);
+  const float eps = 1e-5f;
+  std::vector<Buffer> storage;
+  memory src = on_buffer(md, eng, storage), dst = on_buffer(md, eng, storage);
+  const double bytes = static_cast<double>(md.get_size());
+  if (!backward) {
+    layer_normalization_forward::primitive_desc fwd(
+        layer_normalization_forward::desc(prop_kind::forward_inference, md, eps, normalization_flags::none), eng);
+    time_onednn(state, layer_normalization_forward(fwd), src, dst, 2 * bytes);
+    return;
+  }
+  layer_normalization_forward::primitive_desc fwd(
+      layer_normalization_forward::desc(prop_kind::forward_training, md, eps, normalization_flags::none), eng);
+  memory mean = on_buffer(fwd.mean_desc(), eng, storage), variance = on_buffer(fwd.variance_desc(), eng, storage);
+  Buffer values = random_f32({kNormRows, kFeatures}, 8);
+  std::memcpy(src.get_data_handle(), values.data(), md.get_size());
+  dnnl::stream s{eng};
+  layer_normalization_forward(fwd).execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, variance}});
+  s.wait();
+  layer_normalization_backward::primitive_desc bwd(
+      layer_normalization_backward::desc(prop_kind::backward_data, md, md, eps, normalization_flags::none), eng, fwd);
+  memory diff_dst = on_buffer(md, eng, storage), diff_src = on_buffer(md, eng, storage);
+  time_onednn_args(state, layer_normalization_backward(bwd),
+                   {{DNNL_ARG_SRC, src}, {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, variance}, {DNNL_ARG_DIFF_DST, diff_dst},
+                    {DNNL_ARG_DIFF_SRC, diff_src}},
+                   {DNNL_ARG_DIFF_DST}, 3 * bytes);
 }
 
 // ---------------------------------------------------------------------------------------------- compile time
@@ -514,6 +583,17 @@ void register_all() {
   for (auto [layout, tag] : {std::pair{"nchw", memory::format_tag::abcd}, std::pair{"nhwc", memory::format_tag::acdb}})
     benchmark::RegisterBenchmark((std::string("global_pool/") + layout + "/onednn").c_str(), BM_OneDnnReduction, dnnl::algorithm::reduction_mean,
                                  memory::dims{64, 2048, 7, 7}, memory::dims{64, 2048, 1, 1}, tag)->Unit(benchmark::kMillisecond)->UseRealTime();
+  // GB/s: forward X read and Y written; backward X and DY read, DX written.
+  TensorMap gelu_in{{"X", random_f32({kGeluRows, kFeatures}, 11)}}, norm_in{{"X", random_f32({kNormRows, kFeatures}, 12)}};
+  const double gelu_bytes = 4.0 * kGeluRows * kFeatures, norm_bytes = 4.0 * kNormRows * kFeatures;
+  for (bool backward : {false, true}) {
+    const std::string direction = backward ? "bwd" : "fwd";
+    const double moved = backward ? 3 : 2;
+    benchmark::RegisterBenchmark(("gelu/" + direction + "/polytile").c_str(), BM_Polytile, kGelu, gelu_in, backward, moved * gelu_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("gelu/" + direction + "/onednn").c_str(), BM_OneDnnGelu, backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("layernorm/" + direction + "/polytile").c_str(), BM_Polytile, kLayerNorm, norm_in, backward, moved * norm_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("layernorm/" + direction + "/onednn").c_str(), BM_OneDnnLayerNorm, backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
   benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();

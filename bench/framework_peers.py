@@ -6,7 +6,7 @@ Neither framework is needed by the build or the tests: each is used where it imp
 (build/python-venv/bin/pip install jax).
 
 The cases mirror bench/cpu_bench.cpp (kConvs, the sgemm sizes (A B, and A^T B as sgemm_tn), max pool 2x2 on 8x112x112x64, softmax on
-4096x1000, the bias gradient of 64x28x28x32 and the transpositions, with the same flop and byte counts); a polytile case with no spec here is reported, never
+4096x1000, the GELU and layer norm, the bias gradient of 64x28x28x32 and the transpositions, with the same flop and byte counts); a polytile case with no spec here is reported, never
 silently dropped.
 """
 import statistics
@@ -38,6 +38,9 @@ SOFTMAX_GRAD_BYTES = 4.0 * 4096 * 1000 * 3  # X and DO read, DX written
 # reduce/<name>: a 64 MiB matrix reduced along axis (None: all of it) with sum or max (as cpu_bench.cpp's).
 REDUCE_SHAPE, REDUCE_BYTES = (8192, 2048), 4.0 * 8192 * 2048
 REDUCTIONS = {"rows": ("sum", 1), "columns": ("sum", 0), "columns_max": ("max", 0), "total": ("sum", None)}
+# gelu/<direction> (tanh form) on 4096 x 1024, layernorm/<direction> (no scale or shift, eps 1e-5) on 8192 x
+# 1024: forward X read and Y written, backward X and DY read and DX written (as cpu_bench.cpp counts).
+GELU_SHAPE, NORM_SHAPE = (4096, 1024), (8192, 1024)
 # transpose/<name>: the input's shape and the permutation of its axes (as kTranspose* in cpu_bench.cpp).
 TRANSPOSES = {"2048x2048": ((2048, 2048), (1, 0)), "nhwc_to_nchw": ((8, 56, 56, 64), (0, 3, 1, 2))}
 
@@ -76,6 +79,9 @@ def parse(case):
         return "scale_grad", (), SCALE_BYTES, "GB/s"
     if parts[0] == "global_pool" and len(parts) == 2 and parts[1] in ("nchw", "nhwc"):
         return "global_pool", (parts[1],), GLOBAL_POOL_BYTES, "GB/s"
+    if parts[0] in ("gelu", "layernorm") and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
+        shape = GELU_SHAPE if parts[0] == "gelu" else NORM_SHAPE
+        return parts[0], (parts[1],), 4.0 * shape[0] * shape[1] * (2 if parts[1] == "fwd" else 3), "GB/s"
     if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
         return "reduce", REDUCTIONS[parts[1]], REDUCE_BYTES, "GB/s"
     if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
@@ -189,6 +195,17 @@ def jax_step(kind, args):
 
         def op(x):
             return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    elif kind == "gelu":
+        x = jax.random.normal(key, GELU_SHAPE, jnp.float32)
+
+        def op(x):
+            return jax.nn.gelu(x, approximate=True)
+    elif kind == "layernorm":
+        x = jax.random.normal(key, NORM_SHAPE, jnp.float32)
+
+        def op(x):
+            d = x - jnp.mean(x, axis=1, keepdims=True)
+            return d / jnp.sqrt(jnp.mean(d * d, axis=1, keepdims=True) + 1e-5)
     else:
         x = jax.random.normal(key, SOFTMAX_SHAPE, jnp.float32)
 
@@ -278,6 +295,16 @@ def torch_step_in(kind, args, layout):
 
         def op(x):
             return F.max_pool2d(x, 2)
+    elif kind == "gelu":
+        x = torch.randn(*GELU_SHAPE, generator=g)
+
+        def op(x):
+            return F.gelu(x, approximate="tanh")
+    elif kind == "layernorm":
+        x = torch.randn(*NORM_SHAPE, generator=g)
+
+        def op(x):
+            return F.layer_norm(x, (NORM_SHAPE[1],), eps=1e-5)
     else:
         x = torch.randn(*SOFTMAX_SHAPE, generator=g)
 
