@@ -82,9 +82,11 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     std::set<size_t> contractions;
     for (size_t k : readers[name])
       (std::holds_alternative<Elementwise>(p.statements[k]) ? r.push_back(k) : (void)contractions.insert(k));
-    if (r.empty() || r.size() + contractions.size() > 3 || contractions.size() > 1) continue;
-    if (r.size() + contractions.size() > 1 && (std::set<size_t>(r.begin(), r.end()).size() < r.size() || !duplicable(*producer, types)))
-      continue;
+    // A duplicable one may be read twice by one reader (the layer norm gradient's D * DQ_1 + D * DQ_1): the
+    // copies are the same loads and arithmetic, which LLVM computes once.
+    const size_t distinct = std::set<size_t>(r.begin(), r.end()).size();
+    if (r.empty() || distinct + contractions.size() > 3 || contractions.size() > 1) continue;
+    if (r.size() + contractions.size() > 1 && !duplicable(*producer, types)) continue;
     if (!contractions.empty() && std::get<Contraction>(p.statements[*contractions.begin()]).init == name) continue;
     if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[i] + nodes[k] > kMaxFusedNodes; })) continue;
     Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
