@@ -88,7 +88,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
     return false;
   if (c.combination != CombinationOp::none && c.combination != CombinationOp::mul && c.combination != CombinationOp::cond)
     return false;
-  // Floats, and integers, whose wrapping sums and products and whose maxima are exact in any order; a
+  // Floats, and integers, whose wrapping sums (of products too) and whose maxima are exact in any order; a
   // count (the sum of bools, an i32) converts each vector of them. A conditional term (an argmax's
   // X[n, c] == M[n] ? Idx[c]) compares two numbers of any of these types.
   const DType t = types.tensors.at(c.output).dtype;
