@@ -1210,6 +1210,30 @@ TEST(CpuTest, CheapProducersOfAContractionAndElementwiseReadersAreNotMaterialize
   }
 }
 
+// A batched product with the batch innermost (C[i, j, b] = +(A[i, k, b] * B[k, j, b]): no broadcast
+// operand, and B, larger than half of L2, read whole at every i) runs its block columns (of b) outermost,
+// split across the threads, with i inside each: each column's part of B is then reused by every i (64 x
+// 64 x 256 on the 2-core Xeon guest: 6.6-7.0 -> 3.7-3.9 ms). Here with an L2 of 64 KiB: 4 column blocks
+// lead instead of 12 values of i, and the values are the interpreter's.
+TEST(CpuTest, ProductsThatRereadALargeInputLeadWithTheirColumns) {
+  const Program p = parse_program("function (A[M, K, Bt], B[K, N, Bt]) -> (C) { C[i, j, b : M, N, Bt] = +(A[i, k, b] * B[k, j, b]); }");
+  const TensorMap in = inputs_for({{"A", {12, 8, 256}}, {"B", {8, 12, 256}}}, DType::f32, 31);
+  CompileOptions small = microkernels_forced(512);
+  small.target.cpu.l2_bytes = 64 * 1024;
+  expect_same(p, in, "batch innermost", small);
+  const auto compiled = compile(p, types_of(in), small);
+  const sched::Nest& nest = compiled->schedule().nests.back();
+  ASSERT_TRUE(nest.microkernel.has_value()) << sched::print_loops(compiled->schedule());
+  const int64_t lanes = int64_t{nest.microkernel->lanes} * nest.microkernel->chunks;
+  EXPECT_EQ(nest.outer_hi - nest.outer_lo + 1, 256 / lanes) << sched::print_loops(compiled->schedule());
+  // With the L2 it has, B (96 KiB) fits: i leads as before.
+  CompileOptions large = microkernels_forced(512);
+  large.target.cpu.l2_bytes = 2 * 1024 * 1024;
+  const auto fitting = compile(p, types_of(in), large);
+  const sched::Nest& fits = fitting->schedule().nests.back();
+  EXPECT_EQ(fits.outer_hi - fits.outer_lo + 1, 12);
+}
+
 // Semantic mutants: the examples with one integer literal changed (strides, offsets, dims, constraint
 // bounds). Whatever the interpreter makes of a mutant -- values or a UserError -- the CPU backend must
 // make the same.

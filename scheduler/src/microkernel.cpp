@@ -145,6 +145,11 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   MicrokernelChoices choices;
   choices.weight_mode = weights;
   choices.zero_init = stored_elements != nullptr;
+  choices.rereads_large_input.assign(mk.others.size(), false);
+  for (size_t j = 0; j < mk.others.size() && !broadcast; ++j)
+    for (const auto& in : c.inputs)
+      if (!uses(in.indices, nest.variables[mk.others[j]]) && 2 * types.tensors.at(in.tensor).bytes() > target.cpu.l2_bytes)
+        choices.rereads_large_input[j] = true;
   choices.picks_columns = std::move(picks_columns);
   choices.rows_share_vector = shared_vector;
   choices.long_tiles = l2_tiles;
@@ -421,7 +426,8 @@ class MicrokernelNest {
 
   // The outer band (over which the threads split) and the block band inside the reduction tiles.
   // block_strides: bytes between consecutive values of each block dimension (others, Bb, Bv) in the output.
-  void block_bands(bool weight_mode, const std::vector<bool>& picks_columns, bool rows_share_vector, const std::vector<double>& block_strides) {
+  void block_bands(bool weight_mode, const std::vector<bool>& picks_columns, bool rows_share_vector, const std::vector<double>& block_strides,
+                   const std::vector<bool>& rereads_large_input) {
     int64_t tile_points = 1;
     for (int64_t t : tile_) tile_points *= t;
     if (weight_mode) {
@@ -495,6 +501,11 @@ class MicrokernelNest {
         for (size_t k = 0; k < others_.size(); ++k) other_tile[k] = counts[k];
       } else {
         while (lead < counts.size() && counts[lead] < want) ++lead;
+        // An input larger than half of L2 that the leading variable does not read would be read whole at
+        // each of its values: the block columns lead instead, each column's part of it reused by every
+        // value inside (a batched product with the batch innermost, C[i, j, b] = +(A[i, k, b] * B[k, j, b])
+        // on 64 x 64 x 256: B, 4 MiB, for each i; by columns of b, 1 MiB each for all of them).
+        if (lead < others_.size() && rereads_large_input[lead] && n_bv_ >= want) lead = others_.size();
         if (lead == counts.size()) {
           // Nothing has enough values: split the row tiles finer, or lead with the dimension with the most.
           tb = std::max<int64_t>(1, std::min(tb, n_bb_ / want));
@@ -672,7 +683,7 @@ isl::set NestBuilder::build_microkernel(Nest& nest, const isl::set& domain, cons
   nest.microkernel->lanes_in_range = mk.lanes_in_range();
   mk.size_reduction_tiles(reads, choices.weight_mode, choices.long_tiles);
   BlockStep step = mk.block_step(choices.zero_init, nest.epilogue.has_value() || nest.permuted_copy.has_value());
-  mk.block_bands(choices.weight_mode, choices.picks_columns, choices.rows_share_vector, choices.block_strides);
+  mk.block_bands(choices.weight_mode, choices.picks_columns, choices.rows_share_vector, choices.block_strides, choices.rereads_large_input);
   nest.parallel_outer = true;
   generate(nest, mk.tree(choices.weight_mode), &step);
   return mk.stored_points(choices.lane_points);

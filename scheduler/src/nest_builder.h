@@ -108,6 +108,9 @@ struct MicrokernelChoices {
   bool weight_mode = false;   // a small output with long reductions: reduction tiles outside the blocks
   bool zero_init = false;     // blocks start from zero accumulators (no default tensor)
   std::vector<bool> picks_columns;  // per other output variable (Microkernel::others): no broadcast input reads it
+  // Per other output variable: with no broadcast input, an input that does not read it is larger than half
+  // of L2 (batched products with the batch innermost: C[i, j, b] = +(A[i, k, b] * B[k, j, b]), B for every i).
+  std::vector<bool> rereads_large_input;
   bool rows_share_vector = true;  // some input read along the vector variable does not follow the block variable
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
   std::vector<double> block_strides;  // per block dimension (others, Bb, Bv): bytes between its values in the output
