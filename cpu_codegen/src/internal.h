@@ -161,7 +161,7 @@ struct VectorMathVariant {
 // The variants `tm`'s instruction sets run (SSE, AVX2, AVX-512 widths) that this process can call: none
 // without libmvec, those of glibc 2.22 (sin, cos, exp, log, pow) or also of 2.35 (tanh, erf, tan, asin,
 // acos, atan, sinh, cosh) as the system's has them.
-std::vector<VectorMathVariant> vector_math_variants(const llvm::TargetMachine& tm);
+const std::vector<VectorMathVariant>& vector_math_variants(const llvm::TargetMachine& tm);
 
 // Calls a variant in place of each call of the emitter's lane-by-lane functions (llvm_ir::kLanesPrefix)
 // and of vector math intrinsics (llvm.sin.v16f32, ...) on as many lanes as it takes.

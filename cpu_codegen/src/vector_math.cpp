@@ -11,7 +11,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 namespace polytile::cpu {
@@ -40,21 +39,7 @@ struct Isa {
 };
 constexpr Isa kIsas[] = {{'b', 128, nullptr}, {'d', 256, "+avx2"}, {'e', 512, "+avx512f"}};
 
-bool in_process(const std::string& symbol) {
-  static std::mutex mutex;
-  static std::map<std::string, bool> found;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = found.find(symbol);
-  if (it == found.end())
-    it = found.emplace(symbol, llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(symbol) != nullptr).first;
-  return it->second;
-}
-
-}  // namespace
-
-std::vector<VectorMathVariant> vector_math_variants(const llvm::TargetMachine& tm) {
-  initialize_llvm();  // loads libmvec where the system has it
-  const llvm::StringRef features = tm.getTargetFeatureString();
+std::vector<VectorMathVariant> variants_for(const llvm::StringRef features) {
   std::vector<VectorMathVariant> out;
   for (const Isa& isa : kIsas) {
     if (isa.feature && !features.contains(isa.feature)) continue;
@@ -64,12 +49,26 @@ std::vector<VectorMathVariant> vector_math_variants(const llvm::TargetMachine& t
         const std::string scalar = std::string(f.name) + (f32 ? "f" : "");
         const std::string vector = std::string("_ZGV") + isa.letter + "N" + std::to_string(lanes) +
                                    (f.two_arguments ? "vv_" : "v_") + scalar;
-        if (!in_process(vector)) continue;
+        if (!llvm::sys::DynamicLibrary::SearchForAddressOfSymbol(vector)) continue;
         out.push_back({scalar, vector, lanes});
         if (f.llvm) out.push_back({std::string(f.llvm) + (f32 ? ".f32" : ".f64"), vector, lanes});
       }
   }
   return out;
+}
+
+}  // namespace
+
+// Once per target feature string: every nest's module asks, and the answer depends on nothing else.
+const std::vector<VectorMathVariant>& vector_math_variants(const llvm::TargetMachine& tm) {
+  initialize_llvm();  // loads libmvec where the system has it
+  static std::mutex mutex;
+  static std::map<std::string, std::vector<VectorMathVariant>> known;
+  const std::string features = tm.getTargetFeatureString().str();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(features);
+  if (it == known.end()) it = known.emplace(features, variants_for(features)).first;
+  return it->second;  // std::map: the entry stays where it is
 }
 
 void call_vector_math(llvm::Module& m, const std::vector<VectorMathVariant>& variants) {

@@ -65,7 +65,7 @@ void NestEmitter::reduction_statement(const sched::LoopNode& n) {
             }
           }
           Value* value = x[0];
-          if (c.combination == CombinationOp::mul) value = is_float(t) ? b_.CreateFMul(x[0], x[1]) : b_.CreateMul(x[0], x[1]);
+          if (c.combination == CombinationOp::mul) value = arith(BinaryOp::mul, {x[0], t}, {x[1], t}, t).v;
           if (c.combination == CombinationOp::cond)  // a miss contributes the identity
             value = b_.CreateSelect(compare(BinaryOp::eq, {x[0], compared}, {x[1], compared}, compared), x[2], identity_vector);
           if (mask) value = b_.CreateSelect(mask, value, identity_vector);  // lanes outside r's interval add nothing

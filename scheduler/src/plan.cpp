@@ -204,8 +204,8 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
       (operand_bytes <= target.cpu.l2_bytes || box_points(bounds) < kServedPagePack * operand_elements))
     return std::nullopt;
   if (!page_path) {  // no page per step: only the sets of L1
-    int64_t out_bytes = element_bytes, reduction_points = 1;
-    for (int64_t d : types.tensors.at(c.output).shape) out_bytes *= d;
+    const int64_t out_bytes = elements_of(types.tensors.at(c.output)) * element_bytes;
+    int64_t reduction_points = 1;
     for (const auto& b : bounds)
       if (!uses(out, b.name)) reduction_points *= b.max - b.min + 1;
     if (weight_split(out_bytes, reduction_points, target) || box_points(bounds) < 1024 * operand_elements)
