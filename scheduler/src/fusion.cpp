@@ -82,13 +82,16 @@ Program fuse_elementwise(const Program& program, const ProgramTypes& types) {
     std::set<size_t> contractions;
     for (size_t k : readers[name])
       (std::holds_alternative<Elementwise>(p.statements[k]) ? r.push_back(k) : (void)contractions.insert(k));
-    // A duplicable one may be read twice by one reader (the layer norm gradient's D * DQ_1 + D * DQ_1): the
-    // copies are the same loads and arithmetic, which LLVM computes once.
+    // Any producer may be read several times by its one reader (the layer norm gradient's D * DQ_1 + D *
+    // DQ_1, the GELU gradient's five reads of its tanh): an elementwise statement reads a tensor at one
+    // index wherever it names it, so the copies are the same loads and arithmetic, which LLVM computes
+    // once (its libm calls are memory(none)). Only a producer with several readers must be duplicable.
     const size_t distinct = std::set<size_t>(r.begin(), r.end()).size();
     if (r.empty() || distinct + contractions.size() > 3 || contractions.size() > 1) continue;
-    if (r.size() + contractions.size() > 1 && !duplicable(*producer, types)) continue;
+    if (distinct + contractions.size() > 1 && !duplicable(*producer, types)) continue;
     if (!contractions.empty() && std::get<Contraction>(p.statements[*contractions.begin()]).init == name) continue;
-    if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[i] + nodes[k] > kMaxFusedNodes; })) continue;
+    if (std::any_of(r.begin(), r.end(), [&](size_t k) { return nodes[k] + std::count(r.begin(), r.end(), k) * nodes[i] > kMaxFusedNodes; }))
+      continue;
     Expr value = Expr::call(Intrinsic::cast, {producer->expr}, types.tensors.at(name).dtype);
     for (size_t k : r) {
       auto& consumer = std::get<Elementwise>(p.statements[k]);
