@@ -1,6 +1,9 @@
 // Derivative rules of every elementwise operator and intrinsic (see autodiff.h for the conventions).
 #include "derivatives.h"
 
+#include <set>
+#include <vector>
+
 #include "polytile/error.h"
 
 namespace polytile::ad {
@@ -112,28 +115,28 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
 }
 
 Expr times(const Expr& g, const Expr& p) {
+  if (is_literal(g, 0)) return lit(0);
   if (is_literal(g, 1)) return p;
+  if (is_literal(g, -1) && !is_literal(p, 1)) return un(UnaryOp::neg, p);
   if (is_literal(p, 1)) return g;
   if (is_literal(p, -1)) return un(UnaryOp::neg, g);
   if (is_literal(p, 0)) return lit(0);
   if (p.kind() == Expr::Kind::call && p.intrinsic() == Intrinsic::select)
     return sel(p.args()[0], times(g, p.args()[1]), times(g, p.args()[2]));
+  if (g.kind() == Expr::Kind::call && g.intrinsic() == Intrinsic::select)
+    return sel(g.args()[0], times(g.args()[1], p), times(g.args()[2], p));
   return mul(g, p);
 }
 
 void backprop(const Expr& e, const Expr& g, std::map<std::string, Expr>& contributions) {
-  if (e.kind() == Expr::Kind::tensor) {
-    auto it = contributions.find(e.name());
-    if (it == contributions.end()) {
-      contributions.emplace(e.name(), g);
-    } else {
-      it->second = bin(BinaryOp::add, it->second, g);
-    }
-    return;
-  }
-  for (size_t i = 0; i < e.args().size(); ++i) {
-    std::optional<Expr> p = partial(e, i);
-    if (p) backprop(e.args()[i], times(g, *p), contributions);
+  std::vector<std::string> leaves;
+  e.collect_tensors(leaves);
+  for (const std::string& x : std::set<std::string>(leaves.begin(), leaves.end())) {
+    std::optional<Expr> d = tangent(e, [&](const std::string& t) { return t == x ? std::optional<Expr>(lit(1)) : std::nullopt; });
+    if (!d) continue;
+    Expr part = times(g, *d);
+    auto [it, fresh] = contributions.emplace(x, part);
+    if (!fresh) it->second = bin(BinaryOp::add, it->second, part);
   }
 }
 

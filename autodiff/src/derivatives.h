@@ -25,11 +25,16 @@ bool piecewise_constant(const Expr& node);
 // (piecewise-constant nodes, a select's condition).
 std::optional<Expr> partial(const Expr& node, size_t i);
 
-// g * p, simplified (g for p == 1, -g for p == -1, pushed into select so that masks never multiply).
+// g * p, simplified (p for g == 1, g for p == 1, -g for p == -1, 0 for either 0, pushed into a select on
+// either side so that masks never multiply).
 Expr times(const Expr& g, const Expr& p);
 
-// Reverse accumulation through an expression: adds to contributions[tensor] the adjoint reaching each
-// tensor leaf when `g` is the adjoint of `e`.
+// The adjoint reaching each tensor leaf of `e` when `g` is the adjoint of `e`, added to
+// contributions[tensor]: g times d(e)/d(leaf), the leaf's derivative taken in forward mode (tangent, the
+// leaf's tangent 1, the others' 0). One product by g per tensor rather than one per occurrence, and the
+// occurrences' chain rule shares its factors: the GELU's X * X * X differentiates to (X + X) * X + X * X
+// inside one factor, where pushing g down the tree (reverse accumulation) multiplied g by the whole path
+// at each of the five occurrences of X.
 void backprop(const Expr& e, const Expr& g, std::map<std::string, Expr>& contributions);
 
 // Forward mode: the tangent of `e` given the tangents of its tensor leaves (nullopt: zero).
