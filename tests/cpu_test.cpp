@@ -425,6 +425,37 @@ TEST(CpuTest, RowGroupsMatchTheInterpreter) {
     const TensorMap loaded = load(export_object(gradient, types_of(pool_in), "pool", pool_options))->run(pool_in, 2);
     EXPECT_EQ(loaded.at("DI").to_doubles(), compiled->run(pool_in).at("DI").to_doubles());
   }
+  // A batched softmax (attention's, over B x L rows of L): each batch is more than a quarter of L2, so the
+  // elementwise nests run over (batch, row) pairs, and the row reductions and their inits fuse the same
+  // pair (RowReduction::fused_outer): one group over 3 x 20 rows, forward and backward.
+  {
+    const Program batched = parse_program(
+        "function (X[B, L, C]) -> (O) {\n  M[b, i, 0 : B, L, 1] = >(X[b, i, j]);\n  E = exp(X - M);\n"
+        "  S[b, i, 0 : B, L, 1] = +(E[b, i, j]);\n  O = E / S;\n}\n");
+    TensorMap x = inputs_for({{"X", {3, 20, 40}}, {"DO", {3, 20, 40}}}, DType::f32, 7);
+    CompileOptions rows = small;  // row reductions at these sizes
+    rows.target.cpu.microkernel_min_points = 0;
+    CompileOptions rows_verified = rows;
+    rows_verified.verify = true;
+    for (const auto& [what, p] : {std::pair{"batched softmax", batched}, std::pair{"batched softmax gradient", ad::vjp(batched).program}}) {
+      TensorMap used = x;
+      if (p.inputs.size() == 1) used.erase("DO");
+      expect_same(p, used, what, rows);
+      auto compiled = compile(p, types_of(used), rows_verified);
+      const auto& schedule = compiled->schedule();
+      ASSERT_EQ(schedule.groups.size(), 1u) << what << "\n" << sched::print_loops(schedule);
+      EXPECT_EQ(schedule.groups[0].first, 0u) << what;
+      EXPECT_EQ(schedule.groups[0].last, schedule.nests.size() - 1) << what << "\n" << sched::print_loops(schedule);
+      size_t fused = 0;
+      for (const auto& n : schedule.nests) {
+        EXPECT_EQ(n.outer_hi - n.outer_lo + 1, 3 * 20) << what << ": " << n.name << "\n" << sched::print_loops(schedule);
+        fused += n.reduction && !n.reduction->fused_outer.empty();
+      }
+      EXPECT_GE(fused, 2u) << what;
+      const TensorMap loaded = load(export_object(p, types_of(used), "batched", rows_verified))->run(used, 2);
+      for (const auto& o : p.outputs) EXPECT_EQ(loaded.at(o).to_doubles(), compiled->run(used).at(o).to_doubles()) << what;
+    }
+  }
   // Chunk tensors of every element size: bool (1 byte), f16, f32 and f64 rows of 37 elements, placed at
   // their offsets in the chunk memory, in the JIT and in an exported object. (B reads X and H: with only
   // one operand of its shape, it would be computed in O and in K's sum, no tensor.)

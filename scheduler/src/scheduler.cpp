@@ -313,14 +313,15 @@ class ProgramScheduler {
 
   // A nest over output elements (elementwise, init, finalize): one band over them in order, the first
   // coincident (distinct elements), no reductions.
-  void build_over_elements(Nest& nest, const isl::set& domain, const TensorType& t, bool coincident = true) {
+  // `lead_bytes`, where not 0, stands for the output's size in fuse_leading's choice.
+  void build_over_elements(Nest& nest, const isl::set& domain, const TensorType& t, bool coincident = true, int64_t lead_bytes = 0) {
     std::vector<size_t> identity(nest.variables.size());
     for (size_t k = 0; k < identity.size(); ++k) identity[k] = k;
     // Distinct points write distinct elements: a GPU kernel maps all of them; the CPU splits the first (or
     // the first two fused, NestBuilder::fuse_leading).
     const size_t members = target_.gpu ? identity.size() : std::min<size_t>(2, identity.size());
     builder_.build(nest, domain, nest.variables, identity, coincident && !identity.empty() ? members : 0,
-                   {dtype_bytes(t.dtype), false, false, t.bytes(), {}});
+                   {dtype_bytes(t.dtype), false, false, lead_bytes ? lead_bytes : t.bytes(), {}});
   }
 
   Nest element_nest(const Contraction& c, Nest::Kind kind, const char* suffix) const {
@@ -347,7 +348,12 @@ class ProgramScheduler {
     const bool microkernel = !empty && update(index, c, analysis, elements, written, init_domain);
     if (init_domain) {
       Nest init = element_nest(c, Nest::Kind::init, ".init");
-      build_over_elements(init, *init_domain, t);
+      // The init of rows whose first two output variables run as one (RowReduction::fused_outer) fuses its
+      // first two as they do, by the same bytes, so that the two share their outer loop (a row group).
+      int64_t lead_bytes = 0;
+      if (!microkernel && !out_.nests.empty() && out_.nests.back().reduction && !out_.nests.back().reduction->fused_outer.empty())
+        for (const auto& in : c.inputs) lead_bytes = std::max(lead_bytes, types_.tensors.at(in.tensor).bytes());
+      build_over_elements(init, *init_domain, t, true, lead_bytes);
       auto rows = row_access(init, [&] {
         isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
         if (c.init) reads = expression_reads(Expr::tensor(*c.init), t.shape, statement_id()).intersect_domain(*init_domain);
@@ -480,8 +486,10 @@ class ProgramScheduler {
     // A row reduction's rows run on the threads also where its output variable is the output's contiguous one
     // (a row sum: S[i] = +(X[i, j]), whose band leads with no output variable).
     if (row_reduction) {
-      if (!update.reduction->outputs.empty())
-        outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" + positional[update.reduction->outputs[0]] + "] }");
+      const RowReduction& red = *update.reduction;
+      if (!red.outputs.empty())
+        outer = isl::map(builder_.ctx.get(), "{ S[" + join(positional) + "] -> [" +
+                                                 (red.fused_outer.empty() ? positional[red.outputs[0]] : red.fused_outer) + "] }");
     } else {
       if (!target_.gpu && !c.init && c.aggregation == AggregationOp::sum && analysis.write.is_injective()) {
         update.stores = true;

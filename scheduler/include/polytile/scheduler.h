@@ -305,6 +305,10 @@ struct RowReduction {
   // them in tiles of `tile` values; each row sums its accumulators into the output once a tile.
   size_t outer_outputs = 0, hoisted = 0;
   int64_t tile = 0;
+  // The rows' outer loop over S's dims (d0, d1, ...) where the first two output variables run as one,
+  // "(e1*d0 + d1)" (NestBuilder::fuse_leading, by the bytes the rows read): a batched softmax's B x L rows,
+  // as its elementwise nests run them. Empty: the first output variable leads.
+  std::string fused_outer;
 };
 
 // The launch of a GPU kernel: one nest, its mapped loops' iterator values running from 0 to grid - 1
