@@ -1273,6 +1273,33 @@ TEST(CpuTest, AProducerReadSeveralTimesByOneStatementGoesIntoIt) {
   }
 }
 
+// A producer that divides each element (attention's P = E / Z) is not computed inside a product that
+// reads it, where a micro-kernel would broadcast it, one scalar division per element (16 x 512 x 512 x 64
+// on the 2-core Xeon guest: P V with P = E / Z inside, 2.1 ms; with P read from memory 1.37, attention's
+// forward 4.15 -> 3.8 ms): it is a nest of its own. A copy still computes it where it reads it, and so does
+// a product whose producer divides only by a row vector (D * (1 / S)).
+TEST(CpuTest, ProductsDoNotComputeAProducersDivisionPerElement) {
+  const Program attention = parse_program(
+      "function (E[B, L, L], Z[B, L, 1], V[B, L, D]) -> (O, C) { P = E / Z; O[b, i, d : B, L, D] = +(P[b, i, j] * V[b, j, d]);"
+      " Q = E / Z; C[b, j, i : B, L, L] = =(Q[b, i, j]); }");
+  const Program row = parse_program(
+      "function (E[B, L, L], Z[B, L, 1], V[B, L, D]) -> (O) { P = E * (1.0 / Z); O[b, i, d : B, L, D] = +(P[b, i, j] * V[b, j, d]); }");
+  TensorMap in = inputs_for({{"E", {2, 24, 24}}, {"Z", {2, 24, 1}}, {"V", {2, 24, 32}}}, DType::f32, 29);
+  const CompileOptions forced = microkernels_forced(64);
+  expect_same(attention, in, "division by rows", forced);
+  expect_same(row, in, "reciprocal of rows", forced);
+  auto names = [&](const Program& p) {
+    std::vector<std::string> out;
+    for (const auto& n : compile(p, types_of(in), forced)->schedule().nests) out.push_back(n.name);
+    return out;
+  };
+  const std::vector<std::string> nests = names(attention);
+  EXPECT_NE(std::find(nests.begin(), nests.end(), "P.elementwise"), nests.end()) << ::testing::PrintToString(nests);
+  EXPECT_EQ(std::find(nests.begin(), nests.end(), "Q.elementwise"), nests.end()) << ::testing::PrintToString(nests);
+  const std::vector<std::string> reciprocal = names(row);
+  EXPECT_EQ(std::find(reciprocal.begin(), reciprocal.end(), "P.elementwise"), reciprocal.end()) << ::testing::PrintToString(reciprocal);
+}
+
 // A batched product with the batch innermost (C[i, j, b] = +(A[i, k, b] * B[k, j, b]): no broadcast
 // operand, and B, larger than half of L2, read whole at every i) runs its block columns (of b) outermost,
 // split across the threads, with i inside each: each column's part of B is then reused by every i (64 x

@@ -25,14 +25,14 @@ size_t expression_nodes(const Expr& e) {
   return n;
 }
 
-// Cheap to compute again in each of a few readers (internal::cheap), with at most one leaf of the
-// producer's full shape (the others are broadcasts: row vectors, scalars), so that each copy reads about
-// what reading the producer's output back would have cost.
+// Cheap to compute again in each of a few readers (internal::cheap, and no division per element), with at
+// most one leaf of the producer's full shape (the others are broadcasts: row vectors, scalars), so that
+// each copy reads about what reading the producer's output back would have cost.
 bool duplicable(const Elementwise& e, const ProgramTypes& types) {
-  if (!internal::cheap(e.expr)) return false;
+  const auto& shape = types.tensors.at(e.output).shape;
+  if (!internal::cheap(e.expr) || internal::divides_each_element(e.expr, types, shape)) return false;
   std::vector<std::string> leaves;
   e.expr.collect_tensors(leaves);
-  const auto& shape = types.tensors.at(e.output).shape;
   return std::count_if(leaves.begin(), leaves.end(), [&](const std::string& t) { return types.tensors.at(t).shape == shape; }) <= 1;
 }
 

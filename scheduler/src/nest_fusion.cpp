@@ -24,6 +24,21 @@ bool cheap(const Expr& e) {
   return ok && nodes <= 12;
 }
 
+bool divides_each_element(const Expr& e, const ProgramTypes& types, const std::vector<int64_t>& shape) {
+  std::vector<Expr> stack{e};
+  while (!stack.empty()) {
+    Expr x = stack.back();
+    stack.pop_back();
+    if (x.kind() == Expr::Kind::binary && (x.binary_op() == BinaryOp::div || x.binary_op() == BinaryOp::mod)) {
+      std::vector<std::string> leaves;
+      x.collect_tensors(leaves);
+      if (std::any_of(leaves.begin(), leaves.end(), [&](const std::string& t) { return types.tensors.at(t).shape == shape; })) return true;
+    }
+    for (const auto& a : x.args()) stack.push_back(a);
+  }
+  return false;
+}
+
 NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types) {
   NestFusion out;
   const auto& statements = program.statements;
@@ -94,6 +109,11 @@ NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types) {
       if (p == produced.end() || !std::holds_alternative<Elementwise>(statements[p->second]) || consumers.count(p->second) ||
           outputs.count(a.tensor) || readers[a.tensor] != std::set<size_t>{i} || (c->init && *c->init == a.tensor) ||
           !cheap(std::get<Elementwise>(statements[p->second]).expr))
+        continue;
+      // Not into a product's operand, where a micro-kernel may broadcast it, a division per element; a
+      // copy (a transposition) computes it in vectors as its own nest would.
+      if (c->combination == CombinationOp::mul &&
+          divides_each_element(std::get<Elementwise>(statements[p->second]).expr, types, types.tensors.at(a.tensor).shape))
         continue;
       out.inlined_into[i][a.tensor] = p->second;
       out.inlined.insert(p->second);

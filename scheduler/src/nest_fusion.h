@@ -36,4 +36,10 @@ NestFusion plan_nest_fusion(const Program& program, const ProgramTypes& types);
 // not counted (fusion wraps one around every producer it substitutes, most to the value's own dtype).
 bool cheap(const Expr& e);
 
+// Whether `e` divides a value that changes from element to element: a division (or remainder) with a leaf
+// of `shape`, the expression's own (E / Z divides each element; 1 / S over a row vector S is one division
+// a row once LLVM hoists it). Computed where a micro-kernel broadcasts it, each such division is a scalar
+// one (attention's P = E / Z in P V: 16 x 512 x 512 x 64, 2.1 ms against 1.37 with P read from memory).
+bool divides_each_element(const Expr& e, const ProgramTypes& types, const std::vector<int64_t>& shape);
+
 }  // namespace polytile::sched::internal
