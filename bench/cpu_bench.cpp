@@ -4,7 +4,8 @@
 // NHWC), sgemm against OpenBLAS (on AVX-512 CPUs its kernels selected with OPENBLAS_CORETYPE=Cooperlake:
 // OpenBLAS 0.3.21 misdetects Sapphire Rapids as Prescott), max pool and softmax forward/backward (GB/s; softmax also with
 // its row maxima held constant in the gradient, bwd_stop_max, as the frameworks compute it), transpositions against
-// oneDNN's reorder (GB/s), compile time per stage
+// oneDNN's reorder (GB/s), a transformer's GELU and layer norm against oneDNN and its attention (GFLOP/s;
+// its peers PyTorch and JAX alone), compile time per stage
 // (its peer, JAX compiling the same conv, is timed by framework_peers.py in the same run_bench.py --frameworks run), and the
 // defracted backward-data kernel against the same gradient compiled without reduce/defract, the 1x1 forward
 // and weight gradients and sgemm 2048 against themselves without the micro-kernels' prefetches ("no_prefetch"), and conv + bias
@@ -292,7 +293,7 @@ enum class Variant { as_is, unsplit, alone, cached };
 // `stop_gradient`: tensors the gradient treats as constants (ad::Options::stop_gradient); `prove_zero`:
 // ad::Options::prove_zero_adjoints (false: every adjoint as the rules write it).
 void BM_PolytileStopping(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes,
-                         Variant variant, std::set<std::string> stop_gradient, bool prove_zero = true) {
+                         Variant variant, std::set<std::string> stop_gradient, bool prove_zero = true, const char* unit = "GB/s") {
   Program p = parse_program(text);
   if (gradient) {
     ProgramTypes t = infer_types(p, types_of(in));
@@ -314,11 +315,29 @@ void BM_PolytileStopping(benchmark::State& state, const std::string& text, Tenso
     compiled->run(in, out);
     benchmark::DoNotOptimize(out);
   }
-  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters[unit] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Polytile(benchmark::State& state, const std::string& text, TensorMap in, bool gradient, double bytes, Variant variant) {
   BM_PolytileStopping(state, text, std::move(in), gradient, bytes, variant, {});
+}
+
+// A transformer's attention, softmax(Q K^T / 8) V over 16 heads of 512 tokens x 64, forward and the gradient of
+// Q, K and V (the gradient program computes S and the softmax again; PyTorch's and JAX's steps, in
+// framework_peers.py, run their forward too). GFLOP/s of the products, 2 B L^2 D each: 2 forward, 6 for the
+// step with its gradient (2 forward, 4 backward). oneDNN 2.6 has no attention primitive.
+const char* kAttention =
+    "function (Q[B, L, D], K[B, L, D], V[B, L, D]) -> (O) {\n  S[b, i, j : B, L, L] = +(Q[b, i, d] * K[b, j, d]);\n  T = S * 0.125;\n"
+    "  M[b, i, 0 : B, L, 1] = >(T[b, i, j]);\n  E = exp(T - M);\n  Z[b, i, 0 : B, L, 1] = +(E[b, i, j]);\n  P = E / Z;\n"
+    "  O[b, i, d : B, L, D] = +(P[b, i, j] * V[b, j, d]);\n}\n";
+constexpr int64_t kHeads = 16, kTokens = 512, kHeadDim = 64;
+
+void BM_PolytileAttention(benchmark::State& state, bool gradient) {
+  TensorMap in;
+  uint64_t seed = 13;
+  for (const char* t : {"Q", "K", "V"}) in[t] = random_f32({kHeads, kTokens, kHeadDim}, seed++);
+  const double flops = (gradient ? 6 : 2) * 2.0 * kHeads * kTokens * kTokens * kHeadDim;
+  BM_PolytileStopping(state, kAttention, std::move(in), gradient, flops, Variant::as_is, {}, true, "GFLOP/s");
 }
 
 const char* kMaxPool =
@@ -595,6 +614,9 @@ void register_all() {
     benchmark::RegisterBenchmark(("layernorm/" + direction + "/polytile").c_str(), BM_Polytile, kLayerNorm, norm_in, backward, moved * norm_bytes, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark(("layernorm/" + direction + "/onednn").c_str(), BM_OneDnnLayerNorm, backward)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  for (bool backward : {false, true})
+    benchmark::RegisterBenchmark((std::string("attention/") + (backward ? "bwd" : "fwd") + "/polytile").c_str(), BM_PolytileAttention, backward)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap tr_in{{"I", random_f32({2048, 2048}, 8)}}, nhwc_in{{"I", random_f32({8, 56, 56, 64}, 8)}};
   benchmark::RegisterBenchmark("transpose/2048x2048/polytile", BM_Polytile, kTranspose2d, tr_in, false, 8.0 * 2048 * 2048, Variant::as_is)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("transpose/2048x2048/onednn", BM_OneDnnTranspose, memory::dims{2048, 2048}, memory::format_tag::ab, memory::format_tag::ba)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -613,9 +635,9 @@ void register_all() {
   // softmax/bwd above is the same program; softmax/bwd/through_max is the gradient as the rules write it,
   // through the maxima too (their adjoint computed as rounding noise and scattered to their arguments).
   benchmark::RegisterBenchmark("softmax/bwd_stop_max/polytile", BM_PolytileStopping, kSoftmax, sm_in, true, sm_grad_bytes,
-                               Variant::as_is, std::set<std::string>{"M"}, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+                               Variant::as_is, std::set<std::string>{"M"}, true, "GB/s")->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("softmax/bwd/through_max", BM_PolytileStopping, kSoftmax, sm_in, true, sm_grad_bytes,
-                               Variant::as_is, std::set<std::string>{}, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+                               Variant::as_is, std::set<std::string>{}, false, "GB/s")->Unit(benchmark::kMillisecond)->UseRealTime();
   TensorMap reduce_in{{"X", random_f32({kReduceRows, kReduceColumns}, 8)}};
   const double reduce_bytes = 4.0 * kReduceRows * kReduceColumns;
   for (auto [name, text, algorithm, dst] :

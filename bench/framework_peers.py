@@ -41,6 +41,10 @@ REDUCTIONS = {"rows": ("sum", 1), "columns": ("sum", 0), "columns_max": ("max", 
 # gelu/<direction> (tanh form) on 4096 x 1024, layernorm/<direction> (no scale or shift, eps 1e-5) on 8192 x
 # 1024: forward X read and Y written, backward X and DY read and DX written (as cpu_bench.cpp counts).
 GELU_SHAPE, NORM_SHAPE = (4096, 1024), (8192, 1024)
+# attention/<direction>: softmax(Q K^T / 8) V over 16 heads of 512 tokens x 64 (B, L, D); fwd computes O,
+# bwd the gradients of Q, K and V (each framework's step runs the forward too). The work is the products'
+# FLOPs: 2 of 2 B L^2 D forward, 6 for the step with its gradient (2 forward, 4 backward), for every peer.
+ATTENTION_SHAPE = (16, 512, 64)
 # transpose/<name>: the input's shape and the permutation of its axes (as kTranspose* in cpu_bench.cpp).
 TRANSPOSES = {"2048x2048": ((2048, 2048), (1, 0)), "nhwc_to_nchw": ((8, 56, 56, 64), (0, 3, 1, 2))}
 
@@ -82,6 +86,9 @@ def parse(case):
     if parts[0] in ("gelu", "layernorm") and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
         shape = GELU_SHAPE if parts[0] == "gelu" else NORM_SHAPE
         return parts[0], (parts[1],), 4.0 * shape[0] * shape[1] * (2 if parts[1] == "fwd" else 3), "GB/s"
+    if parts[0] == "attention" and len(parts) == 2 and parts[1] in ("fwd", "bwd"):
+        b, l, d = ATTENTION_SHAPE
+        return "attention", (parts[1],), (2 if parts[1] == "fwd" else 6) * 2.0 * b * l * l * d, "GFLOP/s"
     if parts[0] == "reduce" and len(parts) == 2 and parts[1] in REDUCTIONS:
         return "reduce", REDUCTIONS[parts[1]], REDUCE_BYTES, "GB/s"
     if parts[0] == "transpose" and len(parts) == 2 and parts[1] in TRANSPOSES:
@@ -190,6 +197,17 @@ def jax_step(kind, args):
         f = jax.jit((lambda a, b: jnp.matmul(a.T, b)) if transposed_a else jnp.matmul)
         return lambda: f(a, b)
     (direction,) = args
+    if kind == "attention":
+        q, k, v, do = (jax.random.normal(jax.random.PRNGKey(s), ATTENTION_SHAPE, jnp.float32) for s in range(4))
+
+        def attention(q, k, v):
+            return jax.nn.softmax(jnp.einsum("bid,bjd->bij", q, k) * 0.125, axis=-1) @ v
+
+        if direction == "fwd":
+            f = jax.jit(attention)
+            return lambda: f(q, k, v)
+        f = jax.jit(lambda q, k, v, do: jax.vjp(attention, q, k, v)[1](do))
+        return lambda: f(q, k, v, do)
     if kind == "maxpool":
         x = jax.random.normal(key, POOL_SHAPE, jnp.float32)
 
@@ -289,6 +307,13 @@ def torch_step_in(kind, args, layout):
         out = torch.empty(n, n)
         return lambda: torch.matmul(a.t() if transposed_a else a, b, out=out)
     (direction,) = args
+    if kind == "attention":  # PyTorch's fused kernel, faster here than softmax(q @ k^T * 0.125) @ v
+        q, k, v, do = (torch.randn(*ATTENTION_SHAPE, generator=g) for _ in range(4))
+        if direction == "fwd":
+            return lambda: F.scaled_dot_product_attention(q, k, v)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        return lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), do)
     if kind == "maxpool":
         n, h, w, c = POOL_SHAPE
         x = torch.randn(n, c, h, w, generator=g).to(memory_format=cl)
@@ -324,7 +349,7 @@ def available():
     try:
         import jax
 
-        peers["jax"] = (jax_step, lambda r: r.block_until_ready())
+        peers["jax"] = (jax_step, jax.block_until_ready)
         versions.append(f"jax {jax.__version__} ({jax.devices()[0].platform})")
     except ImportError:
         versions.append("jax: not installed")
