@@ -2292,6 +2292,17 @@ TEST(CpuTest, BroadcastOperandsReadAcrossPagesAreTransposed) {
   TensorMap near = inputs_for({{"A", {64, 200}}, {"B", {64, 40}}}, DType::f64, 73);
   EXPECT_EQ(lowered(atb, near).find("A_T["), std::string::npos) << lowered(atb, near);
   expect_same(atb, near, "A^T B, rows 1600 bytes apart", o);
+  // Columns that one block covers (64 f32 in 512-bit vectors, attention's dV = P^T dO): each element of A
+  // is loaded once, by the block of its row, and a copy would only add a pass over it. With 192 columns
+  // the blocks read A three times or more, and it is copied.
+  const CompileOptions wide_vectors = microkernels_forced(512);
+  TensorMap one_block = inputs_for({{"A", {64, 600}}, {"B", {64, 64}}}, DType::f32, 75);
+  const std::string once = print(compile(atb, types_of(one_block), wide_vectors)->program());
+  EXPECT_EQ(once.find("A_T["), std::string::npos) << once;
+  expect_same(atb, one_block, "A^T B, one column block", wide_vectors);
+  TensorMap blocks = inputs_for({{"A", {64, 600}}, {"B", {64, 192}}}, DType::f32, 76);
+  const std::string thrice = print(compile(atb, types_of(blocks), wide_vectors)->program());
+  EXPECT_NE(thrice.find("A_T["), std::string::npos) << thrice;
   Program ab = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   TensorMap plain = inputs_for({{"A", {260, 600}}, {"B", {600, 40}}}, DType::f64, 74);
   EXPECT_EQ(lowered(ab, plain).find("A_T["), std::string::npos) << lowered(ab, plain);
