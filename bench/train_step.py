@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""A whole training step, the comparison users make: the gradients of a small CNN's loss
-(examples/small_cnn.tile: two blocks of 3x3 conv + bias + relu + 2x2 max pool, a dense layer, softmax
-cross-entropy) with respect to all its weights, as one polytile program against the same step in JAX
-(jit(grad)) and PyTorch (eager, channels_last; loss.backward()) where those are installed, on the same
-data and threads. Checks that every peer's gradients agree with polytile's, then times each (median of
---repeat runs after a warm-up) and prints one table; --json writes the numbers.
+"""A whole training step, the comparison users make: the gradients of a model's loss with respect to all
+its weights, as one polytile program, against the same step in JAX (jit(grad)) and PyTorch (eager;
+loss.backward()) where those are installed, on the same data and threads. Two models: --model cnn (the
+default; examples/small_cnn.tile: two blocks of 3x3 conv + bias + relu + 2x2 max pool, a dense layer,
+softmax cross-entropy; PyTorch in channels_last) and --model transformer (examples/transformer_block.tile:
+a pre-norm transformer block, layer norm, multi-head self-attention, a residual, layer norm, a GELU MLP, a
+residual, and the squared error against a target; PyTorch with its fused scaled_dot_product_attention).
+Checks that every peer's gradients agree with polytile's, then times each (median of --repeat runs after a
+warm-up) and prints one table; --json writes the numbers.
 
     build/python-venv/bin/pip install jax          # the peers are not needed by the build or the tests
-    build/python-venv/bin/python bench/train_step.py [--batch 64] [--repeat 30] [--json bench/train_step.json]
+    build/python-venv/bin/python bench/train_step.py [--model cnn|transformer] [--batch N] [--repeat 30] [--json FILE]
 """
 
 import argparse
@@ -24,6 +27,7 @@ import polytile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WRT = ["K1", "B1", "K2", "B2", "W", "B3"]
+TRANSFORMER_WRT = ["Wq", "Wk", "Wv", "Wo", "W1", "B1", "W2", "B2"]
 
 
 def data(batch, size, c1, c2, classes, seed=0):
@@ -42,6 +46,84 @@ def data(batch, size, c1, c2, classes, seed=0):
     return x
 
 
+def transformer_data(batch, tokens, width, heads, hidden, seed=0):
+    """Inputs of examples/transformer_block.tile: X and the target T normal, the weights normal with
+    variance 1 / fan-in, the biases small."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    per_head = width // heads
+
+    def normal(shape, fan_in):
+        return (rng.standard_normal(shape, dtype=f32) / np.sqrt(fan_in)).astype(f32)
+
+    return {
+        "X": rng.standard_normal((batch, tokens, width), dtype=f32),
+        "Wq": normal((width, heads, per_head), width),
+        "Wk": normal((width, heads, per_head), width),
+        "Wv": normal((width, heads, per_head), width),
+        "Wo": normal((heads, per_head, width), width),
+        "W1": normal((width, hidden), width),
+        "B1": np.full((hidden,), 0.01, f32),
+        "W2": normal((hidden, width), hidden),
+        "B2": np.zeros((width,), f32),
+        "T": rng.standard_normal((batch, tokens, width), dtype=f32),
+    }
+
+
+def transformer_jax_step(x):
+    import jax
+    import jax.numpy as jnp
+
+    per_head = x["Wq"].shape[2]
+
+    def norm(v):
+        d = v - jnp.mean(v, axis=-1, keepdims=True)
+        return d / jnp.sqrt(jnp.mean(d * d, axis=-1, keepdims=True) + 1e-5)
+
+    def loss(X, Wq, Wk, Wv, Wo, W1, B1, W2, B2, T):
+        n1 = norm(X)
+        q, k, v = (jnp.einsum("bic,che->bhie", n1, w) for w in (Wq, Wk, Wv))
+        p = jax.nn.softmax(jnp.einsum("bhie,bhje->bhij", q, k) / np.sqrt(per_head), axis=-1)
+        r1 = X + jnp.einsum("bhie,hec->bic", jnp.einsum("bhij,bhje->bhie", p, v), Wo)
+        g = jax.nn.gelu(norm(r1) @ W1 + B1, approximate=True)
+        return jnp.sum((r1 + g @ W2 + B2 - T) ** 2)
+
+    g = jax.jit(jax.grad(loss, argnums=tuple(range(1, 9))))
+    args = [jnp.asarray(x[n]) for n in ["X", *TRANSFORMER_WRT, "T"]]
+    t = time.perf_counter()
+    jax.block_until_ready(g(*args))
+    compile_s = time.perf_counter() - t
+
+    def step():
+        return [np.asarray(v) for v in jax.block_until_ready(g(*args))]
+
+    return step, compile_s
+
+
+def transformer_torch_step(x, threads):
+    import torch
+    import torch.nn.functional as F
+
+    if threads:
+        torch.set_num_threads(threads)
+    X, T = torch.from_numpy(x["X"]), torch.from_numpy(x["T"])
+    width = X.shape[2]
+    params = {n: torch.from_numpy(x[n]).requires_grad_(True) for n in TRANSFORMER_WRT}
+
+    def step():
+        for p in params.values():
+            p.grad = None
+        n1 = F.layer_norm(X, (width,), eps=1e-5)
+        q, k, v = (torch.einsum("bic,che->bhie", n1, params[w]) for w in ("Wq", "Wk", "Wv"))
+        r1 = X + torch.einsum("bhie,hec->bic", F.scaled_dot_product_attention(q, k, v), params["Wo"])
+        g = F.gelu(F.layer_norm(r1, (width,), eps=1e-5) @ params["W1"] + params["B1"], approximate="tanh")
+        loss = ((r1 + g @ params["W2"] + params["B2"] - T) ** 2).sum()
+        loss.backward()
+        return [params[n].grad.detach().numpy() for n in TRANSFORMER_WRT]
+
+    return step, 0.0
+
+
 def timed(step, repeat):
     step()  # warm-up (and, for JAX, compilation)
     times = []
@@ -52,9 +134,10 @@ def timed(step, repeat):
     return statistics.median(times)
 
 
-def polytile_step(x, threads):
-    grad = polytile.Program.from_file(ROOT / "examples" / "small_cnn.tile").grad(wrt=WRT)
-    inputs = dict(x, DL=np.ones((), np.float32))
+def polytile_step(x, threads, example="small_cnn", wrt=WRT, head="DL"):
+    grad = polytile.Program.from_file(ROOT / "examples" / f"{example}.tile").grad(wrt=wrt)
+    inputs = dict(x)
+    inputs[head] = np.ones((), np.float32)
     t = time.perf_counter()
     compiled = grad.compile(threads=threads, **inputs)
     compile_s = time.perf_counter() - t
@@ -63,7 +146,7 @@ def polytile_step(x, threads):
 
     def step():
         compiled(*ordered, out=outs)
-        return [outs["D" + w] for w in WRT]
+        return [outs["D" + w] for w in wrt]
 
     return step, compile_s
 
@@ -131,7 +214,12 @@ def torch_step(x, threads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--model", choices=("cnn", "transformer"), default="cnn")
+    ap.add_argument("--batch", type=int, help="default: 64 images (cnn), 8 sequences (transformer)")
+    ap.add_argument("--tokens", type=int, default=128, help="transformer: tokens per sequence")
+    ap.add_argument("--width", type=int, default=256, help="transformer: features per token")
+    ap.add_argument("--heads", type=int, default=4, help="transformer: attention heads")
+    ap.add_argument("--hidden", type=int, default=1024, help="transformer: the MLP's hidden features")
     ap.add_argument("--size", type=int, default=28)
     ap.add_argument("--channels", type=int, nargs=2, default=[32, 64])
     ap.add_argument("--classes", type=int, default=10)
@@ -140,13 +228,34 @@ def main():
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
-    x = data(args.batch, args.size, *args.channels, args.classes)
-    c1, c2 = args.channels
-    s = args.size
-    # The convs' work: conv1 forward and weight gradient (X needs no gradient), conv2 forward and both gradients.
-    flops = 2 * args.batch * (s * s * 9 * c1 * 2 + (s // 2) ** 2 * 9 * c1 * c2 * 3)
-    peers = {"polytile": lambda: polytile_step(x, args.threads)}
-    for name, make in [("jax", lambda: jax_step(x)), ("pytorch", lambda: torch_step(x, args.threads))]:
+    if args.model == "cnn":
+        args.batch = args.batch or 64
+        x = data(args.batch, args.size, *args.channels, args.classes)
+        c1, c2 = args.channels
+        s = args.size
+        # The convs' work: conv1 forward and weight gradient (X needs no gradient), conv2 forward and both gradients.
+        flops = 2 * args.batch * (s * s * 9 * c1 * 2 + (s // 2) ** 2 * 9 * c1 * c2 * 3)
+        wrt = WRT
+        peers = {"polytile": lambda: polytile_step(x, args.threads)}
+        frameworks = [("jax", lambda: jax_step(x)), ("pytorch", lambda: torch_step(x, args.threads))]
+        title = (f"training step of examples/small_cnn.tile: batch {args.batch}, {s}x{s}x1, channels {c1}/{c2}, "
+                 f"{args.classes} classes")
+        work = "conv work"
+    else:
+        args.batch = args.batch or 8
+        b, n, c, f = args.batch, args.tokens, args.width, args.hidden
+        x = transformer_data(b, n, c, args.heads, f)
+        # The products' work: forward, Q, K, V and the output projection (4 of B L C^2), the scores and their
+        # use (2 of B L^2 C), the MLP (2 of B L C F), 2 flops each; a step with its gradient is 3x that
+        # (each product's gradient is two products of its size; X needs none, counted all the same).
+        flops = 3 * 2 * b * n * (4 * c * c + 2 * n * c + 2 * c * f)
+        wrt = TRANSFORMER_WRT
+        peers = {"polytile": lambda: polytile_step(x, args.threads, "transformer_block", TRANSFORMER_WRT, "DLoss")}
+        frameworks = [("jax", lambda: transformer_jax_step(x)), ("pytorch", lambda: transformer_torch_step(x, args.threads))]
+        title = (f"training step of examples/transformer_block.tile: batch {b}, {n} tokens of {c}, {args.heads} heads, "
+                 f"MLP {f}")
+        work = "products' work"
+    for name, make in frameworks:
         try:
             __import__("jax" if name == "jax" else "torch")
         except ImportError:
@@ -161,17 +270,16 @@ def main():
         if reference is None:
             reference = grads
         else:
-            for w, got, want in zip(WRT, grads, reference):
+            for w, got, want in zip(wrt, grads, reference):
                 err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
                 if err > 1e-3:
                     raise SystemExit(f"{name}'s d{w} differs from polytile's: max relative difference {err:.2e}")
         seconds = timed(step, args.repeat)
         results[name] = {"ms": seconds * 1e3, "compile_ms": compile_s * 1e3, "gflops": flops / seconds * 1e-9}
 
-    print(f"training step of examples/small_cnn.tile: batch {args.batch}, {s}x{s}x1, channels {c1}/{c2}, "
-          f"{args.classes} classes, threads {args.threads or os.cpu_count()} ({platform.machine()}, "
-          f"{os.cpu_count()} cores); conv work {flops * 1e-9:.2f} GFLOP per step")
-    print("| framework | step ms | conv GFLOP/s | compile ms | polytile speedup |")
+    print(f"{title}, threads {args.threads or os.cpu_count()} ({platform.machine()}, "
+          f"{os.cpu_count()} cores); {work} {flops * 1e-9:.2f} GFLOP per step")
+    print(f"| framework | step ms | {work.split()[0]} GFLOP/s | compile ms | polytile speedup |")
     print("| --- | --- | --- | --- | --- |")
     for name, r in results.items():
         speed = results[name]["ms"] / results["polytile"]["ms"]
