@@ -390,6 +390,26 @@ TEST(CliTest, RunTimesStagesAndRepeatedRunsOnStderr) {
   EXPECT_NE(interp.err.find("run (interp): median "), std::string::npos) << interp.err;
 }
 
+// --profile prints each step of a run (the softmax's row group) with its mean time and share on stderr,
+// leaving the printed outputs as they are; the interpreter has no steps to time.
+TEST(CliTest, RunProfilesItsStepsOnStderr) {
+  std::vector<std::string> base{"run", kExamples + "softmax.tile", "--random", "X=300x40"};
+  Result plain = cli(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  std::vector<std::string> args = base;
+  for (const char* a : {"--profile", "--repeat", "3"}) args.push_back(a);
+  Result profiled = cli(args);
+  ASSERT_EQ(profiled.code, 0) << profiled.err;
+  EXPECT_EQ(profiled.out, plain.out);
+  EXPECT_NE(profiled.err.find("profile (cpu): where a run's "), std::string::npos) << profiled.err;
+  EXPECT_NE(profiled.err.find("the mean of 3 timed runs after one untimed"), std::string::npos) << profiled.err;
+  EXPECT_NE(profiled.err.find("%  row group M.init .. O.elementwise\n"), std::string::npos) << profiled.err;
+  args.insert(args.end(), {"--backend", "interp"});
+  Result interp = cli(args);
+  EXPECT_EQ(interp.code, 1);
+  EXPECT_NE(interp.err.find("--profile needs the cpu or gpu-sim backend"), std::string::npos) << interp.err;
+}
+
 // The kernel cache: a second run of the same program and input types loads it instead of compiling
 // and prints the same; a damaged entry is said to be dropped and compiled again; cache info and clear.
 TEST(CliTest, RunKeepsCompiledProgramsInTheKernelCache) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <bit>
 #include <cctype>
 #include <cmath>
@@ -1239,6 +1240,46 @@ TEST(CpuTest, CheapProducersOfAContractionAndElementwiseReadersAreNotMaterialize
     for (const auto& n : compile(twice, types_of(in), verified)->schedule().nests) nests.push_back(n.name);
     EXPECT_NE(std::find(nests.begin(), nests.end(), "D.elementwise"), nests.end());
   }
+}
+
+// CompiledProgram::profile: one step per row group and per nest outside the groups, in the order they
+// run, covering every nest once; the steps' mean times add up to no more than the calls took; the
+// outputs are those of run().
+TEST(CpuTest, ProfilesEveryStepOfARun) {
+  const Program p = parse_program(
+      "function (X[N, C], W[C, D]) -> (O) { M[i, 0 : N, 1] = >(X[i, j]); E = exp(X - M); S[i, 0 : N, 1] = +(E[i, j]);"
+      " P = E / S; H[i, d : N, D] = +(P[i, c] * W[c, d]); O = relu(H); }");
+  const TensorMap in = inputs_for({{"X", {300, 64}}, {"W", {64, 48}}}, DType::f32, 37);
+  const auto compiled = compile(p, types_of(in));
+  const sched::Schedule& schedule = compiled->schedule();
+  ASSERT_FALSE(schedule.groups.empty()) << sched::print_loops(schedule);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<StepTime> steps = compiled->profile(in, 3);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(steps.empty());
+  size_t next = 0;
+  double total = 0;
+  for (const StepTime& st : steps) {
+    EXPECT_EQ(st.first, next) << st.name;
+    ASSERT_LE(st.first, st.last);
+    ASSERT_LT(st.last, schedule.nests.size());
+    const bool group = std::any_of(schedule.groups.begin(), schedule.groups.end(), [&](const sched::NestGroup& g) {
+      return g.first == st.first && g.last == st.last;
+    });
+    EXPECT_EQ(st.name, group ? "row group " + schedule.nests[st.first].name + " .. " + schedule.nests[st.last].name
+                             : schedule.nests[st.first].name);
+    if (!group) {
+      EXPECT_EQ(st.first, st.last);
+    }
+    EXPECT_GE(st.seconds, 0.0) << st.name;
+    total += st.seconds;
+    next = st.last + 1;
+  }
+  EXPECT_EQ(next, schedule.nests.size());
+  EXPECT_GT(total, 0.0);
+  EXPECT_LE(total * 3, wall);
+  expect_same(p, in, "the profiled program");
+  EXPECT_THROW(compiled->profile(in, 0), UserError);
 }
 
 // A producer that is not cheap (a tanh) read several times by one elementwise statement, as the GELU's

@@ -123,7 +123,7 @@ Prints one stage of the compiler for FILE.tile:
 
 const char* kRunHelp = R"(usage: polytile run FILE.tile [--input NAME=FILE.npy]... [--inputs FILE.npz] [--random NAME=DIMS[:DTYPE]]...
                     [--output NAME=FILE.npy]... [--backend interp] [--tune] [--verify] [--seed N] [--limit N]
-                    [--threads N] [--cpu NAME[,l1=SIZE,...]] [--time] [--repeat N] [--no-cache]
+                    [--threads N] [--cpu NAME[,l1=SIZE,...]] [--time] [--repeat N] [--profile] [--no-cache]
 
 Runs FILE.tile. Every input comes from a .npy file (--input), from a .npz archive (--inputs) or is
 generated deterministically (--random: uniform in [-1, 1) for floats, integers in [-5, 5], random bools;
@@ -158,6 +158,9 @@ seeded by --seed and the input's name). Outputs named with --output are written 
   --time                       print to stderr the compile time of every stage (cpu) and the run time:
                                the median of --repeat runs (the compiled program is reused)
   --repeat N                   run N times (default 1); the outputs are those of the last run
+  --profile                    cpu, gpu-sim: print to stderr where a run's time goes, each row group and
+                               nest of `lower --emit loops` with its mean time over --repeat runs (after one
+                               untimed) and its share; compiles here, as --no-cache does
   --no-cache                   cpu: compile afresh and keep nothing; by default the compiled program is kept
                                in the kernel cache (see polytile cache --help), so a second run of the same
                                program and input types loads it instead of compiling (not with --tune)
@@ -604,7 +607,7 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   int64_t limit = 64;
   std::string backend = "cpu", target = "sm_90", cpu_name;
   std::optional<sched::GpuModel> model;
-  bool tune = false, verify = false, time = false, use_cache = true;
+  bool tune = false, verify = false, time = false, use_cache = true, profile = false;
   int64_t threads = 0, repeat = 1;
   for (const auto& [opt, value] : a.options) {
     if (opt == "--tune") {
@@ -613,6 +616,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
       use_cache = false;
     } else if (opt == "--time") {
       time = true;
+    } else if (opt == "--profile") {
+      profile = true;
     } else if (opt == "--threads") {
       threads = parse_int(opt, value);
       if (threads < 1 || threads > 1024) user_error("--threads ", value, ": give a thread count from 1 to 1024");
@@ -662,6 +667,8 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
   if (tune && backend != "cpu" && backend != "cuda") user_error("--tune needs the cpu or cuda backend");
   if (verify && backend == "interp") user_error("--verify needs a compiling backend (the interpreter runs no passes)");
   if (threads && !compiled_here) user_error("--threads needs the cpu or gpu-sim backend");
+  if (profile && !compiled_here) user_error("--profile needs the cpu or gpu-sim backend");
+  if (profile) use_cache = false;  // the profile times the program compiled here
   if (model && backend != "cuda" && backend != "gpu-sim") user_error("--gpu-model needs the cuda or gpu-sim backend");
   if (!cpu_name.empty() && backend != "cpu") user_error("--cpu needs the cpu backend");
   for (const auto& [name, type] : randoms) {
@@ -761,6 +768,18 @@ int cmd_run(const Args& a, std::ostream& out, std::ostream& err) {
     }
     runs.push_back(milliseconds_since(t0));
   }
+  if (profile) {
+    const std::vector<cpu::StepTime> steps = compiled->profile(inputs, static_cast<int>(repeat));
+    double total = 0;
+    for (const auto& st : steps) total += st.seconds;
+    err << "profile (" << backend << "): where a run's " << ms(total * 1e3) << " go, the mean of " << repeat << " timed run"
+        << (repeat == 1 ? "" : "s") << " after one untimed\n";
+    char line[64];
+    for (const auto& st : steps) {
+      std::snprintf(line, sizeof line, "  %10.3f ms %5.1f%%  ", st.seconds * 1e3, total > 0 ? 100 * st.seconds / total : 0.0);
+      err << line << st.name << "\n";
+    }
+  }
   if (time) {
     std::sort(runs.begin(), runs.end());
     err << "run (" << backend << "): median " << ms(runs[runs.size() / 2]) << " of " << repeat << " run"
@@ -789,7 +808,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--help" || s == "-h") {
       a.help = true;
-    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time" || s == "--no-cache" ||
+    } else if (s == "--verbose" || s == "--tune" || s == "--verify" || s == "--time" || s == "--profile" || s == "--no-cache" ||
                s == "--keep-zero-adjoints") {
       a.options.emplace_back(s, "true");  // the flags without a value
     } else if (s.rfind("--", 0) == 0 || s == "-o") {

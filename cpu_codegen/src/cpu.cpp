@@ -796,7 +796,7 @@ std::unique_ptr<CompiledProgram::Impl> build(const Program& source, const std::m
   return impl;
 }
 
-void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs);
+void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs, std::vector<double>* step_seconds = nullptr);
 void execute(const CompiledProgram::Impl& m, const ViewMap& inputs, const ViewMap& outputs);
 
 // Tuning (CompileOptions::tune): variants of the target, each compiled, then all timed on the same
@@ -1009,6 +1009,29 @@ TensorMap CompiledProgram::run(const TensorMap& inputs) const {
 
 void CompiledProgram::run(const TensorMap& inputs, TensorMap& outputs) const { execute(*impl_, inputs, outputs); }
 
+std::vector<StepTime> CompiledProgram::profile(const TensorMap& inputs, int runs) const {
+  if (runs < 1) user_error("profile: give a run count of 1 or more, not ", runs);
+  const sched::Schedule& schedule = impl_->schedule;
+  std::vector<StepTime> steps;
+  auto group = schedule.groups.begin();
+  for (size_t k = 0; k < schedule.nests.size(); ++k) {
+    if (group != schedule.groups.end() && group->first == k) {
+      steps.push_back({"row group " + schedule.nests[k].name + " .. " + schedule.nests[group->last].name, k, group->last, 0});
+      k = group->last;
+      ++group;
+      continue;
+    }
+    steps.push_back({schedule.nests[k].name, k, k, 0});
+  }
+  TensorMap outputs;
+  execute(*impl_, inputs, outputs);  // outputs and scratch tensors allocated, pages faulted in: not timed
+  std::vector<double> seconds(steps.size(), 0.0);
+  for (int r = 0; r < runs; ++r) execute(*impl_, inputs, outputs, &seconds);
+  POLYTILE_CHECK(seconds.size() == steps.size(), "profile: ", seconds.size(), " steps timed, ", steps.size(), " in the schedule");
+  for (size_t i = 0; i < steps.size(); ++i) steps[i].seconds = seconds[i] / runs;
+  return steps;
+}
+
 void CompiledProgram::run(const ViewMap& inputs, const ViewMap& outputs) const { execute(*impl_, inputs, outputs); }
 
 namespace {
@@ -1032,12 +1055,14 @@ char* chunk_memory(int64_t bytes) {
   return static_cast<char*>(memory.data);
 }
 
-void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs);
+void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs, std::vector<double>* step_seconds);
 
 // Runs the nests on the buffer table `ptrs`: inputs and outputs are in place; every other slot a nest
 // touches gets a scratch tensor from the pool (returned to it afterwards, also when a nest throws), except
 // the row groups' chunk tensors, which live in the memory of the thread that runs a chunk.
-void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
+// With `step_seconds`, each step's time (a row group's, or a nest's) is added to its entry, in the order
+// the steps run.
+void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs, std::vector<double>* step_seconds = nullptr) {
   TensorMap scratch = m.scratch_pool.take();
   struct GiveBack {  // also when a nest throws
     const CompiledProgram::Impl& m;
@@ -1055,13 +1080,22 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
     if (kept == scratch.end()) kept = scratch.emplace(name, Buffer(t.dtype, t.shape)).first;
     ptrs[i] = static_cast<char*>(kept->second.data());
   }
-  m.arena->execute([&] { run_nests_in_arena(m, ptrs); });
+  m.arena->execute([&] { run_nests_in_arena(m, ptrs, step_seconds); });
 }
 
 // run_nests inside the program's arena.
-void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs) {
+void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs, std::vector<double>* step_seconds) {
   auto group = m.schedule.groups.begin();
-  for (size_t k = 0; k < m.nests.size(); ++k) {
+  size_t step = 0;
+  auto started = std::chrono::steady_clock::now();
+  auto timed = [&] {  // the step that ran last
+    if (!step_seconds) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (step_seconds->size() <= step) step_seconds->resize(step + 1, 0.0);
+    (*step_seconds)[step++] += std::chrono::duration<double>(now - started).count();
+    started = now;
+  };
+  for (size_t k = 0; k < m.nests.size(); ++k, timed()) {
     const sched::Nest& nest = m.schedule.nests[k];
     NestFn fn = m.nests[k];
     if (group != m.schedule.groups.end() && group->first == k) {  // a row group: every nest on a chunk, chunk after chunk
@@ -1107,7 +1141,7 @@ void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs
   }
 }
 
-void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs) {
+void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap& outputs, std::vector<double>* step_seconds) {
   for (const auto& [name, t] : m.inputs) compiled_input(inputs, name, t);
   // Every nest writes all of its tensor's elements, so outputs of the right type are reused as they are;
   // tensors no nest touches (inlined producers) get no memory.
@@ -1129,7 +1163,7 @@ void execute(const CompiledProgram::Impl& m, const TensorMap& inputs, TensorMap&
     env[name] = Buffer(t.dtype, t.shape);
     ptrs[i] = static_cast<char*>(env[name].data());
   }
-  run_nests(m, ptrs);
+  run_nests(m, ptrs, step_seconds);
   for (const auto& o : m.program.outputs) {
     auto it = env.find(o);
     if (it != env.end()) outputs[o] = std::move(it->second);

@@ -95,6 +95,13 @@ struct CompileTimes {
   double passes = 0, schedule = 0, llvm_ir = 0, optimize_and_jit = 0;
 };
 
+// One step of a run (CompiledProgram::profile): a row group, its nests chunk by chunk, or a nest.
+struct StepTime {
+  std::string name;            // the nest's name, or "row group FIRST .. LAST"
+  size_t first = 0, last = 0;  // its nests: schedule().nests[first..last]
+  double seconds = 0;          // the mean over the timed runs
+};
+
 class CompiledProgram {
  public:
   ~CompiledProgram();
@@ -114,6 +121,10 @@ class CompiledProgram {
   // type, a layout that is not contiguous (copy such a tensor first), or an output that shares memory with
   // another view. The memory must stay valid during the call; concurrent runs need disjoint outputs.
   void run(const ViewMap& inputs, const ViewMap& outputs) const;
+  // Where a run's time goes: runs once untimed (allocating outputs and scratch tensors), then `runs`
+  // times, timing each step (row group or nest) as it runs; the steps in the order they run, each with its
+  // mean seconds. UserError for runs < 1 and for inputs run() refuses.
+  std::vector<StepTime> profile(const TensorMap& inputs, int runs = 10) const;
   const Program& program() const;           // after the passes
   const ProgramTypes& types() const;        // of program(): its inputs, its outputs and every tensor between
   const sched::Schedule& schedule() const;
