@@ -115,12 +115,11 @@ std::optional<Expr> partial(const Expr& node, size_t i) {
 }
 
 Expr times(const Expr& g, const Expr& p) {
-  if (is_literal(g, 0)) return lit(0);
+  if (is_literal(g, 0) || is_literal(p, 0)) return lit(0);
   if (is_literal(g, 1)) return p;
-  if (is_literal(g, -1) && !is_literal(p, 1)) return un(UnaryOp::neg, p);
   if (is_literal(p, 1)) return g;
+  if (is_literal(g, -1)) return un(UnaryOp::neg, p);
   if (is_literal(p, -1)) return un(UnaryOp::neg, g);
-  if (is_literal(p, 0)) return lit(0);
   if (p.kind() == Expr::Kind::call && p.intrinsic() == Intrinsic::select)
     return sel(p.args()[0], times(g, p.args()[1]), times(g, p.args()[2]));
   if (g.kind() == Expr::Kind::call && g.intrinsic() == Intrinsic::select)

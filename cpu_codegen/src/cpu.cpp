@@ -1087,7 +1087,8 @@ void run_nests(const CompiledProgram::Impl& m, std::vector<char*>& ptrs, std::ve
 void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs, std::vector<double>* step_seconds) {
   auto group = m.schedule.groups.begin();
   size_t step = 0;
-  auto started = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point started;
+  if (step_seconds) started = std::chrono::steady_clock::now();
   auto timed = [&] {  // the step that ran last
     if (!step_seconds) return;
     const auto now = std::chrono::steady_clock::now();

@@ -281,7 +281,9 @@ struct NestBuilder {
   bool try_microkernel(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::internal::IslAnalysis& analysis,
                        const isl::set& domain, const std::vector<std::string>& positional, int64_t out_bytes,
                        isl::set* stored_elements, const Elementwise* epilogue, const Contraction* permuted_copy = nullptr);
-  // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies.
+  // Schedules `nest` (an update of `c`) as a vectorized row reduction when `c` qualifies. Its first two
+  // output variables run as one outer loop (RowReduction::fused_outer) where fuse_leading fuses them by
+  // rows_read_bytes; the init nest of those rows is built by the same bytes.
   bool try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types, const poly::ContractionAnalysis& a,
                          const isl::set& domain, const std::vector<std::string>& positional, bool parallel);
   // The micro-kernel nest (nest.microkernel says its shape); returns the points of S whose output elements
@@ -290,6 +292,9 @@ struct NestBuilder {
                              const std::vector<std::pair<int64_t, int64_t>>& range, size_t element_bytes,
                              const std::vector<isl::map>& reads, const MicrokernelChoices& choices);
 };
+
+// The bytes of c's largest input: what a row reduction's rows read, in fuse_leading's choice.
+int64_t rows_read_bytes(const Contraction& c, const ProgramTypes& types);
 
 // A nest's accesses as functions of its outer loop (its first schedule dimension): { [c] -> T[element] }
 // for the elements iteration c writes and reads (nest_groups.cpp).

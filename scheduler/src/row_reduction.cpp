@@ -81,6 +81,12 @@ void plan_row_tiles(RowReduction& red, const std::vector<std::string>& names, co
 
 }  // namespace
 
+int64_t rows_read_bytes(const Contraction& c, const ProgramTypes& types) {
+  int64_t bytes = 0;
+  for (const auto& in : c.inputs) bytes = std::max(bytes, types.tensors.at(in.tensor).bytes());
+  return bytes;
+}
+
 bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const ProgramTypes& types,
                                     const poly::ContractionAnalysis& a, const isl::set& domain,
                                     const std::vector<std::string>& positional, bool parallel) {
@@ -182,9 +188,7 @@ bool NestBuilder::try_row_reduction(Nest& nest, const Contraction& c, const Prog
   // same rows as one matrix).
   std::vector<std::string> outer_members;
   if (parallel && !red.hoisted && red.outputs.size() >= 2) {
-    int64_t read_bytes = 0;
-    for (const auto& in : c.inputs) read_bytes = std::max(read_bytes, types.tensors.at(in.tensor).bytes());
-    if (auto fused = fuse_leading(domain, positional, red.outputs, red.outputs.size(), read_bytes)) {
+    if (auto fused = fuse_leading(domain, positional, red.outputs, red.outputs.size(), rows_read_bytes(c, types))) {
       outer_members = *fused;
       red.fused_outer = outer_members[0];
     }

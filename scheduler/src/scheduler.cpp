@@ -350,10 +350,9 @@ class ProgramScheduler {
       Nest init = element_nest(c, Nest::Kind::init, ".init");
       // The init of rows whose first two output variables run as one (RowReduction::fused_outer) fuses its
       // first two as they do, by the same bytes, so that the two share their outer loop (a row group).
-      int64_t lead_bytes = 0;
-      if (!microkernel && !out_.nests.empty() && out_.nests.back().reduction && !out_.nests.back().reduction->fused_outer.empty())
-        for (const auto& in : c.inputs) lead_bytes = std::max(lead_bytes, types_.tensors.at(in.tensor).bytes());
-      build_over_elements(init, *init_domain, t, true, lead_bytes);
+      const bool fused_rows = !microkernel && !out_.nests.empty() && out_.nests.back().reduction &&
+                              !out_.nests.back().reduction->fused_outer.empty();
+      build_over_elements(init, *init_domain, t, true, fused_rows ? internal::rows_read_bytes(c, types_) : 0);
       auto rows = row_access(init, [&] {
         isl::union_map reads = isl::union_map::empty(builder_.ctx.get());
         if (c.init) reads = expression_reads(Expr::tensor(*c.init), t.shape, statement_id()).intersect_domain(*init_domain);
