@@ -1122,8 +1122,12 @@ void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs
       if (m.threads <= 1) {
         chunks(nest.outer_lo, nest.outer_hi + 1);
       } else {
+        // TBB's auto partitioner: a few ranges a thread, split again only when a thread runs out of work; each
+        // range runs chunk after chunk. With the simple partitioner every chunk was a task of its own (a
+        // layer norm over 8192 x 1024: 1639 tasks of 5 rows, each with its own copy of the buffer table),
+        // and the tasks cost 5-15%: layer norm 1.66 -> 1.55 ms, its gradient 4.5 -> 3.9, softmax 1.21 -> 1.11.
         tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1, static_cast<size_t>(g.rows)),
-                          [&](const tbb::blocked_range<int64_t>& r) { chunks(r.begin(), r.end()); }, tbb::simple_partitioner());
+                          [&](const tbb::blocked_range<int64_t>& r) { chunks(r.begin(), r.end()); });
       }
       k = g.last;
       continue;
