@@ -441,12 +441,19 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   // vectors, so the vectorizer takes 16 lanes of f32 (8 of f64) and calls the variant: exp on 16 lanes is
   // 1.4x exp on 8 here. So does a module with the emitter's inline f32 exp (llvm_ir::kVectorMathAttribute),
   // whose 13-20 instructions are the loop's cost: softmax forward took 1.34 ms with 8 lanes and 1.12 with 16.
-  bool wide = avx512 && !vector_already && std::any_of(m.begin(), m.end(), [&variants](const llvm::Function& f) {
+  // Intel's cores from Sapphire Rapids on (AVX512-FP16) run every loop on 512-bit vectors: they clock
+  // 512-bit code almost as fast as 256-bit, where Skylake-SP and Cascade Lake slow down for it (LLVM's
+  // reason to prefer 256 bits). On a 2-core guest of such a core (bench, interleaved, four rounds): the
+  // layer norm's gradient 3.87 -> 3.27 ms (means), its forward 1.63 -> 1.60, max pool's gradient 1.57 ->
+  // 1.53; the transpositions, column sums and pools the same; the bench's other cases the same within the
+  // guest's noise (two rounds of all of them).
+  const bool wide_cores = avx512 && tm.getTargetFeatureString().contains("+avx512fp16");
+  bool wide = avx512 && !vector_already && (wide_cores || std::any_of(m.begin(), m.end(), [&variants](const llvm::Function& f) {
                 if (f.hasFnAttribute(llvm_ir::kVectorMathAttribute)) return true;
                 return f.isDeclaration() && std::any_of(variants.begin(), variants.end(), [&f](const VectorMathVariant& v) {
                          return v.lanes * (f.getReturnType()->isDoubleTy() ? 64 : 32) == 512 && f.getName() == v.scalar;
                        });
-              });
+              }));
   if (wide)
     for (llvm::Function& f : m)
       if (!f.isDeclaration()) f.addFnAttr("prefer-vector-width", "512");
