@@ -2212,20 +2212,29 @@ TEST(CpuTest, FusedMultiplyAddsOfLanesPastTheOutputRunUnmasked) {
   }
 }
 
-// A matmul's B whose rows are 2 KiB or more apart is packed into panels only where it does not fit in a
-// core's L2 (plan.cpp pack_vector_operand): one that fits is read from L2 after its first pass, its pages
-// within the TLB's reach, and the copy's panels would be read by every thread. 64x32x512 f32 (B: 64 KiB)
-// with an L2 of 128 KiB: unpacked; of 32 KiB: packed. The interpreter's values either way.
-TEST(CpuTest, OperandsThatFitInL2AreNotPacked) {
+// A matmul's B whose rows are 2 KiB or more apart is packed into panels (plan.cpp pack_vector_operand);
+// where CpuModel::pack_within_l2 is false (AMD's Zen cores) only if it does not fit in a core's L2: one
+// that fits is read from L2 after its first pass, its pages within the TLB's reach. 64x32x512 f32 (B: 64
+// KiB) with an L2 of 128 KiB: unpacked there, packed on the others; of 32 KiB: packed on both. The
+// interpreter's values either way.
+TEST(CpuTest, OperandsThatFitInL2AreNotPackedOnZenCores) {
   Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
   TensorMap in = inputs_for({{"A", {64, 32}}, {"B", {32, 512}}}, DType::f32, 41);
-  for (int64_t l2 : {128 * 1024, 32 * 1024}) {
-    CompileOptions o = microkernels_forced(512);
-    o.target.cpu.l2_bytes = l2;
-    const std::string lowered = print(compile(mm, types_of(in), o)->program());
-    EXPECT_EQ(lowered.find("B_P[") != std::string::npos, l2 == 32 * 1024) << l2 << " bytes of L2\n" << lowered;
-    expect_same(mm, in, std::to_string(l2) + " bytes of L2", o);
-  }
+  for (bool pack_within_l2 : {false, true})
+    for (int64_t l2 : {128 * 1024, 32 * 1024}) {
+      CompileOptions o = microkernels_forced(512);
+      o.target.cpu.l2_bytes = l2;
+      o.target.cpu.pack_within_l2 = pack_within_l2;
+      const std::string what = std::to_string(l2) + " bytes of L2, pack_within_l2 " + std::to_string(pack_within_l2);
+      const std::string lowered = print(compile(mm, types_of(in), o)->program());
+      EXPECT_EQ(lowered.find("B_P[") != std::string::npos, pack_within_l2 || l2 == 32 * 1024) << what << "\n" << lowered;
+      expect_same(mm, in, what, o);
+    }
+  // The rule by CPU (cpu::cpu_target): off for Zen cores, on for Intel's.
+  EXPECT_FALSE(cpu_target("znver4").cpu.pack_within_l2);
+  EXPECT_FALSE(cpu_target("znver3").cpu.pack_within_l2);
+  EXPECT_TRUE(cpu_target("sapphirerapids").cpu.pack_within_l2);
+  EXPECT_TRUE(cpu_target("skylake-avx512").cpu.pack_within_l2);
 }
 
 // Nor is a B beyond L2 whose elements each serve fewer than 32 points (plan.cpp kServedPagePack): a

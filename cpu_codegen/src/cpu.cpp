@@ -530,7 +530,7 @@ std::string cache_key(const Program& p, const std::map<std::string, TensorType>&
          std::to_string(m.split_max_outputs) + "/" + std::to_string(m.split_min_points) + "/" +
          std::to_string(m.split_line_min_points) + "/" +
          (m.row_groups ? "groups/" : "alone/") + (m.prefetch ? "" : "noprefetch/") +
-         (m.stream_stores ? std::to_string(m.l3_bytes) + "/" : "nostream/") +
+         (m.stream_stores ? std::to_string(m.l3_bytes) + "/" : "nostream/") + (m.pack_within_l2 ? "" : "l2unpacked/") +
          std::to_string(o.threads) + (o.tune ? "/tuned" : "") + "/" + std::to_string(o.reduce_and_defract) +
          (o.verify ? "/verified" : "") + (o.target.direct_step_loops ? "" : "/isl_steps");
   if (const auto& gpu = o.target.gpu) key += "|gpu/" + gpu->key();  // GPU semantics: the model shapes the kernels

@@ -108,6 +108,7 @@ void set_instruction_set(sched::CpuModel& m, const std::function<bool(const char
   // and loop overhead, which turns a 128-channel conv weight gradient's 6 x 4 blocks (21 of 6 channels
   // and a partial one of 2) into 4 x 4 ones (32 of 4).
   m.fma_per_cycle = avx512 && cpu == "znver4" ? 1 : 2;
+  m.pack_within_l2 = cpu.rfind("znver", 0) != 0;  // measured both ways (plan.cpp, pack_vector_operand)
 }
 
 // Whether code polytile makes may use feature `f`: the vector, bit-manipulation and arithmetic

@@ -184,11 +184,17 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   }
   if (nearest == INT64_MAX || nearest <= vl_size * element_bytes) return std::nullopt;
   const int64_t operand_elements = elements_of(type), operand_bytes = operand_elements * element_bytes;
-  // An operand that fits in a core's L2 is read from there after its first pass, and its pages are
-  // within the TLB's reach: a page per step costs less than the copy, whose panels every thread then
-  // reads, half of them written by the other core (sgemm 512 on a 2-core Zen 4 guest: 1.28 -> 1.21 ms
-  // unpacked in quiet minutes, 1.46 -> 1.20 in slow ones; at 1024, 4 MiB of B, C = A B ran 6% faster
-  // unpacked but C = A^T B 3% slower, and at 2000 the copy pays 7%).
+  // On a Zen core (CpuModel::pack_within_l2 false) an operand that fits in a core's L2 is read from there
+  // after its first pass, and its pages are within the TLB's reach: a page per step costs less than the
+  // copy, whose panels every thread then reads, half of them written by the other core (sgemm 512 on a
+  // 2-core Zen 4 guest: 1.28 -> 1.21 ms unpacked in quiet minutes, 1.46 -> 1.20 in slow ones; at 1024, 4
+  // MiB of B, C = A B ran 6% faster unpacked but C = A^T B 3% slower, and at 2000 the copy pays 7%).
+  // Intel's cores gain from the copy at every size: on the 2-core Xeon guest with AMX (2026-12-07, medians
+  // of 40 runs, two rounds, unpacked against packed) C = A B with A 1024 x 256 and B 256 x 1024 ran in
+  // 2.21 / 2.09 against 1.87 / 1.73 ms, B 512 x 1024 4.66 / 4.69 against 3.66 / 3.68, B 128 x 1024 0.95 /
+  // 0.98 against 0.82 / 0.86, A 512 x 256 and B 256 x 2048 2.14 / 2.23 against 1.97 / 1.96, A 2048 x 1024
+  // and B 1024 x 512 9.15 / 8.74 against 6.58 / 6.68, sgemm 512 0.92-0.96 against 0.86-0.93; sgemm 768
+  // (rows 3 KiB apart) the same either way.
   // Nor one whose elements each serve fewer than kServedPagePack points (a skinny matmul's B, read by a
   // few rows of A): the copy reads it and writes it, and the micro-kernel reads the panels again, while
   // the rows' blocks of a column, one after another, read each reduction tile of it from memory once
@@ -201,7 +207,7 @@ std::optional<Program> pack_vector_operand(const Contraction& c, const ProgramTy
   // of B from L1 while the accumulators stream through L2 once per tile).
   const bool page_path = nearest >= kPagePathBytes;
   if (page_path && plan.transpose_input < 0 &&
-      (operand_bytes <= target.cpu.l2_bytes || box_points(bounds) < kServedPagePack * operand_elements))
+      ((operand_bytes <= target.cpu.l2_bytes && !target.cpu.pack_within_l2) || box_points(bounds) < kServedPagePack * operand_elements))
     return std::nullopt;
   if (!page_path) {  // no page per step: only the sets of L1
     const int64_t out_bytes = elements_of(types.tensors.at(c.output)) * element_bytes;

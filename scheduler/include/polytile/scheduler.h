@@ -67,6 +67,10 @@ struct CpuModel {
   // level (glibc's memcpy switches to them at that size too); false: every store goes through the caches.
   // The host's target (cpu::host_target) turns them on for AMD's CPUs only, where they were measured faster.
   bool stream_stores = true;
+  // A micro-kernel's vector operand whose rows lie 2 KiB or more apart is copied into panels
+  // (pack_vector_operand) even where the whole operand fits in a core's L2; false leaves such an operand
+  // unpacked. cpu::host_target's rule for a CPU: false on AMD's Zen cores, where that was measured faster.
+  bool pack_within_l2 = true;
 };
 
 // The machine model of the GPU strategy (sched::gpu_target): the launch shapes it aims for. The
