@@ -285,6 +285,30 @@ TEST(CpuTest, SlicesOfASplitProductSumRunOnTheirOwnThreads) {
 // variable is innermost, vectorized) splits column tiles, whole cache lines of S each, the last one short
 // where the threads do not divide the columns; a total S[0 : 1] is split into slices like a bias gradient.
 // Each is proven (expect_same compiles with verify) and computed as the interpreter does, on two threads.
+// A nest whose leading pair of variables the CPU would fuse into one loop (too few values of the first for
+// the threads), where the domain ties the pair to a later variable with other coefficients: isl 0.25's AST
+// build failed on the fused loop's bounds ("input involves unknown divs"), an InternalError, found by the
+// differential fuzzer in a gradient program. The pair now runs as two loops; the values are the
+// interpreter's. The same sum with a box of a domain still fuses its pair.
+TEST(CpuTest, LeadingPairsIslCannotBoundAsOneLoopRunAsTwo) {
+  CompileOptions two;
+  two.target.threads = 2;
+  two.threads = 2;
+  Program tied = parse_program(
+      "function (A[P, Q, R], D[]) -> (DA) {\n"
+      "  DA[v0, v1, 3 : P, Q, R] = +(D[]), v2 < 2, v1 - v2 < 2, v0 - v1 + v2 < 4, v0 - 2*v1 + 2*v2 + 1 < P, v0 < Q, v1 - v2 < R;\n}\n");
+  TensorMap in = inputs_for({{"A", {4, 4, 4}}, {"D", {}}}, DType::f32, 17);
+  auto loops = [&](const Program& p) { return sched::print_loops(compile(p, types_of(in), two)->schedule()); };
+  const std::string text = loops(tied);
+  EXPECT_NE(text.find("nest DA.update"), std::string::npos) << text;
+  EXPECT_EQ(text.find("S(floord("), text.rfind("S(floord(")) << "only the init's pair fused\n" << text;
+  expect_same(tied, in, "a leading pair tied to a later variable", two);
+  Program boxed = parse_program("function (A[P, Q, R], D[]) -> (DA) {\n  DA[v0, v1, 3 : P, Q, R] = +(D[]), v2 < 2;\n}\n");
+  const std::string box = loops(boxed);
+  EXPECT_NE(box.find("S(floord(c0, 4), mod(c0, 4)"), box.rfind("S(floord(c0, 4), mod(c0, 4)")) << "both nests' pairs fused\n" << box;
+  expect_same(boxed, in, "a leading pair over a box", two);
+}
+
 TEST(CpuTest, ReductionsWithNoLeadingOutputVariableRunOnTheThreads) {
   CompileOptions two;
   two.target.threads = 2;

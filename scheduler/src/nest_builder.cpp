@@ -100,9 +100,24 @@ void NestBuilder::build(Nest& nest, const isl::set& domain, const std::vector<st
   const bool transposing = !facts.transpose_variable.empty() && at != members.end();
   if (auto fused = transposing && at - members.begin() < 2 ? std::nullopt
                                                             : fuse_leading(domain, vars, order, coincident, facts.output_bytes)) {
-    members = *fused;
-    --coincident;
+    // isl 0.25's AST build can fail on the fused loop's bounds where the domain ties the pair to a later
+    // variable with other coefficients ("input involves unknown divs": a div of the pair's values that it
+    // made and has no expression for; a gradient's DA[v0, v1, 3] = +(D[]), ..., v0 - 2*v1 + 2*v2 + 1 < 4
+    // found by the differential fuzzer). The pair then runs as two loops, as where it is not fused.
+    const Nest before = nest;
+    try {
+      build_members(nest, domain, vars, order, *fused, coincident - 1, facts, transposing);
+      return;
+    } catch (const isl::exception&) {
+      nest = before;
+    }
   }
+  build_members(nest, domain, vars, order, members, coincident, facts, transposing);
+}
+
+void NestBuilder::build_members(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars,
+                                const std::vector<size_t>& order, const std::vector<std::string>& members, size_t coincident, const NestFacts& facts,
+                                bool transposing) {
   const isl::schedule neutral = neutral_tree(domain, vars, members, coincident);
   if (target.gpu) {
     // z in parts first; where isl fixes a part by others (a diagonal), z linearized; else one thread.

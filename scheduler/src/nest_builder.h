@@ -214,6 +214,9 @@ struct NestBuilder {
   // first `coincident` of them proven to write distinct elements: neutral tree, CPU strategy, loop IR.
   void build(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars, const std::vector<size_t>& order,
              size_t coincident, const NestFacts& facts);
+  // build's work once the band's members are chosen (the leading pair fused or not).
+  void build_members(Nest& nest, const isl::set& domain, const std::vector<std::string>& vars, const std::vector<size_t>& order,
+                     const std::vector<std::string>& members, size_t coincident, const NestFacts& facts, bool transposing);
   isl::schedule neutral_tree(const isl::set& domain, const std::vector<std::string>& vars,
                              const std::vector<std::string>& members, size_t coincident);
   std::optional<std::vector<std::string>> fuse_leading(const isl::set& domain, const std::vector<std::string>& vars,
