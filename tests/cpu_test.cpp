@@ -280,11 +280,6 @@ TEST(CpuTest, SlicesOfASplitProductSumRunOnTheirOwnThreads) {
   }
 }
 
-// Reductions whose band leads with no output variable still run on the threads: a row sum S[i] (its one
-// output variable is the output's contiguous one) splits its rows; a column sum or maximum S[j] (the output
-// variable is innermost, vectorized) splits column tiles, whole cache lines of S each, the last one short
-// where the threads do not divide the columns; a total S[0 : 1] is split into slices like a bias gradient.
-// Each is proven (expect_same compiles with verify) and computed as the interpreter does, on two threads.
 // A nest whose leading pair of variables the CPU would fuse into one loop (too few values of the first for
 // the threads), where the domain ties the pair to a later variable with other coefficients: isl 0.25's AST
 // build failed on the fused loop's bounds ("input involves unknown divs"), an InternalError, found by the
@@ -301,6 +296,7 @@ TEST(CpuTest, LeadingPairsIslCannotBoundAsOneLoopRunAsTwo) {
   auto loops = [&](const Program& p) { return sched::print_loops(compile(p, types_of(in), two)->schedule()); };
   const std::string text = loops(tied);
   EXPECT_NE(text.find("nest DA.update"), std::string::npos) << text;
+  EXPECT_NE(text.find("S(floord("), std::string::npos) << "the init's pair fused\n" << text;
   EXPECT_EQ(text.find("S(floord("), text.rfind("S(floord(")) << "only the init's pair fused\n" << text;
   expect_same(tied, in, "a leading pair tied to a later variable", two);
   Program boxed = parse_program("function (A[P, Q, R], D[]) -> (DA) {\n  DA[v0, v1, 3 : P, Q, R] = +(D[]), v2 < 2;\n}\n");
@@ -309,6 +305,11 @@ TEST(CpuTest, LeadingPairsIslCannotBoundAsOneLoopRunAsTwo) {
   expect_same(boxed, in, "a leading pair over a box", two);
 }
 
+// Reductions whose band leads with no output variable still run on the threads: a row sum S[i] (its one
+// output variable is the output's contiguous one) splits its rows; a column sum or maximum S[j] (the output
+// variable is innermost, vectorized) splits column tiles, whole cache lines of S each, the last one short
+// where the threads do not divide the columns; a total S[0 : 1] is split into slices like a bias gradient.
+// Each is proven (expect_same compiles with verify) and computed as the interpreter does, on two threads.
 TEST(CpuTest, ReductionsWithNoLeadingOutputVariableRunOnTheThreads) {
   CompileOptions two;
   two.target.threads = 2;

@@ -447,7 +447,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, Pipeline pipeline, bool 
   // layer norm's gradient 3.87 -> 3.27 ms (means), its forward 1.63 -> 1.60, max pool's gradient 1.57 ->
   // 1.53; the transpositions, column sums and pools the same; the bench's other cases the same within the
   // guest's noise (two rounds of all of them).
-  const bool wide_cores = avx512 && tm.getTargetFeatureString().contains("+avx512fp16");
+  const bool wide_cores = tm.getTargetFeatureString().contains("+avx512fp16");
   bool wide = avx512 && !vector_already && (wide_cores || std::any_of(m.begin(), m.end(), [&variants](const llvm::Function& f) {
                 if (f.hasFnAttribute(llvm_ir::kVectorMathAttribute)) return true;
                 return f.isDeclaration() && std::any_of(variants.begin(), variants.end(), [&f](const VectorMathVariant& v) {
@@ -1132,7 +1132,8 @@ void run_nests_in_arena(const CompiledProgram::Impl& m, std::vector<char*>& ptrs
         // TBB's auto partitioner: a few ranges a thread, split again only when a thread runs out of work; each
         // range runs chunk after chunk. With the simple partitioner every chunk was a task of its own (a
         // layer norm over 8192 x 1024: 1639 tasks of 5 rows, each with its own copy of the buffer table),
-        // and the tasks cost 5-15%: layer norm 1.66 -> 1.55 ms, its gradient 4.5 -> 3.9, softmax 1.21 -> 1.11.
+        // and the tasks cost 4-10% (bench, interleaved, three rounds): layer norm 1.77 -> 1.68 ms, its gradient
+        // 4.5 -> 4.1, softmax 1.21 -> 1.16, its gradient 1.46 -> 1.37.
         tbb::parallel_for(tbb::blocked_range<int64_t>(nest.outer_lo, nest.outer_hi + 1, static_cast<size_t>(g.rows)),
                           [&](const tbb::blocked_range<int64_t>& r) { chunks(r.begin(), r.end()); });
       }
