@@ -781,6 +781,51 @@ TEST(CpuTest, VectorExpIsTheScalarFormulaBitForBit) {
   }
 }
 
+// A division by a divisor that stays the same along a loop is computed through its f64 reciprocal on
+// AVX-512 (the CPU backend's DivideByInvariants): the quotient must still be the f32 division's, bit for
+// bit. Every row's values are random bit patterns (subnormals, infinities, NaN, zeros of both signs);
+// its divisor is one of the special values or random bits. 1035 columns: the 16-lane loop, an 8-lane
+// epilogue and the scalar rest; 64 rows take the brief pipeline of small nests, 256 rows O3.
+TEST(CpuTest, DivisionByARowsDivisorIsTheDivisionBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> special{0.0f, -0.0f, inf, -inf, nan, 1.0f, 3.0f, -0.1f, 0x1p-149f, -0x1.fffffcp-127f, 0x1p-126f,
+                                   0x1.fffffep127f, 0x1p127f, 0x1.000002p0f, 0x1.fffffep0f, 1e-40f, 7e37f};
+  const Program p = parse_program("function (X[N, C], D[N, 1]) -> (O) { O = X / D; }");
+  std::mt19937 bits(11);
+  for (int64_t rows : {64, 256}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const int64_t columns = 16 * 64 + 11;
+    Buffer x(DType::f32, {rows, columns}), d(DType::f32, {rows, 1});
+    float* xs = static_cast<float*>(x.data());
+    float* ds = static_cast<float*>(d.data());
+    for (int64_t e = 0; e < rows * columns; ++e) xs[e] = std::bit_cast<float>(static_cast<uint32_t>(bits()));
+    for (int64_t r = 0; r < rows; ++r) {
+      ds[r] = r < static_cast<int64_t>(special.size()) ? special[r] : std::bit_cast<float>(static_cast<uint32_t>(bits()));
+      // A row of the special values too, against this row's divisor: in the vector loop and in the rest.
+      std::copy(special.begin(), special.end(), xs + r * columns + 100);
+      std::copy(special.begin(), special.begin() + 8, xs + r * columns + columns - 8);
+    }
+    auto compiled = compile(p, {{"X", {DType::f32, x.shape()}}, {"D", {DType::f32, d.shape()}}});
+    const TensorMap out = compiled->run({{"X", x}, {"D", d}});
+    const float* o = static_cast<const float*>(out.at("O").data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < columns; ++c) {
+        const float want = xs[r * columns + c] / ds[r], got = o[r * columns + c];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << xs[r * columns + c] << " / " << ds[r] << " at " << r << ", " << c;
+          continue;
+        }
+        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+            << std::hexfloat << xs[r * columns + c] << " / " << ds[r] << " at " << r << ", " << c << ": " << got << " against " << want;
+      }
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    EXPECT_EQ(compiled->llvm_ir().find("%reciprocal = fdiv double 1.0") != std::string::npos, avx512) << compiled->llvm_ir().substr(0, 3000);
+#endif
+  }
+}
+
 TEST(CpuTest, EveryExampleUnderGpuSemantics) {
   int n = 0;
   for (const auto& [path, shapes] : testing::examples_with_shapes(POLYTILE_SOURCE_DIR "/examples")) {
