@@ -2307,6 +2307,34 @@ TEST(CpuTest, OperandsThatFitInL2AreNotPackedOnZenCores) {
   EXPECT_TRUE(cpu_target("skylake-avx512").cpu.pack_within_l2);
 }
 
+// Packed panels of a B larger than half of L2 lead, split across the threads, when A fits in half of it:
+// each panel is then read from memory once, by every row block of A in turn, where tiles of A's row
+// blocks each read all of B (a transformer's DW1 = N2^T DU, 256 x 1024 by 1024 x 1024, 2.13-2.17 ->
+// 1.83-1.89 ms). A 48 x 64 (12 KiB) by B 64 x 512 (128 KiB, 8 panels): with 32 KiB of L2 the threads
+// split the 8 panels; with 16 KiB (A no longer fits in half) the 8 row blocks. Against the interpreter.
+TEST(CpuTest, LargePanelsLeadWhenTheRowsFitInL2) {
+  Program mm = parse_program("function (A[M, K], B[K, N]) -> (C) { C[i, j : M, N] = +(A[i, k] * B[k, j]); }");
+  TensorMap in = inputs_for({{"A", {48, 64}}, {"B", {64, 512}}}, DType::f32, 47);
+  for (int64_t l2 : {32 * 1024, 16 * 1024}) {
+    CompileOptions o = microkernels_forced(512);
+    o.target.cpu.l2_bytes = l2;
+    const std::string what = std::to_string(l2) + " bytes of L2";
+    auto compiled = compile(mm, types_of(in), o);
+    const std::string loops = sched::print_loops(compiled->schedule());
+    const size_t nest = loops.find("nest C.update");
+    ASSERT_NE(nest, std::string::npos) << loops;
+    ASSERT_NE(loops.find("micro-kernel", nest), std::string::npos) << loops;
+    ASSERT_NE(print(compiled->program()).find("B_P["), std::string::npos) << what;
+    // The first loop of the nest: over the 8 panels, or over the row blocks' tiles.
+    const size_t first = loops.find("parallel for c0 = 0 while (c0 <= ", nest);
+    ASSERT_NE(first, std::string::npos) << loops;
+    const bool panels_lead = loops.compare(first, 35, "parallel for c0 = 0 while (c0 <= 7)") == 0 &&
+                             loops.find("S(i, j_blk, j_lane, k); threads split 0..7;", nest) != std::string::npos;
+    EXPECT_EQ(panels_lead, l2 == 32 * 1024) << what << "\n" << loops.substr(nest, 600);
+    expect_same(mm, in, what, o);
+  }
+}
+
 // Nor is a B beyond L2 whose elements each serve fewer than 32 points (plan.cpp kServedPagePack): a
 // skinny matmul's B, read by a few rows of A, would be copied and read again, three passes over memory
 // where the rows' blocks of a column read each tile of it once. With an L2 of 32 KiB, B of 64x512 (128
