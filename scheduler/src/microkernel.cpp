@@ -101,14 +101,18 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
   // (a depthwise conv's image and weights both read the channels), none: they pick rows of the operands.
   // Also whether the rows of a block share a vector operand (sgemm's B panel, a conv's weights), or each
   // reads its own (an NCHW depthwise conv's image planes, one per channel row).
+  // And the bytes of the vector and of the broadcast operands (MicrokernelChoices::columns_lead).
   std::vector<bool> picks_columns(mk.others.size(), true);
   bool broadcast = false, shared_vector = false;
+  int64_t vector_bytes = 0, broadcast_bytes = 0;
   for (const auto& in : c.inputs) {
     if (uses(in.indices, plan->vector)) {
       shared_vector |= !uses(in.indices, plan->block);
+      vector_bytes += types.tensors.at(in.tensor).bytes();
       continue;
     }
     broadcast = true;
+    broadcast_bytes += types.tensors.at(in.tensor).bytes();
     for (size_t j = 0; j < mk.others.size(); ++j) picks_columns[j] = picks_columns[j] && !uses(in.indices, nest.variables[mk.others[j]]);
   }
   if (!broadcast) picks_columns.assign(mk.others.size(), false);
@@ -150,11 +154,7 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     for (const auto& in : c.inputs)
       if (!uses(in.indices, nest.variables[mk.others[j]]) && 2 * types.tensors.at(in.tensor).bytes() > target.cpu.l2_bytes)
         choices.rereads_large_input[j] = true;
-  // Not where each row reads its own vector operand (an NCHW depthwise conv's planes, nothing shared along
-  // a column): the panels leading ran its forward 30% slower (8x64x56x56: 0.51 -> 0.67 ms).
-  int64_t vector_bytes = 0, broadcast_bytes = 0;
-  for (const auto& in : c.inputs) (uses(in.indices, plan->vector) ? vector_bytes : broadcast_bytes) += types.tensors.at(in.tensor).bytes();
-  choices.columns_lead = broadcast && shared_vector && 2 * vector_bytes > target.cpu.l2_bytes && 2 * broadcast_bytes <= target.cpu.l2_bytes;
+  choices.columns_lead = 2 * vector_bytes > target.cpu.l2_bytes && 2 * broadcast_bytes <= target.cpu.l2_bytes;
   choices.picks_columns = std::move(picks_columns);
   choices.rows_share_vector = shared_vector;
   choices.long_tiles = l2_tiles;
@@ -487,6 +487,19 @@ class MicrokernelNest {
     const int64_t want = 2 * nb_.target.threads;
     const bool columns_only = std::all_of(picks_columns.begin(), picks_columns.end(), [](bool b) { return b; });
     const bool panels = columns_only && !others_.empty() && n_bb_ >= want;
+    // Panels that overflow L2 while the broadcast operands fit in half of it (columns_lead): the first
+    // variable picking panels with enough values for the threads leads, split across them, and every block
+    // row runs inside each panel, so each panel comes from memory once while the rows are read from L2.
+    // With tiles of block rows leading, every tile read all of the panels: a transformer's DW1 = N2^T DU
+    // (N2 1 MiB, DU's panels 4 MiB; 4 tiles, 16 MiB) on the 2-core Xeon guest with AMX (interleaved, three
+    // rounds): 2.13-2.17 -> 1.83-1.89 ms; C = A B of 256 x 1024 by 1024 x 1024 2.28 -> 1.94-2.04, 256 x 512
+    // by 512 x 2048 2.25-2.29 -> 1.96-1.98. Not where each row reads its own vector operand (below: an
+    // NCHW depthwise conv's planes, nothing shared along a column), whose forward ran 30% slower so
+    // (8x64x56x56: 0.51 -> 0.67 ms).
+    size_t column = others_.size();
+    if (panels && rows_share_vector && columns_lead)
+      for (size_t k = others_.size(); k-- > 0;)
+        if (picks_columns[k] && range_[mk_.others[k]].second - range_[mk_.others[k]].first + 1 >= want) column = k;
     // The outer band for tiles of tb blocks; whether the threads share its parallel dimension evenly.
     std::vector<int64_t> other_tile;
     auto band = [&](int64_t tb) {
@@ -497,15 +510,7 @@ class MicrokernelNest {
       counts.push_back((n_bb_ + tb - 1) / tb);
       size_t lead = 0;
       other_tile.assign(others_.size(), 1);
-      size_t column = 0;  // the first variable picking panels with enough values for the threads
-      while (column < others_.size() && !(picks_columns[column] && counts[column] >= want)) ++column;
-      if (panels && columns_lead && column < others_.size()) {
-        // A vector operand beyond L2 whose broadcast operands fit in half of it (a transformer's
-        // DW1 = N2^T DU: N2 1 MiB, DU's panels 4 MiB): the threads split the panels, and every block
-        // row runs inside each, so each panel comes from memory once while the rows are read from L2.
-        // With tiles of block rows leading, every tile read all of the panels (4 tiles: 16 MiB). DW1 on
-        // the 2-core Xeon guest with AMX (interleaved, three rounds): 2.13-2.17 -> 1.83-1.89 ms; C = A B
-        // of 256 x 1024 by 1024 x 1024 2.28 -> 1.94-2.04, 256 x 512 by 512 x 2048 2.25-2.29 -> 1.96-1.98.
+      if (column < others_.size()) {  // the panels lead (above)
         tb = n_bb_;
         lead = column;
       } else if (panels) {

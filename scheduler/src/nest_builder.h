@@ -111,9 +111,9 @@ struct MicrokernelChoices {
   // Per other output variable: with no broadcast input, an input that does not read it is larger than half
   // of L2 (batched products with the batch innermost: C[i, j, b] = +(A[i, k, b] * B[k, j, b]), B for every i).
   std::vector<bool> rereads_large_input;
-  // The vector operand is larger than half of L2, the broadcast operands together fit in half of it, and
-  // every row reads the same vector operand: packed panels split across the threads lead, every block row
-  // inside (see block_bands).
+  // The vector operand is larger than half of L2 and the broadcast operands together fit in half of it:
+  // packed panels that every row reads split across the threads and lead, every block row inside (see
+  // block_bands).
   bool columns_lead = false;
   bool rows_share_vector = true;  // some input read along the vector variable does not follow the block variable
   bool long_tiles = false;    // reduction tiles sized for L2 (plan.h long_tiles)
