@@ -1671,6 +1671,40 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
   EXPECT_FALSE(overlapping->schedule().nests.back().microkernel->prefetch_next_block);
 }
 
+// A product's fused epilogue that reads a tensor with a row for each of the block's rows (a residual, a
+// GELU gradient's forward values) prefetches those lines and its output's at the next block's rows; one
+// that reads only what the rows share (a bias) does not, and neither does a target without prefetches.
+// The results are the interpreter's either way.
+TEST(CpuTest, EpiloguesReadingRowsPrefetchTheNextBlocksLines) {
+  Program residual = parse_program(
+      "function (A[M, K], B[K, N], R[M, N]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]); D = C * R + R; }");
+  TensorMap in = inputs_for({{"A", {61, 96}}, {"B", {96, 80}}, {"R", {61, 80}}}, DType::f32, 17);
+  for (bool prefetch : {true, false}) {
+    CompileOptions o;
+    o.threads = 2;
+    o.target.cpu.prefetch = prefetch;
+    o.target.cpu.microkernel_min_points = 0;
+    auto compiled = compile(residual, types_of(in), o);
+    const sched::Nest& product = compiled->schedule().nests.back();
+    ASSERT_TRUE(product.microkernel.has_value());
+    ASSERT_TRUE(product.epilogue.has_value());
+    const std::vector<std::string> expected = prefetch ? std::vector<std::string>{"R", "D"} : std::vector<std::string>{};
+    EXPECT_EQ(product.microkernel->prefetch_epilogue, expected);
+    EXPECT_EQ(compiled->llvm_ir().find("@llvm.prefetch") != std::string::npos, prefetch);
+    EXPECT_EQ(sched::print_loops(compiled->schedule()).find(", prefetch next block's epilogue lines") != std::string::npos, prefetch);
+    expect_same(residual, in, prefetch ? "prefetching the epilogue's lines" : "not prefetching", o);
+  }
+  Program bias = parse_program(
+      "function (A[M, K], B[K, N], Bias[N]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]); D = relu(C + Bias); }");
+  CompileOptions o;
+  o.threads = 2;
+  o.target.cpu.microkernel_min_points = 0;
+  auto shared = compile(bias, {{"A", {DType::f32, {61, 96}}}, {"B", {DType::f32, {96, 80}}}, {"Bias", {DType::f32, {80}}}}, o);
+  ASSERT_TRUE(shared->schedule().nests.back().epilogue.has_value());
+  EXPECT_TRUE(shared->schedule().nests.back().microkernel->prefetch_epilogue.empty());
+  EXPECT_EQ(shared->llvm_ir().find("@llvm.prefetch"), std::string::npos);  // the product's own blocks prefetch nothing
+}
+
 // A product whose output overflows L2 and whose reduction is long takes reduction tiles sized for L2
 // (sgemm 2048's packed panels): its vector operand streams from L2 at every block, and each step of a
 // uniform block prefetches the operand's lines 8 steps ahead, and computes the interpreter's values. With

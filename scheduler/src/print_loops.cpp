@@ -146,6 +146,7 @@ std::string print_loops(const Schedule& schedule) {
              std::to_string(nest.microkernel->lanes) +
              (nest.microkernel->prefetch_bytes ? ", prefetch +" + std::to_string(nest.microkernel->prefetch_bytes) + " B" : "") +
              (nest.microkernel->prefetch_next_block ? ", prefetch next block" : "") +
+             (nest.microkernel->prefetch_epilogue.empty() ? "" : ", prefetch next block's epilogue lines") +
              (nest.microkernel->prefetch_vector_steps ? ", prefetch vector +" + std::to_string(nest.microkernel->prefetch_vector_steps) + " steps" : "");
     if (nest.stores) out += "; each point stores its element";
     if (nest.stream) out += "; stores past the caches";
