@@ -104,9 +104,9 @@ Value* NestEmitter::lanes_valid(const std::map<std::string, Value*>& vars, Value
   return ok;
 }
 
-// The line holding `addr`, into all cache levels, for reading or for writing (every micro-kernel prefetch).
-void NestEmitter::prefetch_line(Value* addr, bool write) {
-  b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(write ? 1 : 0), b_.getInt32(3), b_.getInt32(1)});
+// The line holding `addr`, into all cache levels, for reading (every micro-kernel prefetch).
+void NestEmitter::prefetch_line(Value* addr) {
+  b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {addr->getType()}, {addr, b_.getInt32(0), b_.getInt32(3), b_.getInt32(1)});
 }
 
 // The micro-kernel's prefetches of a broadcast input (see Microkernel in scheduler.h) at a reduction step:
@@ -387,19 +387,18 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
           // The elementwise consumer, on the finished accumulators; its lanes run along v.
           const Elementwise& e = *nest_.epilogue;
           if (!mk.prefetch_epilogue.empty() && !nest_.kernel) {
-            // Microkernel::prefetch_epilogue: this row's and chunk's lines in the next block (rows past
-            // the tensors' ends are prefetched too, which is harmless; the address is not inbounds).
+            // Microkernel::prefetch_epilogue: this row's and chunk's lines of those inputs in the next block
+            // (rows past the tensors' ends are prefetched too, which is harmless: the address is not inbounds).
             std::map<std::string, Value*> next = vars;
             next[names[mk.block]] = b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows));
             std::vector<Value*> ahead;
             for (const auto& p : c.output_indices) ahead.push_back(poly(p, next));
             for (const std::string& t : mk.prefetch_epilogue) {
-              if (t == e.output && nest_.stream) continue;  // its stores bypass the caches
               const std::vector<int64_t>& shape = types_.tensors.at(t).shape;
               std::vector<Value*> idx(ahead.end() - static_cast<std::ptrdiff_t>(shape.size()), ahead.end());
               for (size_t q = 0; q < shape.size(); ++q)
                 if (shape[q] == 1) idx[q] = ix(0);
-              prefetch_line(element_address(t, idx), t == e.output);
+              prefetch_line(element_address(t, idx));
             }
           }
           llvm::BasicBlock* skip = nullptr;

@@ -266,7 +266,7 @@ class NestEmitter {
   void permuted_store(std::map<std::string, Value*> vars, Value* b0, Value* v0, const BlockValidity* valid_at);
   Value* fma_address(const std::string& tensor, const std::vector<Polynomial>& idx, std::map<std::string, Value*> vars);
   int64_t flat_step(const std::string& tensor, const std::vector<Polynomial>& idx, const std::string& v) const;
-  void prefetch_line(Value* addr, bool write = false);
+  void prefetch_line(Value* addr);
   void prefetch(const TensorAccess& a, const std::vector<Value*>& row0, const std::map<std::string, Value*>& vars,
                 Value* row0_address);
   llvm::Module& m_;

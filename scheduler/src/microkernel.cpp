@@ -43,8 +43,7 @@ bool reads_pages_once(const Contraction& c, const ProgramTypes& types, const Mic
 
 // Microkernel::prefetch_epilogue: the tensors epilogue `e` reads with a different element for each row of
 // a block (their trailing dims are the output's, as elementwise broadcasting aligns them, and the block
-// variable's has more than one element there), then e's output; none where no input differs by row (a
-// bias, which the rows share).
+// variable's has more than one element there); not those the rows share (a bias).
 std::vector<std::string> epilogue_prefetches(const Contraction& c, const Elementwise& e, const ProgramTypes& types,
                                              const std::string& block) {
   const size_t rank = c.output_indices.size();
@@ -58,7 +57,6 @@ std::vector<std::string> epilogue_prefetches(const Contraction& c, const Element
     const std::vector<int64_t>& shape = types.tensors.at(t).shape;
     if (at + shape.size() >= rank && shape[at + shape.size() - rank] > 1) out.push_back(t);
   }
-  if (!out.empty()) out.push_back(e.output);
   return out;
 }
 
@@ -158,10 +156,13 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     if (l2_tiles) mk.prefetch_vector_steps = 8;
   }
   // The epilogue's rows for the next block (Microkernel::prefetch_epilogue). A transformer's training step
-  // on the 2-core Xeon guest (old and new code in turns, four rounds): its GELU-gradient product, whose
-  // epilogue reads U and tanh(...) of the forward pass (4 MiB each) in 6 rows of 4 lines 4 KiB apart,
-  // 2.31-2.45 -> 2.08-2.26 ms; the step 21.0 -> 20.6 ms (means of five). A 3x3 conv with a residual
-  // add, whose next block's pixels follow its own, ran the same (5.24-5.31 -> 5.12-5.26 ms).
+  // on the 2-core Xeon guest (old and new code in turns): its GELU-gradient product, whose epilogue reads
+  // U and tanh(...) of the forward pass (4 MiB each) in 6 rows of 4 lines 4 KiB apart, 2.22-2.52 ->
+  // 2.12-2.15 ms in a slow hour (the step 21.0 -> 20.6 ms, means of five), 2.02-2.14 -> 1.97-2.16 in a
+  // faster one (the step 18.3 -> 18.1). Prefetching the output's lines for writing too gained nothing
+  // more in the step and cost the product alone, its inputs in cache, 5% (1.83-1.97 -> 1.92-2.10 ms;
+  // reads only 1.88-1.95, as before). A 3x3 conv with a residual add, whose next block's pixels follow
+  // its own, ran the same (5.24-5.31 -> 5.12-5.26 ms).
   if (epilogue && stored_elements && target.cpu.prefetch && !target.gpu)
     mk.prefetch_epilogue = epilogue_prefetches(c, *epilogue, types, nest.variables[mk.block]);
   nest.microkernel = mk;

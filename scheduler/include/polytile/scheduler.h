@@ -286,14 +286,13 @@ struct Microkernel {
   // step's lines (4 of them for 4 chunks of 16 floats) for every step's 24 FMAs, and asked for ahead its
   // loads find them in L1.
   int prefetch_vector_steps = 0;
-  // The tensors a fused epilogue reads with a different element for each row of the block, then the
-  // epilogue's output: at each block's epilogue, their lines at the next block's rows (Bb + 1) are
-  // prefetched, for reading (the inputs) or writing (the output). Set with the target's prefetch where
-  // such an input exists: the blocks of one column visit its rows a whole row apart (a 6-row block of a
-  // 1024-wide product, 4 lines of each row 4 KiB apart), which the hardware prefetchers do not follow,
-  // and an epilogue runs only at a block's last reduction tile, so without it every epilogue waited for
-  // its lines from memory (a transformer's training step: the GELU gradient's epilogue reads two 4 MiB
-  // tensors of the forward pass; see microkernel.cpp).
+  // The tensors a fused epilogue reads with a different element for each row of the block: at each
+  // block's epilogue, their lines at the next block's rows (Bb + 1) are prefetched. Set with the target's
+  // prefetch where there are such inputs: the blocks of one column visit their rows a whole row apart (a
+  // 6-row block of a 1024-wide product: 4 lines of each row, rows 4 KiB apart), which the hardware
+  // prefetchers do not follow, and an epilogue runs only at a block's last reduction tile, so without it
+  // every epilogue waited for its lines from memory (a transformer's training step: the GELU gradient's
+  // epilogue reads two 4 MiB tensors of the forward pass; see microkernel.cpp).
   std::vector<std::string> prefetch_epilogue;
   // Every lane of every block is in the vector variable's range (isl: no block has a lane outside it, as
   // with 64 channels in blocks of 16): predicated blocks then mask their rows only, never their lanes.
