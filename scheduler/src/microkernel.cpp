@@ -55,7 +55,7 @@ std::vector<std::string> epilogue_prefetches(const Contraction& c, const Element
   for (const std::string& t : leaves) {
     if (at == rank || t == c.output || std::find(out.begin(), out.end(), t) != out.end()) continue;
     const std::vector<int64_t>& shape = types.tensors.at(t).shape;
-    if (at + shape.size() >= rank && shape[at + shape.size() - rank] > 1) out.push_back(t);
+    if (shape.size() <= rank && at + shape.size() >= rank && shape[at + shape.size() - rank] > 1) out.push_back(t);
   }
   return out;
 }
