@@ -1629,6 +1629,15 @@ TEST(CpuTest, WeightGradientMicrokernelsPrefetchTheirBroadcastOperand) {
   EXPECT_EQ(forward->llvm_ir().find("@llvm.prefetch"), std::string::npos);
 }
 
+// Two threads, micro-kernels at any size, and the target's prefetches on or off.
+CompileOptions microkernels_prefetching(bool prefetch) {
+  CompileOptions o;
+  o.threads = 2;
+  o.target.cpu.prefetch = prefetch;
+  o.target.cpu.microkernel_min_points = 0;
+  return o;
+}
+
 // A 1x1 convolution reads each pixel of its input once, and with 256 channels (1 KiB per pixel) a block
 // of pixel rows spans a page or more: its micro-kernel prefetches the next block's rows. A product whose
 // rows are pages apart and a convolution whose pixels overlap (3x3) do not. The results are the interpreter's with and without.
@@ -1638,10 +1647,7 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
       "  O[n, y, x, co : N, H, W, CO] = +(I[n, y, x, ci] * K[ci, co]); }");
   TensorMap in = inputs_for({{"I", {2, 12, 12, 256}}, {"K", {256, 16}}}, DType::f32, 9);
   for (bool prefetch : {true, false}) {
-    CompileOptions o;
-    o.threads = 2;
-    o.target.cpu.prefetch = prefetch;
-    o.target.cpu.microkernel_min_points = 0;
+    const CompileOptions o = microkernels_prefetching(prefetch);
     auto compiled = compile(conv1x1, types_of(in), o);
     ASSERT_TRUE(compiled->schedule().nests.back().microkernel.has_value());
     const sched::Microkernel& mk = *compiled->schedule().nests.back().microkernel;
@@ -1680,10 +1686,7 @@ TEST(CpuTest, EpiloguesReadingRowsPrefetchTheNextBlocksLines) {
       "function (A[M, K], B[K, N], R[M, N]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]); D = C * R + R; }");
   TensorMap in = inputs_for({{"A", {61, 96}}, {"B", {96, 80}}, {"R", {61, 80}}}, DType::f32, 17);
   for (bool prefetch : {true, false}) {
-    CompileOptions o;
-    o.threads = 2;
-    o.target.cpu.prefetch = prefetch;
-    o.target.cpu.microkernel_min_points = 0;
+    const CompileOptions o = microkernels_prefetching(prefetch);
     auto compiled = compile(residual, types_of(in), o);
     const sched::Nest& product = compiled->schedule().nests.back();
     ASSERT_TRUE(product.microkernel.has_value());
