@@ -1658,9 +1658,7 @@ TEST(CpuTest, MicrokernelsReadingPagesOnceFetchTheNextBlock) {
     EXPECT_EQ(sched::print_loops(compiled->schedule()).find(", prefetch next block") != std::string::npos, prefetch);
     expect_same(conv1x1, in, prefetch ? "prefetching the next block" : "not prefetching", o);
   }
-  CompileOptions o;
-  o.threads = 2;
-  o.target.cpu.microkernel_min_points = 0;
+  const CompileOptions o = microkernels_prefetching(true);
   // Rows of a block 8 KiB apart, each read once: the prefetchers follow each row's stream.
   Program rows = parse_program(
       "function (I[N, CI], K[CI, CO]) -> (O) { O[n, co : N, CO] = +(I[n, ci] * K[ci, co]); }");
@@ -1699,10 +1697,7 @@ TEST(CpuTest, EpiloguesReadingRowsPrefetchTheNextBlocksLines) {
   }
   Program bias = parse_program(
       "function (A[M, K], B[K, N], Bias[N]) -> (D) { C[i, j : M, N] = +(A[i, k] * B[k, j]); D = relu(C + Bias); }");
-  CompileOptions o;
-  o.threads = 2;
-  o.target.cpu.microkernel_min_points = 0;
-  auto shared = compile(bias, {{"A", {DType::f32, {61, 96}}}, {"B", {DType::f32, {96, 80}}}, {"Bias", {DType::f32, {80}}}}, o);
+  auto shared = compile(bias, {{"A", {DType::f32, {61, 96}}}, {"B", {DType::f32, {96, 80}}}, {"Bias", {DType::f32, {80}}}}, microkernels_prefetching(true));
   ASSERT_TRUE(shared->schedule().nests.back().epilogue.has_value());
   EXPECT_TRUE(shared->schedule().nests.back().microkernel->prefetch_epilogue.empty());
   EXPECT_EQ(shared->llvm_ir().find("@llvm.prefetch"), std::string::npos);  // the product's own blocks prefetch nothing

@@ -386,20 +386,14 @@ void NestEmitter::microkernel_rows(const sched::LoopNode& n, std::map<std::strin
         case St::epilogue: {
           // The elementwise consumer, on the finished accumulators; its lanes run along v.
           const Elementwise& e = *nest_.epilogue;
-          if (!mk.prefetch_epilogue.empty() && !nest_.kernel) {
+          if (!mk.prefetch_epilogue.empty()) {
             // Microkernel::prefetch_epilogue: this row's and chunk's lines of those inputs in the next block
             // (rows past the tensors' ends are prefetched too, which is harmless: the address is not inbounds).
             std::map<std::string, Value*> next = vars;
             next[names[mk.block]] = b_.CreateAdd(vars.at(names[mk.block]), b_.getInt64(mk.rows));
             std::vector<Value*> ahead;
             for (const auto& p : c.output_indices) ahead.push_back(poly(p, next));
-            for (const std::string& t : mk.prefetch_epilogue) {
-              const std::vector<int64_t>& shape = types_.tensors.at(t).shape;
-              std::vector<Value*> idx(ahead.end() - static_cast<std::ptrdiff_t>(shape.size()), ahead.end());
-              for (size_t q = 0; q < shape.size(); ++q)
-                if (shape[q] == 1) idx[q] = ix(0);
-              prefetch_line(element_address(t, idx));
-            }
+            for (const std::string& t : mk.prefetch_epilogue) prefetch_line(element_address(t, broadcast_indices(t, ahead)));
           }
           llvm::BasicBlock* skip = nullptr;
           if (row) {  // rows whose output is out of range compute nothing

@@ -162,6 +162,9 @@ class NestEmitter {
   Typed load_element(const std::string& tensor, const std::vector<Value*>& idx);
   void store_element(const std::string& tensor, const std::vector<Value*>& idx, Typed value);
   Value* element_address(const std::string& tensor, const std::vector<Value*>& idx);
+  // The indices of an elementwise operand at the result's `idx`: the trailing ones, 0 along its dims of
+  // extent 1 (broadcasting).
+  std::vector<Value*> broadcast_indices(const std::string& tensor, const std::vector<Value*>& idx);
   Typed load_address(DType t, Value* addr);
   void store_address(DType t, Value* addr, Typed value);
   // A loaded storage value (scalar or vector) as a value of dtype t, and back.

@@ -67,6 +67,14 @@ Value* NestEmitter::element_address(const std::string& tensor, const std::vector
   return addr;
 }
 
+std::vector<Value*> NestEmitter::broadcast_indices(const std::string& tensor, const std::vector<Value*>& idx) {
+  const auto& shape = types_.tensors.at(tensor).shape;
+  std::vector<Value*> at(idx.end() - static_cast<std::ptrdiff_t>(shape.size()), idx.end());
+  for (size_t k = 0; k < shape.size(); ++k)
+    if (shape[k] == 1) at[k] = ix(0);
+  return at;
+}
+
 Typed NestEmitter::load_element(const std::string& tensor, const std::vector<Value*>& idx) {
   return load_address(types_.tensors.at(tensor).dtype, element_address(tensor, idx));
 }
@@ -327,11 +335,8 @@ Typed NestEmitter::operation(const Expr& e, const std::vector<Value*>& idx) {
     case Expr::Kind::tensor: {
       auto given = lanes_.find(e.name());
       if (width_ && given != lanes_.end()) return given->second;
-      // Broadcast: the trailing indices, 0 along dims of extent 1.
       const auto& shape = ts.at(e.name()).shape;
-      std::vector<Value*> at(idx.end() - static_cast<std::ptrdiff_t>(shape.size()), idx.end());
-      for (size_t k = 0; k < shape.size(); ++k)
-        if (shape[k] == 1) at[k] = ix(0);
+      const std::vector<Value*> at = broadcast_indices(e.name(), idx);
       if (!width_) return load_element(e.name(), at);
       // Vector lanes run along the last index: contiguous unless broadcast there.
       DType t = ts.at(e.name()).dtype;

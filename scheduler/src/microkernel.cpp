@@ -50,10 +50,11 @@ std::vector<std::string> epilogue_prefetches(const Contraction& c, const Element
   size_t at = rank;  // the output dim that holds the block variable
   for (size_t d = 0; d < rank; ++d)
     if (c.output_indices[d].coefficient(block) != Rational(0)) at = d;
+  if (at == rank) return {};
   std::vector<std::string> leaves, out;
   e.expr.collect_tensors(leaves);
   for (const std::string& t : leaves) {
-    if (at == rank || t == c.output || std::find(out.begin(), out.end(), t) != out.end()) continue;
+    if (t == c.output || std::find(out.begin(), out.end(), t) != out.end()) continue;
     const std::vector<int64_t>& shape = types.tensors.at(t).shape;
     if (shape.size() <= rank && at + shape.size() >= rank && shape[at + shape.size() - rank] > 1) out.push_back(t);
   }
@@ -154,17 +155,16 @@ bool NestBuilder::try_microkernel(Nest& nest, const Contraction& c, const Progra
     // The vector operand 8 steps ahead where its tiles stream from L2: sgemm 2048 on one core of an
     // Emerald Rapids guest 1.02-1.03x (the bench's prefetch/sgemm/2048 pair, 8 interleaved repetitions).
     if (l2_tiles) mk.prefetch_vector_steps = 8;
+    // The epilogue's rows for the next block (Microkernel::prefetch_epilogue). A transformer's training step
+    // on the 2-core Xeon guest (old and new code in turns): its GELU-gradient product, whose epilogue reads
+    // U and tanh(...) of the forward pass (4 MiB each) in 6 rows of 4 lines 4 KiB apart, 2.22-2.52 ->
+    // 2.12-2.15 ms in a slow hour (the step 21.0 -> 20.6 ms, means of five), 2.02-2.14 -> 1.97-2.16 in a
+    // faster one (the step 18.3 -> 18.1). Prefetching the output's lines for writing too gained nothing
+    // more in the step and cost the product alone, its inputs in cache, 5% (1.83-1.97 -> 1.92-2.10 ms;
+    // reads only 1.88-1.95, as before). A 3x3 conv with a residual add, whose next block's pixels follow
+    // its own, ran the same (5.24-5.31 -> 5.12-5.26 ms).
+    if (epilogue && stored_elements && !target.gpu) mk.prefetch_epilogue = epilogue_prefetches(c, *epilogue, types, nest.variables[mk.block]);
   }
-  // The epilogue's rows for the next block (Microkernel::prefetch_epilogue). A transformer's training step
-  // on the 2-core Xeon guest (old and new code in turns): its GELU-gradient product, whose epilogue reads
-  // U and tanh(...) of the forward pass (4 MiB each) in 6 rows of 4 lines 4 KiB apart, 2.22-2.52 ->
-  // 2.12-2.15 ms in a slow hour (the step 21.0 -> 20.6 ms, means of five), 2.02-2.14 -> 1.97-2.16 in a
-  // faster one (the step 18.3 -> 18.1). Prefetching the output's lines for writing too gained nothing
-  // more in the step and cost the product alone, its inputs in cache, 5% (1.83-1.97 -> 1.92-2.10 ms;
-  // reads only 1.88-1.95, as before). A 3x3 conv with a residual add, whose next block's pixels follow
-  // its own, ran the same (5.24-5.31 -> 5.12-5.26 ms).
-  if (epilogue && stored_elements && target.cpu.prefetch && !target.gpu)
-    mk.prefetch_epilogue = epilogue_prefetches(c, *epilogue, types, nest.variables[mk.block]);
   nest.microkernel = mk;
   if (epilogue && stored_elements) nest.epilogue = *epilogue;
   // The permuted copy where the block variable is contiguous in its output (the emitter stores each lane's
