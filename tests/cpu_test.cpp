@@ -2443,6 +2443,39 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// Rows of the broadcast operand closer than a page, whose lines L2 cannot keep (plan.cpp,
+// overflows_l2_sets): in C = A^T B with A's rows 1 KiB apart, every step's line falls into one sixteenth of
+// L2's sets, so a 128 KiB L2 keeps 128 of them, and the micro-kernel's reduction tiles (50 steps) fill
+// more than a quarter of that: A is read from a copy with k's dim last. A 2 MiB L2 keeps 2048: no copy.
+// Rows 1.5 KiB apart (24 lines: every eighth set) leave 256 lines: no copy either. The same with the steps over two reduction variables (a
+// batch of sequences, as a transformer's weight gradient reads its layer's input). Each run against the
+// interpreter.
+TEST(CpuTest, BroadcastRowsThatConflictInL2AreTransposed) {
+  CompileOptions small = microkernels_forced(512);
+  small.target.cpu.l1_bytes = 32 * 1024;
+  small.target.cpu.l2_bytes = 128 * 1024;
+  small.target.cpu.l3_bytes = 32 * 1024 * 1024;
+  CompileOptions large = small;
+  large.target.cpu.l2_bytes = 2 * 1024 * 1024;
+  auto lowered = [](const Program& p, const TensorMap& in, const CompileOptions& o) { return print(compile(p, types_of(in), o)->program()); };
+  Program atb = parse_program("function (A[K, M], B[K, N]) -> (C) { C[i, j : M, N] = +(A[k, i] * B[k, j]); }");
+  TensorMap kib = inputs_for({{"A", {100, 256}}, {"B", {100, 128}}}, DType::f32, 81);
+  const std::string copied = lowered(atb, kib, small);
+  EXPECT_NE(copied.find("A_T[t1, t0 : 256, 100] = =(A[t0, t1])"), std::string::npos) << copied;
+  expect_same(atb, kib, "A^T B, rows 1 KiB apart in a 128 KiB L2", small);
+  EXPECT_EQ(lowered(atb, kib, large).find("A_T["), std::string::npos) << lowered(atb, kib, large);
+  TensorMap spread = inputs_for({{"A", {100, 384}}, {"B", {100, 128}}}, DType::f32, 82);
+  EXPECT_EQ(lowered(atb, spread, small).find("A_T["), std::string::npos) << lowered(atb, spread, small);
+  expect_same(atb, spread, "A^T B, rows 1.5 KiB apart", small);
+  Program sequences = parse_program(
+      "function (X[B, L, C], D[B, L, F]) -> (W) { W[c, f : C, F] = +(X[b, i, c] * D[b, i, f]); }");
+  TensorMap batch = inputs_for({{"X", {2, 50, 256}}, {"D", {2, 50, 128}}}, DType::f32, 83);
+  const std::string batched = lowered(sequences, batch, small);
+  EXPECT_NE(batched.find("X_T[t0, t2, t1 : 2, 256, 50] = =(X[t0, t1, t2])"), std::string::npos) << batched;
+  expect_same(sequences, batch, "a weight gradient over a batch of sequences, rows 1 KiB apart", small);
+  EXPECT_EQ(lowered(sequences, batch, large).find("X_T["), std::string::npos) << lowered(sequences, batch, large);
+}
+
 // A 3x3 convolution with zero padding of one in PyTorch's default layouts (NCHW, OIHW).
 Program padded_nchw_conv() {
   return parse_program(

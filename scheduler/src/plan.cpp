@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -590,6 +591,63 @@ Contraction transposed_copy(TensorAccess& access, const std::string& v, const Pr
 // 1.64-1.74 ms, the 128-channel one on 28x28 6.77-7.89 -> 5.70-6.43, 96 channels 3.45-4.11 -> 3.32-3.97.
 // Rows along the operand's contiguous dim (blocks of x: the 3x3 and 1x1 data gradients on 56 columns)
 // share each line of it already; the same copy first there took the same time or longer: not made.
+// Rows closer than a page conflict in the caches instead. A block reads a line of the operand at every
+// step of its reduction tile, and the next blocks (the next rows) read the same lines again, so those
+// should stay in L2; but where every step is a multiple of 64 x 2^z bytes from the others (2^z the largest
+// power of two in the gcd of the steps' strides over 64), a cache's set index (the address's bits from 6
+// up, as many as it has sets: a power of two) takes only every 2^z-th value, and L2 keeps l2_bytes / (64 x
+// 2^z) such lines, whatever its ways (rows 1 KiB apart: a line for each KiB of L2; L1 holds only a few
+// dozen). A_T B with A 1024 x 256 (rows 1 KiB apart, 1024 steps in one tile) on the 2-core Zen 3 guest
+// (512 KiB L2: 512 such lines) read every line from L3 for every block: by 1024 x 1024 5.4-6.1 -> 3.5-4.1
+// ms with the copy (three rounds, medians of 30-40 runs), 512 steps by 1024 columns (tiles of 256 steps)
+// 1.87-2.44 -> 1.71-2.08; with tiles of a quarter of what L2 keeps still: 256 x 256 by 256 x 256 0.30-0.34
+// -> 0.27-0.30 ms, 1024 x 256 by 1024 x 256 1.29-1.42 -> 1.24-1.43, the 3x3 256 -> 256 conv's weight
+// gradient on 14 x 14 (tiles of 196 pixels, 8 images) 0.69-1.00 -> 0.73-0.84 of oneDNN's time (four rounds
+// of the bench's pair). Where the lines fit (a 2 MiB L2 keeps 2048) the copy is a pass that saves nothing.
+// (Rows 512 bytes apart, 1024 steps: 1024 lines kept, the same time with and without the copy; 2048 steps
+// in tiles of 256, rows 1 KiB apart: the same.) `in`: the operand, `plan` the micro-kernel's.
+bool overflows_l2_sets(const Contraction& c, const TensorAccess& in, const ProgramTypes& types, const MicroPlan& plan,
+                       const std::map<std::string, int64_t>& extent, const Target& target) {
+  constexpr int64_t line = 64;
+  if (target.gpu) return false;
+  const TensorType& type = types.tensors.at(in.tensor);
+  std::vector<std::string> reductions;  // in loop order
+  for (const auto& v : c.index_variables())
+    if (!uses(c.output_indices, v)) reductions.push_back(v);
+  int64_t gcd = 0, reduction_points = 1, longest = 0;
+  for (const std::string& v : reductions) {
+    reduction_points *= extent.at(v);
+    longest = std::max(longest, extent.at(v));
+    if (extent.at(v) < 2 || !uses(in.indices, v)) continue;
+    const double stride = output_stride(in.indices, v, type.shape) * static_cast<double>(dtype_bytes(type.dtype));
+    const auto bytes = static_cast<int64_t>(stride);
+    if (static_cast<double>(bytes) != stride) return false;
+    gcd = std::gcd(gcd, bytes);
+  }
+  if (gcd < line || gcd % line != 0) return false;  // lines spread over the sets
+  // In weight mode the reduction's tiles run outside the blocks, each tile's lines read by every block
+  // while they sit in L1 (microkernel.cpp): no block reads the whole reduction.
+  const int64_t out_bytes = types.tensors.at(c.output).bytes();
+  if (weight_mode(out_bytes, reduction_points, target)) return false;
+  // The steps of a block's reduction tile, as the micro-kernel sizes them (its footprint within
+  // reduction_tile_budget, the innermost variable filled first), with a step's footprint taken as the
+  // block's broadcast values and vectors.
+  const int64_t step_bytes = (plan.rows + plan.chunks * plan.lanes) * static_cast<int64_t>(dtype_bytes(type.dtype));
+  const int64_t fit = std::max<int64_t>(1, reduction_tile_budget(long_tiles(out_bytes, longest, target), target) / step_bytes);
+  int64_t steps = 1;
+  for (size_t k = reductions.size(); k-- > 0;) {
+    const int64_t e = extent.at(reductions[k]);
+    if (steps * e > fit) {
+      steps *= equal_tiles(e, std::max<int64_t>(1, fit / steps), 1);
+      break;
+    }
+    steps *= e;
+  }
+  const int64_t lines = gcd / line;
+  const int64_t kept = target.cpu.l2_bytes / (line * (lines & -lines));
+  return steps * 4 > kept;
+}
+
 struct FarSteps {
   int input = -1;  // the operand to copy with r's dim last
   std::string r;
@@ -597,7 +655,7 @@ struct FarSteps {
 };
 
 std::optional<FarSteps> far_broadcast_steps(const Contraction& c, const ProgramTypes& types, const MicroPlan& plan,
-                                            const std::vector<poly::VariableBounds>& bounds) {
+                                            const std::vector<poly::VariableBounds>& bounds, const Target& target) {
   // The innermost reduction variable, and the longest, where the ones inside it in the loops take few
   // steps (an NCHW conv's 3 x 3 taps inside its channels; not a weight gradient's rows, with its columns
   // inside).
@@ -611,7 +669,9 @@ std::optional<FarSteps> far_broadcast_steps(const Contraction& c, const ProgramT
       if (static_cast<int>(k) == plan.transpose_input || uses(in.indices, plan.vector) || !uses(in.indices, plan.block)) continue;
       if (!transposable(in.indices, r)) continue;
       const TensorType& type = types.tensors.at(in.tensor);
-      if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes) continue;
+      if (output_stride(in.indices, r, type.shape) * static_cast<double>(dtype_bytes(type.dtype)) < kPagePathBytes &&
+          !(r == innermost && overflows_l2_sets(c, in, types, plan, extent, target)))
+        continue;
       if (elements_of(type) * kServedInnermost > box_points(bounds)) continue;
       // Each element serving no more points than a block's columns: the micro-kernel loads it once (one
       // column block), and a copy adds a pass over it that saves nothing. Attention's dV = P^T dO over 16 x
@@ -748,7 +808,7 @@ std::optional<PermutedOutput> permuted_output(const Contraction& c, const Progra
 void lay_out(const Contraction& c, const ProgramTypes& types, MicroPlan plan, const std::vector<poly::VariableBounds>& bounds,
              const Target& target, std::set<std::string>& names, std::vector<Statement>& out, std::set<std::string>* commuted) {
   Contraction rewritten = c;
-  if (auto far = far_broadcast_steps(c, types, plan, bounds)) {
+  if (auto far = far_broadcast_steps(c, types, plan, bounds, target)) {
     out.push_back(transposed_copy(rewritten.inputs[static_cast<size_t>(far->input)], far->r, types, names));
     if (far->first) {
       std::swap(rewritten.inputs[0], rewritten.inputs[1]);
