@@ -2443,6 +2443,25 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// Two products reading the same operand the same way read one copy of it (lay_out_program's shared
+// copies): C = A^T B and D = A^T E each want A transposed (rows 2080 bytes apart), and A_T is made once;
+// F = A B' reads A as it is. Run against the interpreter with every rewrite proven.
+TEST(CpuTest, ProductsReadingAnOperandAlikeShareItsCopy) {
+  CompileOptions o = microkernels_forced(128);
+  Program p = parse_program(
+      "function (A[K, M], B[K, N], E[K, N], G[M, N]) -> (C, D, F) {\n"
+      "  C[i, j : M, N] = +(A[k, i] * B[k, j]);\n"
+      "  D[i, j : M, N] = +(A[k, i] * E[k, j]);\n"
+      "  F[k, j : K, N] = +(A[k, i] * G[i, j]);\n}\n");
+  TensorMap in = inputs_for({{"A", {64, 260}}, {"B", {64, 40}}, {"E", {64, 40}}, {"G", {260, 40}}}, DType::f64, 91);
+  const std::string lowered = print(compile(p, types_of(in), o)->program());
+  EXPECT_NE(lowered.find("A_T[t1, t0 : 260, 64] = =(A[t0, t1])"), std::string::npos) << lowered;
+  EXPECT_EQ(lowered.find("A_T_["), std::string::npos) << lowered;
+  EXPECT_NE(lowered.find("C[i, j : M, N] = +(A_T[i, k] * B[k, j])"), std::string::npos) << lowered;
+  EXPECT_NE(lowered.find("D[i, j : M, N] = +(A_T[i, k] * E[k, j])"), std::string::npos) << lowered;
+  expect_same(p, in, "two products reading one transposed copy", o);
+}
+
 // Rows of the broadcast operand closer than a page, whose lines L2 cannot keep (plan.cpp,
 // overflows_l2_sets): in C = A^T B with A's rows 1 KiB apart, every step's line falls into one sixteenth of
 // L2's sets, so a 128 KiB L2 keeps 128 of them, and the micro-kernel's reduction tiles (50 steps) fill

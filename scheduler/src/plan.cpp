@@ -833,31 +833,68 @@ Program lay_out_program(const Program& program, const ProgramTypes& types, const
   Program out = program;
   out.statements.clear();
   std::set<std::string> names = tensor_names(program);
+  const std::set<std::string> program_tensors = names;
   const isl_support::IslContext ctx;
-  for (const auto& st : program.statements) {
+  // The layout copies made so far, by what they compute (the statement with its output's name left out):
+  // three products reading the same operand transposed (a transformer's weight gradients of Q, K and V,
+  // each reading the layer's normalized input) read one copy.
+  std::map<std::string, std::string> made;
+  auto share_copies = [&](size_t from) {
+    std::map<std::string, std::string> renamed;
+    for (size_t k = from; k < out.statements.size();) {
+      auto* c = std::get_if<Contraction>(&out.statements[k]);
+      if (!c) {
+        ++k;
+        continue;
+      }
+      for (TensorAccess& in : c->inputs)
+        if (auto it = renamed.find(in.tensor); it != renamed.end()) in.tensor = it->second;
+      const bool copy = !program_tensors.count(c->output) && c->aggregation == AggregationOp::assign && c->inputs.size() == 1;
+      if (!copy) {
+        ++k;
+        continue;
+      }
+      Contraction unnamed = *c;
+      unnamed.output.clear();
+      const auto [it, fresh] = made.emplace(print(Statement(unnamed)), c->output);
+      if (fresh) {
+        ++k;
+        continue;
+      }
+      renamed[c->output] = it->second;
+      out.statements.erase(out.statements.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  };
+  // The statements that compute `st` with its micro-kernel's layouts.
+  auto lay_out_statement = [&](const Statement& st) {
     const auto* c = std::get_if<Contraction>(&st);
     if (!c) {
       out.statements.push_back(st);
-      continue;
+      return;
     }
     const poly::internal::IslAnalysis analysis = poly::internal::analyze(*c, types, ctx.get(), /*accesses=*/false);
     const poly::ContractionAnalysis& a = analysis.summary;
     if (a.empty) {
       out.statements.push_back(st);
-      continue;
+      return;
     }
     const std::optional<MicroPlan> plan = plan_microkernel(*c, types, a.bounds, target, true);
     if (std::optional<PermutedOutput> p = permuted_output(*c, types, plan, analysis, target, names)) {
       lay_out(p->inner, p->types, p->plan, a.bounds, target, names, out.statements, commuted);
       out.statements.push_back(p->copy);
       if (permuted) (*permuted)[p->inner.output] = {c->output, p->moved};
-      continue;
+      return;
     }
     if (!plan) {
       out.statements.push_back(st);
-      continue;
+      return;
     }
     lay_out(*c, types, *plan, a.bounds, target, names, out.statements, commuted);
+  };
+  for (const auto& st : program.statements) {
+    const size_t from = out.statements.size();
+    lay_out_statement(st);
+    share_copies(from);
   }
   return out;
 }
