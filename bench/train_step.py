@@ -6,11 +6,15 @@ default; examples/small_cnn.tile: two blocks of 3x3 conv + bias + relu + 2x2 max
 softmax cross-entropy; PyTorch in channels_last) and --model transformer (examples/transformer_block.tile:
 a pre-norm transformer block, layer norm, multi-head self-attention, a residual, layer norm, a GELU MLP, a
 residual, and the squared error against a target; PyTorch with its fused scaled_dot_product_attention).
-Checks that every peer's gradients agree with polytile's, then times each (median of --repeat runs after a
-warm-up) and prints one table; --json writes the numbers.
+Checks that every peer's gradients agree with polytile's, then times them in --rounds interleaved rounds
+(each round runs every framework's step repeat / rounds times, the frameworks in turn, in an order that
+rotates from round to round, with a pause before each so that threads a framework leaves spinning sleep
+again), so that a machine whose speed drifts within minutes moves every framework alike; the median of
+all its runs, and prints one table; --json writes the numbers.
 
     build/python-venv/bin/pip install jax          # the peers are not needed by the build or the tests
-    build/python-venv/bin/python bench/train_step.py [--model cnn|transformer] [--batch N] [--repeat 30] [--json FILE]
+    build/python-venv/bin/python bench/train_step.py [--model cnn|transformer] [--batch N] [--repeat 30]
+        [--rounds 5] [--json FILE]
 """
 
 import argparse
@@ -132,14 +136,24 @@ def transformer_torch_step(x, threads):
     return step, 0.0
 
 
-def timed(step, repeat):
-    step()  # warm-up (and, for JAX, compilation)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def timed_in_rounds(steps, repeat, rounds, pause=0.2):
+    """The median seconds of each of `steps` (name -> step), run repeat // rounds times (at least once) in
+    each of `rounds` rounds, the steps in turn, the first of each round one further on; a warm-up run and
+    a pause of `pause` seconds before each turn (PyTorch's OpenMP threads spin for a while after its
+    step, and on a 2-core machine a step run in that while shares the cores with them)."""
+    names = list(steps)
+    times = {n: [] for n in names}
+    per_round = max(1, repeat // max(1, rounds))
+    for r in range(max(1, rounds)):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            time.sleep(pause)
+            steps[name]()  # warm-up
+            for _ in range(per_round):
+                t = time.perf_counter()
+                steps[name]()
+                times[name].append(time.perf_counter() - t)
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def polytile_step(x, threads, example="small_cnn", wrt=WRT, head="DL"):
@@ -223,7 +237,8 @@ def main():
     ap.add_argument("--channels", type=int, nargs=2, default=[32, 64])
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="0: every core (what each framework does by default)")
-    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=30, help="timed runs of each framework's step, in all")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds the runs are spread over")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -262,10 +277,10 @@ def main():
             continue
         peers[name] = make
 
-    results, reference = {}, None
+    steps, compile_seconds, reference = {}, {}, None
     for name, make in peers.items():
         step, compile_s = make()
-        grads = step()
+        grads = step()  # the first run (and, for JAX, its compilation)
         if reference is None:
             reference = grads
         else:
@@ -273,8 +288,10 @@ def main():
                 err = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
                 if err > 1e-3:
                     raise SystemExit(f"{name}'s d{w} differs from polytile's: max relative difference {err:.2e}")
-        seconds = timed(step, args.repeat)
-        results[name] = {"ms": seconds * 1e3, "compile_ms": compile_s * 1e3, "gflops": flops / seconds * 1e-9}
+        steps[name], compile_seconds[name] = step, compile_s
+    results = {}
+    for name, seconds in timed_in_rounds(steps, args.repeat, args.rounds).items():
+        results[name] = {"ms": seconds * 1e3, "compile_ms": compile_seconds[name] * 1e3, "gflops": flops / seconds * 1e-9}
 
     print(f"{title}, threads {args.threads or os.cpu_count()} ({platform.machine()}, "
           f"{os.cpu_count()} cores); {work} {flops * 1e-9:.2f} GFLOP per step")
