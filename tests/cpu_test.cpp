@@ -2443,6 +2443,28 @@ TEST(CpuTest, WideOperandsArePackedIntoPanels) {
   EXPECT_EQ(split.find("_P["), std::string::npos) << split;
 }
 
+// Micro-kernel rows that share no operand (plan.cpp: every input reads the block variable): an NCHW
+// depthwise conv's channel rows each read their own plane and their own weights. With AVX2's 16 registers
+// the product runs as a loop nest; with AVX-512's 32 as a micro-kernel. Both against the interpreter.
+TEST(CpuTest, RowsSharingNoOperandAreNoMicroKernelOnAvx2) {
+  Program dw = parse_program(
+      "function (I[N, C, H, W], K[C, KH, KW]) -> (O) {\n"
+      "  O[n, c, y, x : N, C, H, W] = +(I[n, c, y + j - 1, x + i - 1] * K[c, j, i]);\n}\n");
+  TensorMap in = inputs_for({{"I", {2, 16, 12, 24}}, {"K", {16, 3, 3}}}, DType::f32, 95);
+  auto product_is_microkernel = [&](const CompileOptions& o) {
+    auto compiled = compile(dw, types_of(in), o);
+    for (const auto& nest : compiled->schedule().nests)
+      if (nest.tensor == "O" && nest.kind == sched::Nest::Kind::update) return nest.microkernel.has_value();
+    ADD_FAILURE() << "no update nest of O\n" << sched::print_loops(compiled->schedule());
+    return false;
+  };
+  const CompileOptions avx2 = microkernels_forced(256, 16), avx512 = microkernels_forced(512, 32);
+  EXPECT_FALSE(product_is_microkernel(avx2));
+  EXPECT_TRUE(product_is_microkernel(avx512));
+  expect_same(dw, in, "NCHW depthwise conv, AVX2: loops", avx2);
+  expect_same(dw, in, "NCHW depthwise conv, AVX-512: micro-kernel", avx512);
+}
+
 // Two products reading the same operand the same way read one copy of it (lay_out_program's shared
 // copies): C = A^T B and D = A^T E each want A transposed (rows 2080 bytes apart), and A_T is made once;
 // F = A B' reads A as it is. Run against the interpreter with every rewrite proven.

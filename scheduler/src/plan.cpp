@@ -538,6 +538,16 @@ std::optional<MicroPlan> plan_microkernel(const Contraction& c, const ProgramTyp
     if (!other.block.empty()) best = other;
   }
   if (best.block.empty()) return std::nullopt;
+  // Rows that share no operand in the registers (every input reads the block variable: an NCHW depthwise
+  // conv's channels, each row its own plane and its own weights) gain nothing from the block, and with
+  // AVX2's 16 registers they run slower than the loop nest LLVM vectorizes: on the 2-core Zen 3 guest
+  // (2026-12-08, `polytile run --tune`, fastest of 30) the padded 3x3 depthwise forward on 8x64x56x56
+  // took 2.84 ms as 13 x 1 blocks (2.12 with fewer, 3.36 with columns of 2) against 1.31 as loops, the
+  // unpadded one on 64 columns 1.34 as 6 x 2 blocks against 0.95. With AVX-512's 32 registers such
+  // blocks ran 1.7x as fast as the loops (0.74-0.82 against 1.30-1.42 ms on an Emerald Rapids guest).
+  if (target.cpu.vector_registers < 32 &&
+      std::all_of(c.inputs.begin(), c.inputs.end(), [&](const TensorAccess& a) { return uses(a.indices, best.block); }))
+    return std::nullopt;
   plan.block = best.block;
   plan.rows = best.rows;
   plan.chunks = best.chunks;
